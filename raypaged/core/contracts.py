@@ -1,0 +1,130 @@
+"""Frozen types that cross the border between core and the model runner / serving layers.
+
+Tensors never enter core, and block-pool internals never leave it: the runner sees block ids,
+token ids and positions, nothing else. Sequence fields may be views of core's lists (no copy
+per step); they are read-only and valid only during the call that receives them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence
+
+from raypaged.core.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """One request's share of a step: compute `token_ids` at positions start..start+len-1.
+
+        positions   0 ........ start-1 | start ..... start+len-1 |
+                    already in KV cache | computed this step      |
+        block_table covers every position up to start+len-1 (block = pos // block_size).
+    """
+
+    request_id: str
+    token_ids: Sequence[int]          # the new tokens fed this step
+    start_position: int               # == num_computed_tokens before this step
+    block_table: Sequence[int]        # physical block ids, in order
+    # Sample after this step? True when the step reaches the end of the known tokens
+    # (last prefill chunk, or decode); False for earlier chunks of a long prompt.
+    num_samples: int                  # 0 = no sampling; n > 1 only for a prompt about to fork
+    sampling: SamplingParams
+    prompt_token_ids: Sequence[int]   # for repetition penalty
+    output_token_ids: Sequence[int]   # for penalties, min_tokens, per-step seeds
+    sample_index: int = 0             # which of the n samples this sequence is (seeds differ)
+    eos_token_id: int | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def seq_len(self) -> int:
+        return self.start_position + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class ScheduledBatch:
+    requests: tuple[ScheduledRequest, ...]
+    # Copy-on-write: copy KV block src -> dst (all layers) *before* this step's writes.
+    block_copies: tuple[tuple[int, int], ...] = ()
+    # Requests that left since the last step (finished, aborted, preempted): runners drop state.
+    finished_request_ids: frozenset[str] = frozenset()
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(r.token_ids) for r in self.requests)
+
+    @property
+    def is_pure_decode(self) -> bool:
+        return all(len(r.token_ids) == 1 and r.num_samples == 1 for r in self.requests)
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Log-probability of the sampled token and the top-k alternatives at one position."""
+
+    token_id: int
+    logprob: float
+    rank: int                           # 1 = most likely
+    top: tuple[tuple[int, float], ...]  # (token id, logprob), best first
+
+
+@dataclass(frozen=True)
+class StepResult:
+    # request id -> the tokens sampled for it this step (one each; n for a prompt that forks)
+    sampled: Mapping[str, tuple[int, ...]]
+    logprobs: Mapping[str, tuple[TokenLogprobs, ...]] = field(default_factory=dict)
+
+
+class ModelRunner(Protocol):
+    """What EngineCore needs from the model side; tests use a deterministic fake."""
+
+    def execute(self, batch: ScheduledBatch) -> StepResult: ...
+
+
+@dataclass(frozen=True)
+class RequestDelta:
+    """What one step produced for one sequence (engine output)."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
+    new_logprobs: tuple[TokenLogprobs, ...] = ()
+    num_cached_tokens: int = 0        # prompt tokens served from the prefix cache at admission
+    parent_id: str | None = None      # for n > 1: the request this sequence was forked from
+    sample_index: int = 0
+    stop_reason: int | str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    """The block pool's state and cache counters (token counts, not bytes: bytes live in the plan)."""
+
+    num_blocks: int
+    block_size: int
+    blocks_used: int      # referenced by at least one request
+    blocks_cached: int    # free but holding a registered prefix (evictable, reusable)
+    blocks_free: int      # free and empty
+    prefix_queries: int   # prompt tokens looked up in the prefix cache
+    prefix_hits: int      # of those, tokens served from cache
+    evictions: int        # cached blocks reclaimed for new data
+    cow_copies: int       # copy-on-write block copies
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    memory: MemoryStats
+    num_running: int
+    num_waiting: int
+    num_preemptions: int
+    num_finished: int
+    num_steps: int
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.memory.blocks_used / self.memory.num_blocks if self.memory.num_blocks else 0.0
