@@ -1,0 +1,25 @@
+"""What the engine hands its callers (offline LLM, worker actor, batch job) after each step."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raypaged.core.contracts import TokenLogprobs
+
+
+@dataclass(frozen=True)
+class SequenceOutput:
+    """The new part of one sample (index) of one request, produced by one engine step."""
+
+    request_id: str                      # the id given to Engine.add_request
+    index: int                           # which of the request's n samples (0..n-1)
+    new_token_ids: tuple[int, ...]
+    new_text: str                        # detokenized delta; stop strings never leak into it
+    new_logprobs: tuple[TokenLogprobs, ...] = ()
+    finish_reason: str | None = None     # "stop" | "length" | "abort"; None while running
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0           # prompt tokens served from the prefix cache
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
