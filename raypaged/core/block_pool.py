@@ -1,0 +1,147 @@
+"""A fixed pool of KV blocks with ref counts and a hash-addressed prefix cache.
+
+Every block with ref_count == 0 sits in one free queue, and the queue's order *is* the LRU
+eviction order:
+
+    head (evicted first) <-> ... <-> tail (freed most recently)
+
+A prefix-cache hit on a free block takes it out of the middle in O(1) (intrusive doubly linked
+list); allocation pops the head, and if that block still holds a registered prefix, the prefix
+is evicted (its hash unregistered). Freed blocks are appended at the tail, a sequence's blocks in
+reverse order, so the tail of a sequence is evicted before its head (heads are shared more).
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from raypaged.core.block_hash import BlockHash
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "block_hash", "prev", "next")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_count = 0
+        self.block_hash: BlockHash | None = None  # set once the block is full and registered
+        self.prev: Block | None = None  # free-queue links; None when not in the queue
+        self.next: Block | None = None
+
+    def __repr__(self) -> str:
+        return f"Block({self.block_id}, ref={self.ref_count}, cached={self.block_hash is not None})"
+
+
+class FreeBlockQueue:
+    """Intrusive doubly linked list of blocks with sentinel head/tail."""
+
+    def __init__(self, blocks: Iterable[Block]) -> None:
+        self._head = Block(-1)
+        self._tail = Block(-1)
+        self._head.next, self._tail.prev = self._tail, self._head
+        self.size = 0
+        for block in blocks:
+            self.append(block)
+
+    def append(self, block: Block) -> None:
+        last = self._tail.prev
+        assert last is not None and block.prev is None and block.next is None
+        last.next, block.prev = block, last
+        block.next, self._tail.prev = self._tail, block
+        self.size += 1
+
+    def remove(self, block: Block) -> None:
+        prev, nxt = block.prev, block.next
+        assert prev is not None and nxt is not None, f"{block} is not in the free queue"
+        prev.next, nxt.prev = nxt, prev
+        block.prev = block.next = None
+        self.size -= 1
+
+    def popleft(self) -> Block:
+        first = self._head.next
+        if first is self._tail or first is None:
+            raise IndexError("no free blocks")
+        self.remove(first)
+        return first
+
+    def __iter__(self):
+        node = self._head.next
+        while node is not self._tail:
+            assert node is not None
+            yield node
+            node = node.next
+
+    def __len__(self) -> int:
+        return self.size
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        self.cached: dict[BlockHash, Block] = {}
+        self.enable_caching = enable_caching
+        self.num_evictions = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free(self) -> int:
+        """Blocks that can be handed out now (empty or holding an evictable cached prefix)."""
+        return len(self.free_queue)
+
+    def allocate(self, n: int) -> list[Block]:
+        if n > len(self.free_queue):
+            raise ValueError(f"asked for {n} blocks, {len(self.free_queue)} free")
+        out = []
+        for _ in range(n):
+            block = self.free_queue.popleft()
+            if block.block_hash is not None:  # reclaiming a cached prefix: evict it
+                self._unregister(block)
+                self.num_evictions += 1
+            block.ref_count = 1
+            out.append(block)
+        return out
+
+    def lookup(self, block_hash: BlockHash) -> Block | None:
+        return self.cached.get(block_hash) if self.enable_caching else None
+
+    def touch(self, blocks: Iterable[Block]) -> None:
+        """Take a reference on cache hits / shared blocks, reviving free ones out of the queue."""
+        for block in blocks:
+            if block.ref_count == 0:
+                self.free_queue.remove(block)
+            block.ref_count += 1
+
+    def free(self, blocks: Iterable[Block]) -> None:
+        """Drop one reference each; pass blocks in eviction order (a sequence's tail first)."""
+        for block in blocks:
+            assert block.ref_count > 0, f"double free of {block}"
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_queue.append(block)
+
+    def register(self, block: Block, block_hash: BlockHash) -> None:
+        """Make a full block findable by its prefix hash. A prefix already cached in another
+        block keeps that block (two requests computed the same prefix at once): first wins."""
+        if not self.enable_caching or block.block_hash is not None:
+            return
+        if block_hash in self.cached:
+            return
+        block.block_hash = block_hash
+        self.cached[block_hash] = block
+
+    def _unregister(self, block: Block) -> None:
+        assert block.block_hash is not None
+        if self.cached.get(block.block_hash) is block:
+            del self.cached[block.block_hash]
+        block.block_hash = None
+
+    def count_by_state(self) -> tuple[int, int, int]:
+        """(used, cached-free, empty-free) block counts."""
+        used = self.num_blocks - len(self.free_queue)
+        cached_free = sum(1 for b in self.cached.values() if b.ref_count == 0)
+        return used, cached_free, len(self.free_queue) - cached_free

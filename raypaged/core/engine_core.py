@@ -1,0 +1,57 @@
+"""EngineCore: schedule -> run the model -> apply the sampled tokens. No torch, no ray."""
+from __future__ import annotations
+
+from raypaged.core.contracts import EngineStats, MemoryStats, ModelRunner, RequestDelta
+from raypaged.core.request import Request
+from raypaged.core.sampling_params import SamplingParams
+from raypaged.core.scheduler import Scheduler
+
+
+class EngineCore:
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.num_steps = 0
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
+                    eos_token_id: int | None = None, cache_salt: str | None = None) -> None:
+        """Queue a request; raises ValueError (nothing queued) if it can never be served."""
+        max_model_len = self.scheduler.max_model_len
+        if len(prompt_token_ids) >= max_model_len:
+            raise ValueError(
+                f"the prompt is {len(prompt_token_ids)} tokens but max_model_len is "
+                f"{max_model_len}: shorten the prompt to at most {max_model_len - 1} tokens")
+        if any(not isinstance(t, int) or t < 0 for t in prompt_token_ids):
+            raise ValueError("prompt token ids must be non-negative integers")
+        max_tokens = sampling.max_tokens or max_model_len - len(prompt_token_ids)
+        self.scheduler.add(Request(request_id, prompt_token_ids, sampling, max_tokens,
+                                   eos_token_id, cache_salt))
+
+    def step(self) -> list[RequestDelta]:
+        batch = self.scheduler.schedule()
+        if not batch.requests:
+            return []
+        result = self.runner.execute(batch)
+        self.num_steps += 1
+        return self.scheduler.update(batch, result)
+
+    def abort(self, request_id: str, reason: str = "abort") -> list[RequestDelta]:
+        """Finish the request and its samples in any state, freeing their blocks."""
+        return [RequestDelta(r.request_id, (), finish_reason=reason, parent_id=r.parent_id,
+                             sample_index=r.sample_index, num_cached_tokens=r.num_cached_tokens)
+                for r in self.scheduler.abort(request_id, reason)]
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def stats(self) -> EngineStats:
+        kv = self.scheduler.kv
+        used, cached, free = kv.pool.count_by_state()
+        memory = MemoryStats(
+            num_blocks=kv.pool.num_blocks, block_size=kv.block_size, blocks_used=used,
+            blocks_cached=cached, blocks_free=free, prefix_queries=kv.prefix_queries,
+            prefix_hits=kv.prefix_hits, evictions=kv.pool.num_evictions, cow_copies=kv.cow_copies)
+        return EngineStats(memory=memory, num_running=len(self.scheduler.running),
+                           num_waiting=len(self.scheduler.waiting),
+                           num_preemptions=self.scheduler.num_preemptions,
+                           num_finished=self.scheduler.num_finished, num_steps=self.num_steps)

@@ -1,0 +1,80 @@
+"""A request as the scheduler sees it: tokens, and how many of them are already in the KV cache.
+
+There is no prefill/decode flag. `num_computed_tokens` catches up with `num_tokens`:
+
+    all_token_ids:  | prompt ............................ | outputs ...... |
+                    0                num_computed_tokens ^          num_tokens
+    a step schedules n more tokens (a prefill chunk, or the one token of a decode).
+"""
+from __future__ import annotations
+
+import enum
+
+from raypaged.core.block_hash import BlockHash, hash_block, salt_key
+from raypaged.core.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # waiting again, its blocks freed; recomputes from scratch
+    FINISHED = "finished"
+
+
+class Request:
+    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
+                 max_tokens: int, eos_token_id: int | None = None, cache_salt: str | None = None,
+                 parent_id: str | None = None, sample_index: int = 0, arrival: int = 0) -> None:
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.all_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.sampling = sampling
+        self.max_tokens = max_tokens          # resolved: never None here
+        self.eos_token_id = eos_token_id
+        self.cache_salt = cache_salt
+        self.parent_id = parent_id
+        self.sample_index = sample_index
+        self.arrival = arrival                # admission order, for FCFS and "newest" preemption
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0            # prefix-cache hit at first admission (reported)
+        self.num_preemptions = 0
+        self.forked = sampling.n == 1         # n > 1 forks once, when its prompt is done
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.block_hashes: list[BlockHash] = []  # hashes of the full blocks of all_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.all_token_ids.append(token_id)
+        self.output_token_ids.append(token_id)
+
+    def update_block_hashes(self, block_size: int) -> None:
+        """Extend the hash chain over every full block of the known tokens."""
+        extra = salt_key(self.cache_salt)
+        for i in range(len(self.block_hashes), self.num_tokens // block_size):
+            parent = self.block_hashes[-1] if self.block_hashes else None
+            tokens = self.all_token_ids[i * block_size:(i + 1) * block_size]
+            self.block_hashes.append(hash_block(parent, tokens, extra))
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.status.value}, "
+                f"computed={self.num_computed_tokens}/{self.num_tokens})")

@@ -1,0 +1,216 @@
+"""Iteration-level continuous batching under a per-step token budget.
+
+Each step: running requests first (oldest first; one token for a decode, the next chunk of a
+long prompt), then waiting requests FCFS while the budget, max_num_seqs and free blocks allow.
+When a running request needs a block and none is free, the newest running request is preempted
+by recompute: its blocks are freed and it goes back to the head of the waiting queue.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import deque
+
+from raypaged.core.contracts import RequestDelta, ScheduledBatch, ScheduledRequest, StepResult
+from raypaged.core.kv_cache_manager import KVCacheManager
+from raypaged.core.request import Request, RequestStatus
+
+
+class Scheduler:
+    def __init__(self, num_blocks: int, block_size: int, max_model_len: int,
+                 max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
+                 enable_prefix_caching: bool = True) -> None:
+        self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # in admission order: the last is the newest
+        self.requests: dict[str, Request] = {}
+        self.children: dict[str, list[str]] = {}  # n > 1: parent id -> forked ids
+        self._left: set[str] = set()  # left the running set since the last batch (runner drops state)
+        self._arrivals = itertools.count()
+        self.num_preemptions = 0
+        self.num_finished = 0
+
+    # -- requests in and out -----------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        total = request.num_prompt_tokens + request.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(
+                f"this model's maximum context length is {self.max_model_len} tokens, but the "
+                f"request needs {total} ({request.num_prompt_tokens} in the prompt, "
+                f"{request.max_tokens} max_tokens): shorten the prompt or lower max_tokens")
+        need = -(-total // self.block_size)
+        if need > self.kv.pool.num_blocks:
+            fits = self.kv.pool.num_blocks * self.block_size
+            raise ValueError(
+                f"the request needs {need} KV blocks ({total} tokens) but the whole pool has "
+                f"{self.kv.pool.num_blocks} ({fits} tokens): keep prompt + max_tokens <= {fits} "
+                f"or raise the KV budget")
+        request.arrival = next(self._arrivals)
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort(self, request_id: str, reason: str = "abort") -> list[Request]:
+        """Finish a request (and its forked samples) in any state; returns those finished."""
+        ids = [request_id, *self.children.get(request_id, ())]
+        done = []
+        for rid in ids:
+            req = self.requests.get(rid)
+            if req is None or req.is_finished:
+                continue
+            if req.status is RequestStatus.RUNNING:
+                self.running.remove(req)
+            else:
+                self.waiting.remove(req)
+            self._finish(req, reason)
+            done.append(req)
+        return done
+
+    def _finish(self, req: Request, reason: str, stop_reason: int | str | None = None) -> None:
+        req.status = RequestStatus.FINISHED
+        req.finish_reason, req.stop_reason = reason, stop_reason
+        self.kv.free(req)
+        self._left.add(req.request_id)
+        del self.requests[req.request_id]
+        self.num_finished += 1
+        # Keep a group's child list until every sample is done, so abort(parent) still reaches them.
+        group = req.parent_id or req.request_id
+        kids = self.children.get(group)
+        if kids is not None and group not in self.requests and not any(k in self.requests for k in kids):
+            del self.children[group]
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # -- one step ----------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        budget = self.max_num_batched_tokens
+        chosen: list[tuple[Request, int]] = []
+        preempted = False
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            while not self.kv.allocate(req, n):
+                victim = self.running.pop()  # the newest; never one already chosen (those are older)
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            else:
+                chosen.append((req, n))
+                budget -= n
+                i += 1
+
+        seats = len(self.running) + sum(r.sampling.n - 1 for r in self.running if not r.forked)
+        while self.waiting and budget > 0 and not preempted:
+            req = self.waiting[0]
+            need_seats = 1 if req.forked else req.sampling.n
+            if seats + need_seats > self.max_num_seqs:
+                break
+            hits = self.kv.find_cached_prefix(req) if self.kv.pool.enable_caching else []
+            n = min(req.num_tokens - len(hits) * self.block_size, budget)
+            if not self.kv.allocate(req, n, hits):
+                break  # FCFS: nobody overtakes the head of the queue
+            self.waiting.popleft()
+            if req.num_preemptions == 0:
+                req.num_cached_tokens = len(hits) * self.block_size
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            chosen.append((req, n))
+            budget -= n
+            seats += need_seats
+
+        batch = ScheduledBatch(
+            requests=tuple(self._scheduled(req, n) for req, n in chosen),
+            block_copies=self.kv.take_copies(),
+            finished_request_ids=frozenset(self._left),
+        )
+        self._left = set()
+        return batch
+
+    def _scheduled(self, req: Request, n: int) -> ScheduledRequest:
+        start = req.num_computed_tokens
+        reaches_end = start + n == req.num_tokens
+        return ScheduledRequest(
+            request_id=req.request_id,
+            token_ids=req.all_token_ids[start:start + n],
+            start_position=start,
+            block_table=self.kv.block_ids[req.request_id],
+            num_samples=(req.sampling.n if not req.forked else 1) if reaches_end else 0,
+            sampling=req.sampling,
+            prompt_token_ids=req.prompt_token_ids,
+            output_token_ids=req.output_token_ids,
+            sample_index=req.sample_index,
+            eos_token_id=req.eos_token_id,
+        )
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.PREEMPTED
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self._left.add(req.request_id)
+        self.waiting.appendleft(req)
+
+    # -- apply the runner's result -----------------------------------------------------------
+    def update(self, batch: ScheduledBatch, result: StepResult) -> list[RequestDelta]:
+        deltas: list[RequestDelta] = []
+        for sr in batch.requests:
+            req = self.requests.get(sr.request_id)
+            if req is None:  # aborted while the step ran
+                continue
+            req.num_computed_tokens += len(sr.token_ids)
+            self.kv.cache_full_blocks(req)
+            if sr.num_samples == 0:
+                continue
+            tokens = result.sampled[sr.request_id]
+            logprobs = result.logprobs.get(sr.request_id, ())
+            seqs = [req] if len(tokens) == 1 else [req, *self._fork(req, len(tokens))]
+            for k, (seq, token) in enumerate(zip(seqs, tokens)):
+                seq.append_token(token)
+                self._check_stop(seq, token)
+                deltas.append(RequestDelta(
+                    request_id=seq.request_id, new_token_ids=(token,),
+                    finish_reason=seq.finish_reason,
+                    new_logprobs=(logprobs[k],) if k < len(logprobs) else (),
+                    num_cached_tokens=seq.num_cached_tokens, parent_id=seq.parent_id,
+                    sample_index=seq.sample_index, stop_reason=seq.stop_reason))
+        self.running = [r for r in self.running if not r.is_finished]
+        return deltas
+
+    def _fork(self, parent: Request, n: int) -> list[Request]:
+        """n > 1: the prompt is done; n - 1 children share its blocks (copy-on-write later)."""
+        parent.forked = True
+        kids = []
+        for i in range(1, n):
+            child = Request(f"{parent.request_id}#{i}", parent.prompt_token_ids, parent.sampling,
+                            parent.max_tokens, parent.eos_token_id, parent.cache_salt,
+                            parent_id=parent.request_id, sample_index=i,
+                            arrival=next(self._arrivals))
+            child.forked = True
+            child.status = RequestStatus.RUNNING
+            child.num_computed_tokens = parent.num_computed_tokens
+            child.num_cached_tokens = parent.num_cached_tokens
+            self.kv.fork(parent, child)
+            self.requests[child.request_id] = child
+            self.running.append(child)
+            kids.append(child)
+        self.children[parent.request_id] = [k.request_id for k in kids]
+        return kids
+
+    def _check_stop(self, req: Request, token: int) -> None:
+        sp = req.sampling
+        past_min = req.num_output_tokens > sp.min_tokens
+        if past_min and token in sp.stop_token_ids:
+            self._finish(req, "stop", token)
+        elif past_min and not sp.ignore_eos and token == req.eos_token_id:
+            self._finish(req, "stop")
+        elif req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len:
+            self._finish(req, "length")

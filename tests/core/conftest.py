@@ -1,0 +1,34 @@
+import pytest
+
+from raypaged.core.engine_core import EngineCore
+from raypaged.core.sampling_params import SamplingParams
+from raypaged.core.scheduler import Scheduler
+
+from fake_runner import FakeRunner
+
+
+def make_engine(num_blocks=64, block_size=4, max_model_len=4096, max_num_seqs=256,
+                max_num_batched_tokens=2048, prefix=True) -> EngineCore:
+    sched = Scheduler(num_blocks, block_size, max_model_len, max_num_seqs,
+                      max_num_batched_tokens, prefix)
+    return EngineCore(sched, FakeRunner(num_blocks, block_size))
+
+
+def run_to_completion(engine: EngineCore, max_steps: int = 100_000) -> dict[str, list[int]]:
+    """Step until idle; returns each sequence's output tokens and checks each finished once."""
+    out: dict[str, list[int]] = {}
+    finished: set[str] = set()
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            return out
+        for d in engine.step():
+            assert d.request_id not in finished, f"{d.request_id} produced after finishing"
+            out.setdefault(d.request_id, []).extend(d.new_token_ids)
+            if d.finished:
+                finished.add(d.request_id)
+    raise AssertionError("engine did not finish")
+
+
+@pytest.fixture
+def greedy():
+    return SamplingParams(temperature=0, max_tokens=8)

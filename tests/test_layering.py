@@ -1,0 +1,77 @@
+"""The direction of imports (architecture.md): checked in fresh interpreters and by reading source.
+
+kernels/        -> torch, triton only       (never raypaged.*, never ray)
+raypaged/core   -> stdlib + config          (never torch, ray, triton)
+raypaged/model  -> core, kernels, torch     (never ray)
+only raypaged/serve and raypaged/batch import ray
+"""
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROBE = """
+import importlib, json, pkgutil, sys
+pkg = importlib.import_module({pkg!r})
+for m in pkgutil.walk_packages(pkg.__path__, {pkg!r} + "."):
+    importlib.import_module(m.name)
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def modules_loaded_by(pkg: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", PROBE.format(pkg=pkg)], check=True,
+                         capture_output=True, text=True, cwd=ROOT).stdout
+    return set(json.loads(out.strip().splitlines()[-1]))
+
+
+def top(mods):
+    return {m.split(".")[0] for m in mods}
+
+
+def test_core_imports_neither_torch_ray_nor_triton():
+    mods = modules_loaded_by("raypaged.core")
+    assert not top(mods) & {"torch", "ray", "triton"}
+
+
+def test_kernels_import_neither_raypaged_nor_ray():
+    mods = modules_loaded_by("raypaged.kernels")
+    assert "ray" not in top(mods)
+    assert {m for m in mods if m.startswith("raypaged.") and not m.startswith("raypaged.kernels")} == set()
+
+
+def test_model_does_not_import_ray():
+    assert "ray" not in top(modules_loaded_by("raypaged.model"))
+
+
+def imported_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("folder", ["raypaged", "kernels"])
+def test_only_serve_and_batch_import_ray_anywhere_in_the_source(folder):
+    offenders = []
+    for path in (ROOT / folder).rglob("*.py"):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(("raypaged/serve/", "raypaged/batch/")):
+            continue
+        if any(n == "ray" or n.startswith("ray.") for n in imported_names(path)):
+            offenders.append(rel)
+    assert offenders == []
+
+
+def test_kernels_source_never_imports_raypaged():
+    offenders = [p.name for p in (ROOT / "kernels").rglob("*.py")
+                 if any(n.split(".")[0] == "raypaged" for n in imported_names(p))]
+    assert offenders == []
