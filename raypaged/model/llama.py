@@ -1,0 +1,190 @@
+"""The Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2) over flattened tokens and a paged KV cache.
+
+There is no batch dimension: a step's T tokens from all sequences are one [T, hidden] matrix, so
+every linear layer is one GEMM for the whole batch. q/k/v are fused into one projection and
+gate/up into another at load time (fewer, bigger GEMMs run faster, on CPU especially).
+
+Per layer:  x -> RMSNorm -> qkv_proj -> rope(q, k) -> backend.write_kv(k, v)
+              -> backend.attend(q) -> o_proj -> +x -> RMSNorm -> gate_up -> silu(gate)*up -> down -> +
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from raypaged.model.attention.base import AttentionBackend, AttentionMetadata, LayerKVCache
+from raypaged.model.model_config import ModelConfig
+from raypaged.model.rotary import RotaryEmbedding, apply_rotary
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 and scale in the model dtype, as transformers does.
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.scale = config.head_dim ** -0.5
+        qkv_out = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, qkv_out, bias=config.attention_bias)
+        self.o_proj = nn.Linear(config.num_heads * config.head_dim, config.hidden_size,
+                                bias=config.o_proj_bias)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                backend: AttentionBackend, cache: LayerKVCache,
+                meta: AttentionMetadata) -> torch.Tensor:
+        T = x.shape[0]
+        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(x)                                  # [T, (H + 2*Hkv) * D]
+        # q and k sit side by side in qkv: rotate them in one call.
+        qk = apply_rotary(qkv[:, :(H + Hkv) * D].view(T, H + Hkv, D), cos, sin)  # [T, H+Hkv, D]
+        q, k = qk[:, :H], qk[:, H:]                             # [T, H, D], [T, Hkv, D]
+        v = qkv[:, (H + Hkv) * D:].view(T, Hkv, D)              # [T, Hkv, D]
+        backend.write_kv(k, v, cache, meta)
+        o = backend.attend(q, cache, meta, self.scale)          # [T, H, D]
+        return self.o_proj(o.reshape(T, H * D))                 # [T, hidden]
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [T, I] each
+        return self.down_proj(F.silu(gate) * up)                              # [T, hidden]
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                backend: AttentionBackend, cache: LayerKVCache,
+                meta: AttentionMetadata) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, backend, cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """Build with real weights through `raypaged.model.loader.load_model`; constructing it directly
+    gives randomly initialised parameters (or, under `torch.device("meta")`, none at all)."""
+
+    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.config = config
+        self.backend = backend
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # Tied models reuse embed_tokens.weight in compute_logits instead of sharing a Parameter
+        # object, which module.to_empty() would silently untie.
+        self.lm_head = (None if config.tie_word_embeddings
+                        else nn.Linear(config.hidden_size, config.vocab_size, bias=False))
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[LayerKVCache], meta: AttentionMetadata) -> torch.Tensor:
+        """input_ids, positions [T] int64 -> final-normed hidden states [T, hidden]."""
+        x = self.embed_tokens(input_ids)                         # [T, hidden]
+        cos, sin = self.rotary.cos_sin(positions, x.dtype)       # [T, 1, D/2] each
+        for layer, cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, cos, sin, self.backend, cache, meta)
+        return self.norm(x)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] (only the rows that sample) -> logits [N, vocab] float32."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face-named tensors into our (fused) parameters; every parameter must be
+        written exactly once, and an unknown tensor name is an error, not a silent skip."""
+        params = dict(self.named_parameters())
+        written: set[tuple[str, str | None]] = set()
+        for hf_name, tensor in weights:
+            target = _our_name(hf_name, self.config)
+            if target is None:
+                continue
+            name, part = target
+            if name not in params:
+                raise ValueError(f"checkpoint tensor {hf_name!r} has no place in "
+                                 f"{self.config.architecture} as configured")
+            if target in written:
+                raise ValueError(f"checkpoint tensor {hf_name!r} appears twice")
+            dest = params[name].data
+            if part is not None:
+                start, rows = _fused_rows(part, self.config)
+                dest = dest[start:start + rows]
+            if dest.shape != tensor.shape:
+                raise ValueError(f"{hf_name}: checkpoint shape {tuple(tensor.shape)} != expected "
+                                 f"{tuple(dest.shape)}")
+            dest.copy_(tensor)
+            written.add(target)
+        missing = sorted(f"{n} ({p})" if p else n
+                         for n, p in _expected_writes(params) - written)
+        if missing:
+            raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:5]}")
+
+
+# Our fused parameter -> the Hugging Face projections stacked in it, in order along dim 0.
+_FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+_PART_TO_FUSED = {part: fused for fused, parts in _FUSED_PARTS.items() for part in parts}
+
+
+def _our_name(hf_name: str, config: ModelConfig) -> tuple[str, str | None] | None:
+    """'model.layers.3.self_attn.k_proj.bias' -> ('layers.3.self_attn.qkv_proj.bias', 'k_proj');
+    None for tensors we deliberately ignore."""
+    if hf_name.endswith("rotary_emb.inv_freq"):
+        return None  # old checkpoints store it; we compute it
+    if hf_name == "lm_head.weight":
+        # Some tied checkpoints still carry a copy of the embedding; it is the same matrix.
+        return None if config.tie_word_embeddings else ("lm_head.weight", None)
+    name = hf_name.removeprefix("model.")
+    parts = name.split(".")
+    if len(parts) >= 2 and parts[-2] in _PART_TO_FUSED:
+        part = parts[-2]
+        parts[-2] = _PART_TO_FUSED[part]
+        return ".".join(parts), part
+    return name, None
+
+
+def _fused_rows(part: str, config: ModelConfig) -> tuple[int, int]:
+    """(first row, row count) of `part` inside its fused parameter."""
+    q_rows = config.num_heads * config.head_dim
+    kv_rows = config.num_kv_heads * config.head_dim
+    inter = config.intermediate_size
+    return {"q_proj": (0, q_rows), "k_proj": (q_rows, kv_rows),
+            "v_proj": (q_rows + kv_rows, kv_rows),
+            "gate_proj": (0, inter), "up_proj": (inter, inter)}[part]
+
+
+def _expected_writes(params: dict[str, nn.Parameter]) -> set[tuple[str, str | None]]:
+    """Every (parameter, part) load_weights must fill: each fused part, each plain parameter."""
+    expected = set()
+    for name in params:
+        module = name.split(".")[-2] if "." in name else ""
+        expected.update((name, part) for part in _FUSED_PARTS.get(module, (None,)))
+    return expected

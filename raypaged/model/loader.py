@@ -1,0 +1,86 @@
+"""Load a local Hugging Face folder (config.json + safetensors, sharded or not) into our LlamaModel.
+
+Weights go straight from the safetensors files into our own module (no transformers model is
+built): the model is created on the meta device in the target dtype, materialised once on the
+target device with to_empty(), and every parameter is then filled from the checkpoint, so no
+memory is spent on random initialisation or on a second copy in another dtype.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors import safe_open
+
+from raypaged.model.attention import get_attention_backend
+from raypaged.model.llama import LlamaModel
+from raypaged.model.model_config import ModelConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_CHOICES = ("auto", *DTYPES)
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device | str) -> torch.dtype:
+    """"auto" is bfloat16 on CUDA (half the memory, tensor cores) and float32 elsewhere
+    (CPU bf16 matmuls are slower than fp32 on most CPUs without AMX)."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"unsupported dtype {dtype}; choices: {', '.join(DTYPE_CHOICES)}")
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choices: {', '.join(DTYPE_CHOICES)}")
+    return DTYPES[dtype]
+
+
+def checkpoint_files(model_dir: str | Path) -> list[Path]:
+    """The safetensors files holding the model: those named by model.safetensors.index.json when
+    present, else every *.safetensors except Mistral's consolidated.* copy (a second, differently
+    named copy of the same weights that some repositories ship beside the HF shards)."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model folder {model_dir} does not exist: expected a Hugging Face "
+                                "model folder with config.json and *.safetensors")
+    index = model_dir / INDEX_FILE
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [n for n in names if not (model_dir / n).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{index} names shards that are not in {model_dir}: {missing}")
+        return [model_dir / n for n in names]
+    files = sorted(p for p in model_dir.glob("*.safetensors")
+                   if not p.name.startswith("consolidated"))
+    if not files:
+        found = sorted(p.name for p in model_dir.iterdir())
+        raise FileNotFoundError(f"no *.safetensors weights in {model_dir} (found {found}); "
+                                "expected model.safetensors or shards with " + INDEX_FILE)
+    return files
+
+
+def iter_checkpoint(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor in the files, read one at a time (memory-mapped)."""
+    for path in files:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def load_model(model_dir: str | Path, dtype: str | torch.dtype = "auto",
+               device: torch.device | str = "cpu",
+               attention_backend: str | None = None) -> tuple[LlamaModel, ModelConfig]:
+    """Read `model_dir` into an eval-mode LlamaModel on `device` in `dtype`.
+    attention_backend: "torch", "triton" or None (Triton on CUDA, torch elsewhere)."""
+    model_dir = Path(model_dir)
+    files = checkpoint_files(model_dir)   # checks the folder exists first: the clearer message
+    config = ModelConfig.from_dir(model_dir)
+    torch_dtype = resolve_dtype(dtype, device)
+    backend = get_attention_backend(attention_backend, device)
+    with torch.device("meta"):
+        model = LlamaModel(config, backend)
+    model = model.to(torch_dtype).to_empty(device=device)
+    model.load_weights(iter_checkpoint(files))
+    return model.eval(), config
