@@ -1,0 +1,37 @@
+"""Shared output for benchmarks: a printed table, a JSON file and a PNG plot in benchmarks/results/."""
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def table(rows: list[dict], columns: list[str]) -> str:
+    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    line = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths))  # noqa: E731
+    return "\n".join([line(columns), line(["-" * w for w in widths]), *map(line, cells)])
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:,.4g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return "" if v is None else str(v)
+
+
+def write(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    payload = {"benchmark": name, "machine": platform.machine(), "processor": platform.processor(),
+               "python": platform.python_version(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+               **payload}
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2))
+    return path
+
+
+def plot_path(name: str) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    return RESULTS / f"{name}.png"
