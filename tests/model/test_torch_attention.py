@@ -1,0 +1,155 @@
+"""TorchAttentionBackend against a naive per-token reference, over mixed paged batches."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raypaged.model.attention.base import LayerKVCache
+from raypaged.model.attention.torch_backend import FP8_E4M3_MAX, TorchAttentionBackend
+from tests.model.conftest import make_metadata, scattered_block_tables
+
+HEAD_DIM = 32
+NUM_BLOCKS = 64
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: int,
+                        scale: float) -> torch.Tensor:
+    """One sequence, one token at a time: q [n, H, D] at positions context..context+n-1 over
+    k/v [context+n, Hkv, D] -> [n, H, D], computed in float64."""
+    group = q.shape[1] // k.shape[1]
+    k = k.double().repeat_interleave(group, dim=1)  # [S, H, D]
+    v = v.double().repeat_interleave(group, dim=1)
+    out = []
+    for i in range(q.shape[0]):
+        visible = context + i + 1
+        scores = torch.einsum("hd,shd->hs", q[i].double(), k[:visible]) * scale  # [H, visible]
+        out.append(torch.einsum("hs,shd->hd", scores.softmax(-1), v[:visible]))
+    return torch.stack(out).float()
+
+
+def through_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """What an fp8 cache gives back for x."""
+    return (x / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).float() * scale
+
+
+def empty_cache(block_size: int, num_kv_heads: int, kv_dtype: str) -> LayerKVCache:
+    dtype = torch.float8_e4m3fn if kv_dtype == "fp8" else torch.float32
+    shape = (NUM_BLOCKS, block_size, num_kv_heads, HEAD_DIM)
+    # Non-unit scales, so a reader that forgets them is caught.
+    scales = (0.05, 0.02) if kv_dtype == "fp8" else (1.0, 1.0)
+    return LayerKVCache(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype), *scales)
+
+
+def run_step(seq_lens, query_lens, block_size, num_heads, num_kv_heads, kv_dtype):
+    """Write every sequence's cached prefix in an earlier step, then this step's K/V, then attend.
+    Returns (ours, reference), both [T, H, D]."""
+    gen = torch.Generator().manual_seed(block_size * 100 + num_heads)
+    backend = TorchAttentionBackend()
+    cache = empty_cache(block_size, num_kv_heads, kv_dtype)
+    tables = scattered_block_tables(seq_lens, block_size, NUM_BLOCKS, seed=block_size)
+    ks = [torch.randn(s, num_kv_heads, HEAD_DIM, generator=gen) for s in seq_lens]
+    vs = [torch.randn(s, num_kv_heads, HEAD_DIM, generator=gen) for s in seq_lens]
+    contexts = [s - q for s, q in zip(seq_lens, query_lens)]
+
+    prefix_meta = make_metadata(tables, contexts, contexts, block_size)
+    if sum(contexts):
+        backend.write_kv(torch.cat([k[:c] for k, c in zip(ks, contexts)]),
+                         torch.cat([v[:c] for v, c in zip(vs, contexts)]), cache, prefix_meta)
+    meta = make_metadata(tables, query_lens, seq_lens, block_size)
+    backend.write_kv(torch.cat([k[c:] for k, c in zip(ks, contexts)]),
+                     torch.cat([v[c:] for v, c in zip(vs, contexts)]), cache, meta)
+    q = torch.randn(sum(query_lens), num_heads, HEAD_DIM, generator=gen)
+    scale = HEAD_DIM ** -0.5
+    ours = backend.attend(q, cache, meta, scale)
+
+    expected, start = [], 0
+    for k, v, c, n in zip(ks, vs, contexts, query_lens):
+        if kv_dtype == "fp8":
+            k, v = through_fp8(k, cache.k_scale), through_fp8(v, cache.v_scale)
+        expected.append(reference_attention(q[start:start + n], k, v, c, scale))
+        start += n
+    return ours, torch.cat(expected)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp32", "fp8"])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (6, 2), (8, 2)])  # GQA groups 1, 3, 4
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+def test_mixed_batch_matches_per_token_reference(block_size, num_heads, num_kv_heads, kv_dtype):
+    bs = block_size
+    # decode at 2*bs (a full last block), a fresh prefill of bs+1, a decode at 1 token,
+    # a chunk of 5 over a cached prefix of 3*bs-5 (ends on a block boundary), a decode at bs+1.
+    seq_lens = [2 * bs, bs + 1, 1, 3 * bs, bs + 1]
+    query_lens = [1, bs + 1, 1, 5, 1]
+    ours, expected = run_step(seq_lens, query_lens, bs, num_heads, num_kv_heads, kv_dtype)
+    assert ours.shape == expected.shape and ours.dtype == torch.float32
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp32", "fp8"])
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+def test_pure_decode_batch_matches_per_token_reference(block_size, kv_dtype):
+    seq_lens = [1, block_size, block_size + 1, 2 * block_size - 1, 3 * block_size]
+    ours, expected = run_step(seq_lens, [1] * 5, block_size, 6, 2, kv_dtype)
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_prefill_only_batch_matches_per_token_reference(block_size):
+    seq_lens = [3 * block_size + 1, 2 * block_size, 7]
+    query_lens = [block_size + 1, 2 * block_size, 7]  # one chunk over a cached prefix, two fresh
+    ours, expected = run_step(seq_lens, query_lens, block_size, 8, 2, "fp32")
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_write_kv_fills_exactly_the_mapped_slots_and_skips_padding():
+    backend = TorchAttentionBackend()
+    cache = empty_cache(block_size=4, num_kv_heads=2, kv_dtype="fp32")
+    key = torch.arange(3 * 2 * HEAD_DIM, dtype=torch.float32).view(3, 2, HEAD_DIM) + 1
+    meta = make_metadata([[5]], [2], [2], block_size=4)
+    meta.slot_mapping = torch.tensor([21, -1, 22])  # row 1 is a padding row
+    backend.write_kv(key, -key, cache, meta)
+    flat_k = cache.key.view(-1, 2, HEAD_DIM)
+    assert torch.equal(flat_k[21], key[0]) and torch.equal(flat_k[22], key[2])
+    assert torch.equal(cache.value.view(-1, 2, HEAD_DIM)[22], -key[2])
+    written = (flat_k != 0).any(dim=(1, 2)).nonzero().flatten().tolist()
+    assert written == [21, 22]
+
+
+def test_fp8_write_divides_by_scale_and_clamps_to_the_e4m3_range():
+    backend = TorchAttentionBackend()
+    cache = empty_cache(block_size=4, num_kv_heads=1, kv_dtype="fp8")  # k_scale 0.05
+    key = torch.tensor([0.5, -1.0, 1e6, -1e6]).repeat(HEAD_DIM // 4).view(1, 1, HEAD_DIM)
+    backend.write_kv(key, key, cache, make_metadata([[0]], [1], [1], block_size=4))
+    stored = cache.key[0, 0, 0, :4].float()
+    assert stored.tolist() == [10.0, -20.0, 448.0, -448.0]  # value / 0.05, clamped, not NaN
+
+
+def test_padding_rows_with_zero_seq_len_come_back_zero():
+    backend = TorchAttentionBackend()
+    cache = empty_cache(block_size=8, num_kv_heads=2, kv_dtype="fp32")
+    meta = make_metadata([[1], [2]], [1, 1], [3, 1], block_size=8)
+    meta.seq_lens_cpu = [3, 0]  # sequence 1 is a CUDA-graph padding row
+    meta.seq_lens = torch.tensor([3, 0], dtype=torch.int32)
+    cache.key.normal_()
+    cache.value.normal_()
+    out = backend.attend(torch.randn(2, 4, HEAD_DIM), cache, meta, scale=0.1)
+    assert out[0].abs().sum() > 0
+    assert torch.equal(out[1], torch.zeros(4, HEAD_DIM))
+
+
+def test_bfloat16_queries_and_cache_stay_close_to_the_fp32_result():
+    seq_lens, query_lens = [20, 9], [1, 9]
+    ours32, _ = run_step(seq_lens, query_lens, 8, 6, 2, "fp32")
+    gen = torch.Generator().manual_seed(8 * 100 + 6)  # same draws as run_step's
+    backend = TorchAttentionBackend()
+    shape = (NUM_BLOCKS, 8, 2, HEAD_DIM)
+    cache = LayerKVCache(torch.zeros(shape, dtype=torch.bfloat16), torch.zeros(shape, dtype=torch.bfloat16))
+    tables = scattered_block_tables(seq_lens, 8, NUM_BLOCKS, seed=8)
+    ks = [torch.randn(s, 2, HEAD_DIM, generator=gen) for s in seq_lens]
+    vs = [torch.randn(s, 2, HEAD_DIM, generator=gen) for s in seq_lens]
+    full = make_metadata(tables, seq_lens, seq_lens, 8)
+    backend.write_kv(torch.cat(ks).bfloat16(), torch.cat(vs).bfloat16(), cache, full)
+    q = torch.randn(10, 6, HEAD_DIM, generator=gen)
+    out = backend.attend(q.bfloat16(), cache, make_metadata(tables, query_lens, seq_lens, 8), HEAD_DIM ** -0.5)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ours32, atol=3e-2, rtol=3e-2)
