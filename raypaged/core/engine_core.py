@@ -35,11 +35,12 @@ class EngineCore:
         self.num_steps += 1
         return self.scheduler.update(batch, result)
 
-    def abort(self, request_id: str, reason: str = "abort") -> list[RequestDelta]:
-        """Finish the request and its samples in any state, freeing their blocks."""
+    def abort(self, request_id: str, reason: str = "abort", with_samples: bool = True
+              ) -> list[RequestDelta]:
+        """Finish the request (and its forked samples) in any state, freeing their blocks."""
         return [RequestDelta(r.request_id, (), finish_reason=reason, parent_id=r.parent_id,
                              sample_index=r.sample_index, num_cached_tokens=r.num_cached_tokens)
-                for r in self.scheduler.abort(request_id, reason)]
+                for r in self.scheduler.abort(request_id, reason, with_samples)]
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -54,9 +54,10 @@ class Scheduler:
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
-    def abort(self, request_id: str, reason: str = "abort") -> list[Request]:
-        """Finish a request (and its forked samples) in any state; returns those finished."""
-        ids = [request_id, *self.children.get(request_id, ())]
+    def abort(self, request_id: str, reason: str = "abort", with_samples: bool = True) -> list[Request]:
+        """Finish a request in any state, with its forked samples unless told otherwise (a stop
+        string ends one sample only); returns the sequences finished."""
+        ids = [request_id, *(self.children.get(request_id, ()) if with_samples else ())]
         done = []
         for rid in ids:
             req = self.requests.get(rid)

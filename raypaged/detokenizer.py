@@ -1,0 +1,63 @@
+"""Incremental detokenization with stop strings.
+
+Decoding only the newest token breaks multi-byte characters and word-joining tokenizers, so each
+step decodes a short window (prefix_offset..end) and emits what it adds over (prefix_offset..
+read_offset); text ending in U+FFFD (an incomplete UTF-8 sequence) waits for the next token.
+Stop strings: while running, the last len(longest stop) - 1 characters are held back, so a stop
+string that completes later never leaks into text already streamed.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+PROMPT_CONTEXT_TOKENS = 5  # prompt tokens decoded with the first outputs, for correct spacing
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, prompt_token_ids: Sequence[int], stop: Sequence[str] = (),
+                 include_stop_str_in_output: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.ids = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        self.stop = tuple(stop)
+        self.include_stop = include_stop_str_in_output
+        self.hold = max((len(s) for s in self.stop), default=1) - 1
+        self.text = ""          # all decoded output text (cut at a stop string once found)
+        self.emitted = 0        # characters of self.text already returned
+        self.stop_reason: str | None = None
+
+    def add(self, token_ids: Sequence[int], finished: bool = False) -> str:
+        """Feed new tokens; returns the new text that is safe to show."""
+        if self.stop_reason is None:
+            for t in token_ids:
+                self.ids.append(t)
+                self._decode_tail()
+                if self._find_stop():
+                    break
+        done = finished or self.stop_reason is not None
+        end = len(self.text) if done else max(self.emitted, len(self.text) - self.hold)
+        delta = self.text[self.emitted:end]
+        self.emitted = end
+        return delta
+
+    def _decode_tail(self) -> None:
+        dec = self.tokenizer.decode
+        prefix = dec(self.ids[self.prefix_offset:self.read_offset], skip_special_tokens=True)
+        full = dec(self.ids[self.prefix_offset:], skip_special_tokens=True)
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            self.text += full[len(prefix):]
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+
+    def _find_stop(self) -> bool:
+        if not self.stop:
+            return False
+        # only the new characters (plus a stop's length of overlap) can complete a stop string
+        start = max(0, self.emitted - self.hold - 1)
+        hits = [(i, s) for s in self.stop if (i := self.text.find(s, start)) != -1]
+        if not hits:
+            return False
+        i, s = min(hits)
+        self.text = self.text[:i + len(s)] if self.include_stop else self.text[:i]
+        self.stop_reason = s
+        return True

@@ -1,0 +1,220 @@
+"""The one way to build an engine: config -> model, KV cache, runner, scheduler, tokenizer.
+
+The offline `LLM`, the worker actor and the batch job all call `build_engine`; `Engine` adds
+tokenizer-side work (detokenization, stop strings, extra EOS ids) on top of core's EngineCore.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from raypaged.config import CacheConfig, KVPlan, KVShape, SchedulerConfig, plan_kv_cache
+from raypaged.core.contracts import EngineStats, RequestDelta
+from raypaged.core.engine_core import EngineCore
+from raypaged.core.sampling_params import SamplingParams
+from raypaged.core.scheduler import Scheduler
+from raypaged.detokenizer import IncrementalDetokenizer
+from raypaged.outputs import SequenceOutput
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    model: str | None = None           # a local HF folder; None = the default SmolLM2-135M-Instruct
+    dtype: str = "auto"
+    block_size: int = 16
+    kv_memory_mb: float | None = None
+    kv_memory_fraction: float | None = None
+    kv_context_len: int | None = None
+    kv_dtype: str = "auto"
+    enable_prefix_caching: bool = True
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    attention_backend: str | None = None  # None: triton on CUDA, torch elsewhere
+    enforce_eager: bool = False
+    device: str | None = None           # None: cuda if available, else cpu
+    num_threads: int | None = None      # torch CPU threads
+    seed: int = 0
+
+    def cache_config(self) -> CacheConfig:
+        return CacheConfig(self.block_size, self.kv_memory_mb, self.kv_memory_fraction,
+                           self.kv_context_len, self.kv_dtype, self.enable_prefix_caching)
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len)
+
+
+def resolve_model_dir(model: str | None) -> Path:
+    if model is None:
+        from raypaged.model.default_model import default_model_dir
+        return default_model_dir()
+    return Path(model).expanduser()
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_max_model_len(requested: int | None, model_limit: int) -> int:
+    if requested is None:
+        return model_limit
+    if requested > model_limit:
+        raise ValueError(f"max_model_len={requested} is longer than the model's limit of "
+                         f"{model_limit} tokens: set max_model_len <= {model_limit}")
+    return requested
+
+
+def plan_for(args: EngineArgs) -> KVPlan:
+    """The "what fits" report without loading weights (CPU budget rules; GPU uses free memory)."""
+    from raypaged.model.kv_cache import kv_bytes_per_token
+    from raypaged.model.loader import resolve_dtype
+    from raypaged.model.model_config import ModelConfig
+
+    config = ModelConfig.from_dir(resolve_model_dir(args.model))
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    per_token = kv_bytes_per_token(config, dtype, args.kv_dtype)
+    shape = KVShape(config.num_layers, config.num_kv_heads, config.head_dim,
+                    per_token // (2 * config.num_layers * config.num_kv_heads * config.head_dim))
+    free = None
+    if device.type == "cuda":
+        weight_bytes = sum(f.stat().st_size for f in resolve_model_dir(args.model).glob("*.safetensors"))
+        free = torch.cuda.mem_get_info(device)[0] - weight_bytes
+    max_len = resolve_max_model_len(args.scheduler_config().max_model_len, config.max_model_len)
+    return plan_kv_cache(shape, args.cache_config(), max_len, free)
+
+
+class _Sequence:
+    """Tokenizer-side state of one sample of one request."""
+
+    __slots__ = ("request_id", "index", "detok", "num_prompt_tokens")
+
+    def __init__(self, request_id: str, index: int, detok: IncrementalDetokenizer, n_prompt: int):
+        self.request_id, self.index, self.detok, self.num_prompt_tokens = request_id, index, detok, n_prompt
+
+
+class Engine:
+    def __init__(self, core: EngineCore, tokenizer, plan: KVPlan, model_name: str,
+                 eos_token_ids: tuple[int, ...], runner=None) -> None:
+        self.core = core
+        self.tokenizer = tokenizer
+        self.plan = plan
+        self.model_name = model_name
+        self.max_model_len = plan.max_model_len
+        self.block_size = plan.block_size
+        self.eos_token_ids = eos_token_ids
+        self.runner = runner
+        self._seqs: dict[str, _Sequence] = {}    # core sequence id -> state
+        self._prompts: dict[str, tuple[list[int], SamplingParams]] = {}  # for forked samples
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    cache_salt: str | None = None) -> None:
+        """Queue a request; raises ValueError with the reason when it can never be served."""
+        if not isinstance(request_id, str) or not request_id or "#" in request_id:
+            raise ValueError(f"request_id must be a non-empty string without '#', got {request_id!r}")
+        if request_id in self._prompts:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        eos = self.eos_token_ids[0] if self.eos_token_ids else None
+        if len(self.eos_token_ids) > 1 and not params.ignore_eos:
+            # further EOS ids (Llama 3's <|eot_id|>, say) stop generation like stop tokens
+            extra = tuple(t for t in self.eos_token_ids[1:] if t not in params.stop_token_ids)
+            params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + extra)
+        vocab = len(self.tokenizer)
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        self.core.add_request(request_id, list(prompt_token_ids), params, eos, cache_salt)
+        self._prompts[request_id] = (list(prompt_token_ids), params)
+        self._track(request_id, request_id, 0)
+
+    def _track(self, seq_id: str, request_id: str, index: int) -> _Sequence:
+        prompt, params = self._prompts[request_id]
+        detok = IncrementalDetokenizer(self.tokenizer, prompt, params.stop,
+                                       params.include_stop_str_in_output)
+        seq = self._seqs[seq_id] = _Sequence(request_id, index, detok, len(prompt))
+        return seq
+
+    def step(self) -> list[SequenceOutput]:
+        return self._outputs(self.core.step())
+
+    def _outputs(self, deltas: list[RequestDelta]) -> list[SequenceOutput]:
+        outs = []
+        for d in deltas:
+            seq = self._seqs.get(d.request_id)
+            if seq is None:  # a forked sample seen for the first time
+                seq = self._track(d.request_id, d.parent_id, d.sample_index)
+            finish, stop_reason = d.finish_reason, d.stop_reason
+            text = seq.detok.add(d.new_token_ids, finished=finish is not None)
+            if seq.detok.stop_reason is not None and finish in (None, "length"):
+                if finish is None:  # still running in core: end this sample only
+                    self.core.abort(d.request_id, "stop", with_samples=False)
+                finish, stop_reason = "stop", seq.detok.stop_reason
+            outs.append(SequenceOutput(
+                request_id=seq.request_id, index=seq.index, new_token_ids=d.new_token_ids,
+                new_text=text, new_logprobs=d.new_logprobs, finish_reason=finish,
+                stop_reason=stop_reason, num_prompt_tokens=seq.num_prompt_tokens,
+                num_cached_tokens=d.num_cached_tokens))
+            if finish is not None:
+                self._forget(d.request_id, seq.request_id)
+        return outs
+
+    def _forget(self, seq_id: str, request_id: str) -> None:
+        del self._seqs[seq_id]
+        if not any(s.request_id == request_id for s in self._seqs.values()) \
+                and request_id not in self.core.scheduler.children:
+            self._prompts.pop(request_id, None)
+
+    def abort(self, request_id: str) -> list[SequenceOutput]:
+        """Finish a request and all its samples now, in any state, freeing their blocks."""
+        return self._outputs(self.core.abort(request_id))
+
+    def has_unfinished(self) -> bool:
+        return self.core.has_unfinished()
+
+    def stats(self) -> EngineStats:
+        return self.core.stats()
+
+
+def build_engine(args: EngineArgs) -> Engine:
+    from transformers import AutoTokenizer
+
+    from raypaged.model.cuda_graphs import CudaGraphDecoder
+    from raypaged.model.kv_cache import allocate_kv_caches
+    from raypaged.model.loader import load_model
+    from raypaged.model.runner import ModelRunner
+    from raypaged.model.sampler import Sampler
+
+    cache_cfg, sched_cfg = args.cache_config(), args.scheduler_config()  # validate first
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    model_dir = resolve_model_dir(args.model)
+    device = resolve_device(args.device)
+    model, mcfg = load_model(model_dir, args.dtype, device, args.attention_backend)
+    dtype = next(model.parameters()).dtype
+    caches_probe = allocate_kv_caches(mcfg, 1, cache_cfg.block_size, dtype, cache_cfg.kv_dtype, "meta")
+    elem = caches_probe[0].key.element_size()
+    shape = KVShape(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, elem)
+    max_len = resolve_max_model_len(sched_cfg.max_model_len, mcfg.max_model_len)
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+    plan = plan_kv_cache(shape, cache_cfg, max_len, free)
+    kv_caches = allocate_kv_caches(mcfg, plan.num_blocks, cache_cfg.block_size, dtype,
+                                   cache_cfg.kv_dtype, device)
+    graphs = None
+    if device.type == "cuda" and not args.enforce_eager and model.backend.name == "triton":
+        graphs = CudaGraphDecoder(model, kv_caches, sched_cfg.max_num_seqs, max_len,
+                                  cache_cfg.block_size, device)
+        if not graphs.capture():
+            graphs = None
+    runner = ModelRunner(model, kv_caches, cache_cfg.block_size, device, Sampler(args.seed), graphs)
+    scheduler = Scheduler(plan.num_blocks, cache_cfg.block_size, max_len, sched_cfg.max_num_seqs,
+                          sched_cfg.max_num_batched_tokens, cache_cfg.enable_prefix_caching)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    name = args.model or "SmolLM2-135M-Instruct"
+    return Engine(EngineCore(scheduler, runner), tokenizer, plan, name, mcfg.eos_token_ids, runner)

@@ -1,0 +1,112 @@
+"""The offline API, shaped like vLLM's: `LLM(...).generate(prompts, sampling_params)`."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Sequence, Union
+
+from raypaged.core.sampling_params import SamplingParams
+from raypaged.engine import Engine, EngineArgs, build_engine
+from raypaged.outputs import CompletionOutput, RequestOutput
+
+Prompt = Union[str, dict]  # "text" or {"prompt_token_ids": [...]}
+Messages = list[dict]
+
+_ENGINE_FIELDS = [f.name for f in dataclasses.fields(EngineArgs)]
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **kwargs) -> None:
+        unknown = sorted(set(kwargs) - set(_ENGINE_FIELDS))
+        if unknown:
+            raise ValueError(f"unknown LLM argument(s) {unknown}; valid: {_ENGINE_FIELDS}")
+        self.engine: Engine = build_engine(EngineArgs(model=model, **kwargs))
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in input order."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        elif len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts: "
+                             "give one SamplingParams, or one per prompt")
+        encoded = [self._encode(p, i) for i, p in enumerate(prompts)]
+        return self._run(encoded, list(params), use_tqdm)
+
+    def chat(self, messages: Messages | Sequence[Messages],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """Apply the tokenizer's chat template to one conversation or a list of them."""
+        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tok = self.engine.tokenizer
+        prompts = [{"prompt_token_ids": list(_token_ids(tok.apply_chat_template(
+            c, add_generation_prompt=add_generation_prompt, tokenize=True))),
+                    "prompt": tok.apply_chat_template(c, add_generation_prompt=add_generation_prompt,
+                                                      tokenize=False)}
+                   for c in convs]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _encode(self, prompt: Prompt, i: int) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.engine.tokenizer.encode(prompt)
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        raise ValueError(f"prompt {i} must be a string or a dict with 'prompt_token_ids', "
+                         f"got {type(prompt).__name__}")
+
+    def _run(self, encoded, params, use_tqdm) -> list[RequestOutput]:
+        engine = self.engine
+        results: dict[str, RequestOutput] = {}
+        order = []
+        try:
+            for i, ((text, ids), sp) in enumerate(zip(encoded, params)):
+                rid = str(next(self._ids))
+                try:
+                    engine.add_request(rid, ids, sp)
+                except ValueError as e:
+                    raise ValueError(f"prompt {i}: {e}") from None
+                order.append(rid)
+                results[rid] = RequestOutput(rid, text, ids, [CompletionOutput(k) for k in range(sp.n)])
+        except BaseException:
+            for rid in order:  # leave the engine clean for the next call
+                engine.abort(rid)
+            raise
+        bar = _progress(len(order), use_tqdm)
+        try:
+            while engine.has_unfinished():
+                for out in engine.step():
+                    res = results[out.request_id]
+                    res.num_cached_tokens = max(res.num_cached_tokens, out.num_cached_tokens)
+                    res.outputs[out.index].add(out)
+                    if out.finished and res.finished and bar is not None:
+                        bar.update(1)
+        except BaseException:
+            for rid in order:
+                engine.abort(rid)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [results[rid] for rid in order]
+
+
+def _token_ids(x) -> list[int]:
+    # transformers 5 may return a BatchEncoding-like mapping from apply_chat_template
+    if hasattr(x, "keys") and "input_ids" in x:
+        return list(x["input_ids"])
+    return list(x)
+
+
+def _progress(total: int, use_tqdm: bool):
+    if not use_tqdm or total < 2:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, desc="generate", unit="req")
