@@ -1,0 +1,269 @@
+"""Paged decode attention: one new token per sequence over its whole cached context.
+
+Work split (grid = [num_seqs, num_kv_heads, num_splits]):
+
+    program (b, kv_head, split)
+      Q tile  : the GROUP query heads that share kv_head, padded to GROUP_ROWS >= 16 rows so
+                tl.dot runs on tensor cores        # [GROUP_ROWS, HEAD_DIM_PAD]
+      KV tiles: BLOCK_N context positions at a time, each loaded once for the whole group;
+                the pages come from a vector of block-table entries (one per position), so
+                BLOCK_N does not depend on the page size (8, 16, 32 ... all work)
+      context : |--- split 0 ---|--- split 1 ---| ... |-- split S-1 --|   (whole tiles each)
+
+Online softmax in fp32 with exp2: scores are multiplied by scale * k_scale * log2(e) once, so
+the running max/sum live in the log2 domain. v_scale is applied once to the final output.
+
+Split-K: with few (sequence, kv_head) programs the GPU idles, so each context is cut into
+num_splits segments; each writes a normalised partial output and its log2-sum-exp into a
+preallocated workspace, and _merge_kernel combines them. No allocation and no host sync happen
+when `out` and `workspace` are given, so the path can be captured in a CUDA graph.
+Correctness never depends on num_splits: segments are computed in the kernel from seq_len.
+
+Static tile rule (no autotuning):  GROUP_ROWS = max(16, next_pow2(group)),
+    BLOCK_N = 64 if head_dim <= 128 else 32 (a [64, 128] bf16 K or V tile is 16 KiB),
+    num_warps = 4.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+MAX_SPLITS = 16          # workspace depth; splits beyond this never pay for their merge
+MIN_SPLIT_TOKENS = 256   # a split should stream at least this many positions
+KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
+
+
+@triton.jit
+def _paged_decode_kernel(
+    q_ptr,                 # [B, num_heads, head_dim] one new token per sequence
+    k_cache_ptr, v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables_ptr,      # [B, max_blocks] int32
+    seq_lens_ptr,          # [B] int32 context length incl. the new token; 0 = padding row
+    out_ptr,               # [B, num_heads, head_dim]  written when NUM_SPLITS == 1
+    part_out_ptr,          # [>=B, num_heads, >=NUM_SPLITS, head_dim] fp32, when NUM_SPLITS > 1
+    part_lse_ptr,          # [>=B, num_heads, >=NUM_SPLITS] fp32 log2-sum-exp of each split
+    qk_scale,              # softmax scale * k_scale * log2(e)
+    out_scale,             # v_scale (1.0 unless the cache is fp8)
+    stride_qb, stride_qh,
+    stride_ob, stride_oh,
+    stride_cb, stride_cs, stride_ch,  # cache strides (block, slot, kv head); head_dim stride 1
+    stride_bt,             # block table row stride
+    stride_pb, stride_ph, stride_ps,  # part_out strides (batch, head, split)
+    stride_lb, stride_lh,  # part_lse strides (batch, head); split stride 1
+    group_size, head_dim,
+    BLOCK_SIZE: tl.constexpr,    # tokens per page
+    BLOCK_N: tl.constexpr,       # context positions per KV tile
+    GROUP_ROWS: tl.constexpr,    # query rows per program: GQA group padded to >= 16
+    HEAD_DIM_PAD: tl.constexpr,  # next_power_of_2(head_dim)
+    NUM_SPLITS: tl.constexpr,    # context segments per sequence (1 = write out directly)
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 queries (exact), None = Triton's default
+):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    seq_len = tl.load(seq_lens_ptr + b)
+    num_tiles = tl.cdiv(seq_len, BLOCK_N)
+    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    tile_lo = split * tiles_per_split
+    tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)  # may be <= tile_lo: empty split
+
+    rows = tl.arange(0, GROUP_ROWS)
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    heads = kv_head * group_size + rows  # query heads of this GQA group
+    row_mask = rows < group_size
+    dim_mask = dims < head_dim
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
+                mask=row_mask[:, None] & dim_mask[None, :], other=0.0)  # [GROUP_ROWS, D]
+
+    m_i = tl.full([GROUP_ROWS], float("-inf"), tl.float32)  # running max (log2 domain)
+    l_i = tl.zeros([GROUP_ROWS], tl.float32)                # running sum of exp2
+    acc = tl.zeros([GROUP_ROWS, HEAD_DIM_PAD], tl.float32)
+    table = block_tables_ptr + b * stride_bt
+    for tile in range(tile_lo, tile_hi):
+        pos = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        pos_mask = pos < seq_len
+        page = tl.load(table + pos // BLOCK_SIZE, mask=pos_mask, other=0).to(tl.int64)
+        kv_off = page * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch  # [N]
+        kv_mask = pos_mask[:, None] & dim_mask[None, :]
+        # K is read transposed ([D, N]) so the dot needs no tl.trans.
+        k = tl.load(k_cache_ptr + kv_off[None, :] + dims[:, None],
+                    mask=dim_mask[:, None] & pos_mask[None, :], other=0.0)
+        s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale  # [G, N]
+        s = tl.where(pos_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile holds >= 1 valid position
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
+                                            input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    # Padding rows (seq_len 0) and empty splits have l_i == 0: they produce zeros / lse -inf.
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    store_mask = row_mask[:, None] & dim_mask[None, :]
+    if NUM_SPLITS == 1:
+        o = o * out_scale
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + dims[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=store_mask)
+    else:
+        lse = tl.where(l_i > 0, m_i + tl.math.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+        tl.store(part_out_ptr + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps
+                 + dims[None, :], o, mask=store_mask)
+        tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=row_mask)
+
+
+@triton.jit
+def _merge_kernel(
+    out_ptr,               # [B, num_heads, head_dim]
+    part_out_ptr,          # [>=B, num_heads, >=NUM_SPLITS, head_dim] fp32 normalised partials
+    part_lse_ptr,          # [>=B, num_heads, >=NUM_SPLITS] fp32, -inf for empty splits
+    out_scale,             # v_scale
+    stride_ob, stride_oh,
+    stride_pb, stride_ph, stride_ps,
+    stride_lb, stride_lh,
+    head_dim,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,    # next_power_of_2(NUM_SPLITS)
+    HEAD_DIM_PAD: tl.constexpr,
+):
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+    splits = tl.arange(0, SPLITS_PAD)
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    split_mask = splits < NUM_SPLITS
+    dim_mask = dims < head_dim
+    lse = tl.load(part_lse_ptr + b * stride_lb + head * stride_lh + splits,
+                  mask=split_mask, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # all splits empty (padding row): weights all 0
+    w = tl.math.exp2(lse - m)  # [SPLITS_PAD]
+    parts = tl.load(part_out_ptr + b * stride_pb + head * stride_ph + splits[:, None] * stride_ps
+                    + dims[None, :], mask=split_mask[:, None] & dim_mask[None, :], other=0.0)
+    w_sum = tl.sum(w, 0)
+    o = tl.sum(parts * w[:, None], 0) / tl.where(w_sum > 0, w_sum, 1.0) * out_scale
+    tl.store(out_ptr + b * stride_ob + head * stride_oh + dims, o.to(out_ptr.dtype.element_ty),
+             mask=dim_mask)
+
+
+@dataclass(frozen=True)
+class DecodeWorkspace:
+    """Split-K scratch, allocated once for the largest batch and reused by every decode step."""
+
+    part_out: torch.Tensor  # [max_batch, num_heads, max_splits, head_dim] fp32
+    part_lse: torch.Tensor  # [max_batch, num_heads, max_splits] fp32
+
+    @classmethod
+    def allocate(cls, max_batch: int, num_heads: int, head_dim: int,
+                 device: torch.device | str, max_splits: int = MAX_SPLITS) -> "DecodeWorkspace":
+        return cls(
+            part_out=torch.empty(max_batch, num_heads, max_splits, head_dim,
+                                 dtype=torch.float32, device=device),
+            part_lse=torch.empty(max_batch, num_heads, max_splits, dtype=torch.float32,
+                                 device=device),
+        )
+
+    @property
+    def max_batch(self) -> int:
+        return self.part_out.shape[0]
+
+    @property
+    def max_splits(self) -> int:
+        return self.part_out.shape[2]
+
+    def fits(self, batch: int, num_heads: int, head_dim: int, num_splits: int) -> bool:
+        return (batch <= self.max_batch and num_splits <= self.max_splits
+                and self.part_out.shape[1] == num_heads and self.part_out.shape[3] == head_dim)
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
+                      max_splits: int = MAX_SPLITS) -> int:
+    """Static split rule: aim for >= 2 programs per SM, but give each split >= 256 positions.
+
+    Depends only on host integers, so a CUDA graph captured for a batch size (with a fixed
+    max_seq_len, e.g. max_model_len) keeps a valid choice for every replay.
+    """
+    programs = max(1, num_seqs * num_kv_heads)
+    want = triton.cdiv(2 * num_sms, programs)
+    worth = triton.cdiv(max(1, max_seq_len), MIN_SPLIT_TOKENS)
+    return max(1, min(want, worth, max_splits))
+
+
+def decode_block_n(head_dim: int) -> int:
+    return 64 if head_dim <= 128 else 32
+
+
+def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                 block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                 k_scale: float = 1.0, v_scale: float = 1.0, *, num_splits: int = 1,
+                 workspace: DecodeWorkspace | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of query [B, num_heads, head_dim] (one token per sequence) over the paged cache.
+
+    key_cache/value_cache: [num_blocks, block_size, num_kv_heads, head_dim] (fp8: value/scale).
+    block_tables: [B, max_blocks] int32. seq_lens: [B] int32, 0 for padding rows (output 0).
+    num_splits > 1 needs a workspace (allocated here if None: not CUDA-graph safe).
+    Returns out [B, num_heads, head_dim] in query's dtype.
+    """
+    batch, num_heads, head_dim = query.shape
+    num_blocks, block_size, num_kv_heads, cache_head_dim = key_cache.shape
+    assert query.dtype in (torch.float16, torch.bfloat16, torch.float32), query.dtype
+    assert query.stride(2) == 1, "query head_dim must be contiguous"
+    assert head_dim >= 16 and cache_head_dim == head_dim, (head_dim, cache_head_dim)
+    assert num_heads % num_kv_heads == 0, f"{num_heads} heads over {num_kv_heads} kv heads"
+    assert value_cache.shape == key_cache.shape and value_cache.dtype == key_cache.dtype
+    assert key_cache.dtype in KV_DTYPES, key_cache.dtype
+    assert key_cache.stride() == value_cache.stride() and key_cache.stride(3) == 1
+    assert block_tables.dtype == torch.int32 and block_tables.dim() == 2
+    assert block_tables.shape[0] == batch and block_tables.stride(1) == 1
+    assert seq_lens.dtype == torch.int32 and seq_lens.shape == (batch,) and seq_lens.is_contiguous()
+    assert 1 <= num_splits
+    if out is None:
+        out = torch.empty_like(query)
+    assert out.shape == query.shape and out.dtype == query.dtype and out.stride(2) == 1
+    if batch == 0:
+        return out
+    group = num_heads // num_kv_heads
+    head_dim_pad = triton.next_power_of_2(head_dim)
+    if num_splits > 1:
+        if workspace is None:
+            workspace = DecodeWorkspace.allocate(batch, num_heads, head_dim, query.device,
+                                                 max_splits=num_splits)
+        assert workspace.fits(batch, num_heads, head_dim, num_splits), "workspace too small"
+        assert workspace.part_out.stride(3) == 1 and workspace.part_lse.stride(2) == 1
+        part_out, part_lse = workspace.part_out, workspace.part_lse
+    else:
+        part_out, part_lse = out, seq_lens  # unused when NUM_SPLITS == 1; any pointer will do
+    p_strides = part_out.stride()[:3] if num_splits > 1 else (0, 0, 0)
+    l_strides = part_lse.stride()[:2] if num_splits > 1 else (0, 0)
+
+    _paged_decode_kernel[(batch, num_kv_heads, num_splits)](
+        query, key_cache, value_cache, block_tables, seq_lens, out, part_out, part_lse,
+        float(scale * k_scale * LOG2E), float(v_scale),
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        block_tables.stride(0), *p_strides, *l_strides,
+        group, head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCK_N=decode_block_n(head_dim),
+        GROUP_ROWS=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM_PAD=head_dim_pad,
+        NUM_SPLITS=num_splits,
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else None,
+        num_warps=4,
+    )
+    if num_splits > 1:
+        _merge_kernel[(batch, num_heads)](
+            out, part_out, part_lse, float(v_scale),
+            out.stride(0), out.stride(1), *p_strides, *l_strides, head_dim,
+            NUM_SPLITS=num_splits,
+            SPLITS_PAD=triton.next_power_of_2(num_splits),
+            HEAD_DIM_PAD=head_dim_pad,
+            num_warps=4,
+        )
+    return out
