@@ -6,7 +6,7 @@ import torch
 
 from raypaged.model.kv_cache import allocate_kv_caches, kv_bytes_per_token
 from raypaged.model.model_config import ModelConfig
-from tests.model.test_model_config import SMOLLM2_135M
+from test_model_config import SMOLLM2_135M
 
 CONFIG = ModelConfig.from_dict(SMOLLM2_135M)  # 30 layers, 3 kv heads, head_dim 64
 

@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2
 
 from raypaged.model.kv_cache import allocate_kv_caches
 from raypaged.model.loader import load_model
-from tests.model.conftest import make_metadata, positions_for, scattered_block_tables
+from paged_metadata import make_metadata, positions_for, scattered_block_tables
 
 SMALL = dict(vocab_size=257, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
              max_position_embeddings=128, rms_norm_eps=1e-5)

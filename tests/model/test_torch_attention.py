@@ -6,7 +6,7 @@ import torch
 
 from raypaged.model.attention.base import LayerKVCache
 from raypaged.model.attention.torch_backend import FP8_E4M3_MAX, TorchAttentionBackend
-from tests.model.conftest import make_metadata, scattered_block_tables
+from paged_metadata import make_metadata, scattered_block_tables
 
 HEAD_DIM = 32
 NUM_BLOCKS = 64
