@@ -1,0 +1,95 @@
+"""The Serve application: an OpenAI ingress (router replicas) and its fleet controller.
+
+    build_app(args) ─> OpenAIRouter deployment (N replicas, FastAPI ingress, 0 CPUs)
+                         └─ deployment-scoped actor "controller" (ControllerActor, one per app,
+                            removed with the app) ─> owns the WorkerActors (restarted on crash)
+
+`raypaged serve` and Serve config files (`import_path: raypaged.serve.app:build_app`) both go
+through `build_app`, with the same arguments (ServeArgs).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from ray import serve
+from ray.serve.config import DeploymentActorConfig
+
+from raypaged.serve.actors import ControllerActor
+from raypaged.serve.config import ServeArgs
+from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
+from raypaged.serve.generation import Dispatcher
+from raypaged.serve.http_app import build_http_app
+from raypaged.serve.metrics import RequestMetrics, merge, render
+from raypaged.serve.ray_fleet import RayFleetClient
+from raypaged.serve.routing import Router
+
+logger = logging.getLogger(__name__)
+
+CONTROLLER = "controller"
+
+
+async def resolve_controller():
+    """The application's controller; Serve may still be creating (or recreating) it."""
+    while True:
+        try:
+            return serve.get_deployment_actor(CONTROLLER)
+        except ValueError:
+            await asyncio.sleep(0.2)
+
+
+@serve.ingress()
+class OpenAIRouter:
+    async def __init__(self, args: dict):
+        self.config = ServeArgs(**args).to_config()
+        self.metrics = RequestMetrics()
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self.fleet = RayFleetClient(resolve_controller, self.replica_id, self.metrics,
+                                    refresh_s=self.config.snapshot_interval_s)
+        snapshot = await self.fleet.start()
+        worker = snapshot.ready()[0]
+        tokenizer = await worker.handle.get_tokenizer.remote()
+        stats = worker.stats
+        self.info = ModelInfo(name=self.config.served_model_name or stats.model_name,
+                              max_model_len=stats.max_model_len, vocab_size=len(tokenizer),
+                              created=int(time.time()))
+        dispatcher = Dispatcher(self.fleet, Router(self.config.routing, stats.block_size),
+                                self.metrics)
+        self.frontend = OpenAIFrontend(dispatcher, tokenizer, self.info, self.config.max_n)
+        logger.info("router %s ready: model %s, max_model_len %d, %d workers ready",
+                    self.replica_id, self.info.name, self.info.max_model_len,
+                    len(snapshot.ready()))
+
+    def __serve_build_asgi_app__(self):
+        return build_http_app(self.frontend, self.fleet.snapshot, self.metrics,
+                              self._render_metrics, self.config.api_key,
+                              self.config.max_request_bytes)
+
+    def _render_metrics(self) -> bytes:
+        """Fleet gauges plus request metrics summed over every router replica (this one live,
+        the others as last reported to the controller)."""
+        snap = self.fleet.snapshot()
+        others = [m for rid, m in snap.router_metrics.items() if rid != self.replica_id]
+        return render(snap, merge([self.metrics.snapshot(), *others]), self.info.name)
+
+    async def __del__(self):
+        await self.fleet.stop()
+
+
+def build_app(args: dict | ServeArgs | None = None):
+    """Serve application builder (also the target of `import_path` in Serve config files)."""
+    sargs = args if isinstance(args, ServeArgs) else ServeArgs(**(args or {}))
+    cfg = sargs.to_config()
+    plain = sargs.model_dump()
+    deployment = serve.deployment(
+        OpenAIRouter,
+        name="OpenAIRouter",
+        num_replicas=cfg.router_replicas,
+        max_ongoing_requests=cfg.router_max_ongoing_requests,
+        ray_actor_options={"num_cpus": 0},
+        deployment_actors=[DeploymentActorConfig(
+            name=CONTROLLER, actor_class=ControllerActor, init_kwargs={"args": plain},
+            actor_options={"num_cpus": 0})],
+    )
+    return deployment.bind(plain)

@@ -1,0 +1,99 @@
+"""Controller: fleet membership and the fleet view, refreshed by polling every worker at once.
+
+A plain class; `ControllerActor` (actors.py) is its Ray shell, created by Serve once per
+application. Each poll round asks every worker for `stats()` concurrently, with a timeout:
+
+    answer, same incarnation   -> ready
+    answer, new incarnation    -> ready, restarts += 1 (the process was restarted: re-admitted)
+    timeout                    -> unresponsive (keeps its last stats; routers skip it)
+    WorkerDown(state)          -> restarting / dead (routers skip it until it answers again)
+
+Routers push their request metrics here so /metrics on any replica shows the whole fleet.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from typing import Any, Awaitable, Callable, Sequence
+
+from raypaged.serve.fleet import (DEAD, READY, STARTING, UNRESPONSIVE, FleetSnapshot,
+                                  WorkerView)
+from raypaged.serve.worker import WorkerStats
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerDown(Exception):
+    """Raised by a probe when the worker is known to be restarting or dead."""
+
+    def __init__(self, state: str):
+        super().__init__(state)
+        self.state = state
+
+
+Probe = Callable[[Any], Awaitable[WorkerStats]]
+
+
+class Controller:
+    def __init__(self, workers: Sequence[tuple[str, Any]], probe: Probe,
+                 poll_interval_s: float = 0.5, poll_timeout_s: float = 5.0):
+        now = time.time()
+        self._views = {wid: WorkerView(wid, STARTING, handle, since=now) for wid, handle in workers}
+        self._probe = probe
+        self.poll_interval_s = poll_interval_s
+        self.poll_timeout_s = poll_timeout_s
+        self._version = 0
+        self._router_metrics: dict[str, dict] = {}
+        self._poller: asyncio.Task | None = None
+
+    async def snapshot(self) -> FleetSnapshot:
+        self._ensure_polling()
+        return FleetSnapshot(self._version, tuple(self._views.values()), dict(self._router_metrics))
+
+    async def report_router_metrics(self, replica_id: str, metrics: dict) -> None:
+        self._ensure_polling()
+        self._router_metrics[replica_id] = metrics
+
+    async def poll_once(self) -> None:
+        views = list(self._views.values())
+        results = await asyncio.gather(*(self._poll(v) for v in views))
+        for new in results:
+            old = self._views[new.worker_id]
+            if new.state != old.state:
+                logger.info("worker %s: %s -> %s", new.worker_id, old.state, new.state)
+            self._views[new.worker_id] = new
+        self._version += 1
+
+    async def _poll(self, view: WorkerView) -> WorkerView:
+        now = time.time()
+        try:
+            stats = await asyncio.wait_for(self._probe(view.handle), self.poll_timeout_s)
+        except asyncio.TimeoutError:
+            state = STARTING if view.state == STARTING else UNRESPONSIVE
+            return _moved(view, state, now)
+        except WorkerDown as down:
+            return _moved(view, down.state, now)
+        except Exception as exc:  # noqa: BLE001 - an unknown failure: treat the worker as gone
+            logger.warning("polling worker %s failed: %r", view.worker_id, exc)
+            return _moved(view, DEAD, now)
+        restarted = view.stats is not None and stats.incarnation != view.stats.incarnation
+        view = _moved(view, READY, now)
+        return dataclasses.replace(view, stats=stats, restarts=view.restarts + restarted)
+
+    def _ensure_polling(self) -> None:
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
+
+    async def _poll_forever(self) -> None:
+        while True:
+            try:
+                await self.poll_once()
+            except Exception:  # noqa: BLE001 - keep polling whatever one round did
+                logger.exception("poll round failed")
+            await asyncio.sleep(self.poll_interval_s)
+
+
+def _moved(view: WorkerView, state: str, now: float) -> WorkerView:
+    return view if view.state == state else dataclasses.replace(view, state=state, since=now)

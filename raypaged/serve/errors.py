@@ -1,0 +1,49 @@
+"""Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}} with a real status."""
+from __future__ import annotations
+
+import json
+
+from pydantic import ValidationError
+from starlette.responses import JSONResponse
+
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+         405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+         500: "internal_server_error", 503: "service_unavailable"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, retry_after: int | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.retry_after = retry_after
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": TYPES.get(self.status, "error"),
+                          "param": self.param, "code": self.code or self.status}}
+
+    def response(self) -> JSONResponse:
+        headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+    def sse(self) -> str:
+        return f"data: {json.dumps(self.body())}\n\n"
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code="invalid_request")
+
+
+def from_validation_error(exc: ValidationError) -> APIError:
+    """The first problem pydantic found, named by its JSON path."""
+    err = exc.errors(include_url=False)[0]
+    path = ".".join(str(p) for p in err.get("loc", ()))
+    message = err.get("msg", "invalid request")
+    return bad_request(f"{path}: {message}" if path else message, param=path or None)
+
+
+def from_value_error(exc: ValueError) -> APIError:
+    """SamplingParams and the engine say `<name> must be ...`: the first word is the param."""
+    message = str(exc)
+    first = message.split(" ", 1)[0]
+    return bad_request(message, param=first if first.isidentifier() else None)

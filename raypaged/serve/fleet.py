@@ -1,0 +1,83 @@
+"""The fleet view: what the controller knows about every worker, as frozen, picklable values.
+
+Routers read it (ready workers, their load), /metrics renders it, and `totals()` adds it up into
+the fleet's memory budget.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from raypaged.serve.worker import WorkerStats
+
+STARTING = "starting"          # created, never answered yet (loading the model)
+READY = "ready"
+UNRESPONSIVE = "unresponsive"  # alive as far as Ray knows, but the last poll timed out
+RESTARTING = "restarting"      # Ray is restarting the actor after a crash
+DEAD = "dead"                  # gone for good (killed without restart)
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    worker_id: str
+    state: str
+    handle: Any = field(repr=False, compare=False)
+    stats: WorkerStats | None = None  # the last good poll (kept while unresponsive)
+    restarts: int = 0                 # times a new incarnation answered
+    since: float = 0.0                # when the state last changed
+
+    @property
+    def ready(self) -> bool:
+        return self.state == READY
+
+    @property
+    def load(self) -> int:
+        return self.stats.num_active if self.stats is not None else 0
+
+
+@dataclass(frozen=True)
+class FleetSnapshot:
+    version: int = 0
+    workers: tuple[WorkerView, ...] = ()
+    # router replica id -> its request metrics (RequestMetrics.snapshot()), for /metrics
+    router_metrics: dict = field(default_factory=dict)
+
+    def ready(self) -> list[WorkerView]:
+        return [w for w in self.workers if w.ready]
+
+    def worker(self, worker_id: str) -> WorkerView | None:
+        return next((w for w in self.workers if w.worker_id == worker_id), None)
+
+    def totals(self) -> dict:
+        """The fleet's memory budget and cache counters, summed over workers with stats."""
+        with_stats = [w.stats for w in self.workers if w.ready and w.stats is not None]
+        keys = ("kv_budget_bytes", "num_blocks", "num_tokens", "max_seqs_at_max_model_len")
+        out = {k: sum(getattr(s.budget, k) for s in with_stats) for k in keys}
+        mem = ("blocks_used", "blocks_cached", "blocks_free", "prefix_queries", "prefix_hits",
+               "evictions", "cow_copies")
+        out.update({k: sum(getattr(s.engine.memory, k) for s in with_stats) for k in mem})
+        out.update(
+            bytes_per_token=with_stats[0].budget.bytes_per_token if with_stats else 0,
+            num_running=sum(s.engine.num_running for s in with_stats),
+            num_waiting=sum(s.engine.num_waiting for s in with_stats),
+            num_preemptions=sum(s.engine.num_preemptions for s in with_stats),
+            workers_ready=len(with_stats), workers_total=len(self.workers))
+        out["kv_cache_usage"] = out["blocks_used"] / out["num_blocks"] if out["num_blocks"] else 0.0
+        out["prefix_hit_rate"] = (out["prefix_hits"] / out["prefix_queries"]
+                                  if out["prefix_queries"] else 0.0)
+        return out
+
+    def to_json(self) -> dict:
+        """For GET /fleet: per worker and in total."""
+        workers = []
+        for w in self.workers:
+            item = {"worker_id": w.worker_id, "state": w.state, "restarts": w.restarts}
+            if w.stats is not None:
+                s = w.stats
+                item.update(
+                    pid=s.pid, load=s.num_active, kv_cache_usage=s.kv_cache_usage,
+                    budget=vars(s.budget), memory=vars(s.engine.memory),
+                    num_running=s.engine.num_running, num_waiting=s.engine.num_waiting,
+                    num_preemptions=s.engine.num_preemptions, num_steps=s.engine.num_steps)
+            workers.append(item)
+        return {"workers": workers, "total": self.totals()}

@@ -1,0 +1,318 @@
+"""The OpenAI endpoints: validate, tokenize, start one Generation per prompt, shape the answer.
+
+    body ─> pydantic model ─> model name ─> token ids (chat template for chat) ─> lengths
+         ─> SamplingParams ─> Generation.start() per prompt (routing, first batch)
+         ─> JSON (collect) or SSE (chunks as batches arrive, then usage, then [DONE])
+
+Every problem found before the first batch is an APIError with its status; after the stream has
+started, a lost worker ends it with an error event and [DONE].
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+from pydantic import ValidationError
+from starlette.responses import JSONResponse, StreamingResponse
+
+from raypaged.core.sampling_params import SamplingParams
+from raypaged.outputs import SequenceOutput
+from raypaged.serve.errors import APIError, bad_request, from_validation_error, from_value_error
+from raypaged.serve.generation import Dispatcher, Generation, WorkerUnavailable
+from raypaged.serve.protocol import ChatCompletionRequest, CompletionRequest
+
+WORKER_HEADER = "x-raypaged-worker"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str            # the served model name clients use
+    max_model_len: int
+    vocab_size: int
+    created: int
+
+
+class Choice:
+    """The accumulated output of one sample."""
+
+    def __init__(self):
+        self.text: list[str] = []
+        self.token_ids: list[int] = []
+        self.logprobs: list = []
+        self.finish_reason: str | None = None
+        self.stop_reason = None
+
+    def add(self, out: SequenceOutput) -> None:
+        self.text.append(out.new_text)
+        self.token_ids.extend(out.new_token_ids)
+        self.logprobs.extend(out.new_logprobs)
+        if out.finish_reason is not None:
+            self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
+
+
+def parse(model, body) -> object:
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+
+
+class OpenAIFrontend:
+    def __init__(self, dispatcher: Dispatcher, tokenizer, info: ModelInfo, max_n: int = 16):
+        self.dispatcher = dispatcher
+        self.tokenizer = tokenizer
+        self.info = info
+        self.max_n = max_n
+
+    # -- endpoints -------------------------------------------------------------------------
+    def models(self) -> dict:
+        return {"object": "list", "data": [{
+            "id": self.info.name, "object": "model", "created": self.info.created,
+            "owned_by": "raypaged", "root": self.info.name, "parent": None,
+            "max_model_len": self.info.max_model_len}]}
+
+    async def completions(self, body) -> JSONResponse | StreamingResponse:
+        arrival = time.monotonic()
+        req: CompletionRequest = parse(CompletionRequest, body)
+        req.check(self.max_n)
+        self._check_model(req.model)
+        prompts = [self._prompt_tokens(p) for p in req.prompts()]
+        for tokens in prompts:
+            self._check_length(tokens, req.max_tokens)
+        params = self._params(req, req.max_tokens, req.logprobs)
+        gens = await self._start("cmpl", prompts, params, req.cache_salt, arrival)
+        header = {WORKER_HEADER: _workers(gens)}
+        chunk = functools.partial(self._completion_chunk, gens[0].request_id, req.logprobs is not None)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return _sse(self._events(gens, params.n, chunk, None, include_usage,
+                                     "text_completion"), header)
+        choices = await self._collect(gens, params.n)
+        body = {"id": gens[0].request_id, "object": "text_completion", "created": int(time.time()),
+                "model": self.info.name,
+                "choices": [chunk(i, c, whole=True) for i, c in enumerate(choices)],
+                "usage": _usage(gens)}
+        return JSONResponse(body, headers=header)
+
+    async def chat_completions(self, body) -> JSONResponse | StreamingResponse:
+        arrival = time.monotonic()
+        req: ChatCompletionRequest = parse(ChatCompletionRequest, body)
+        req.check(self.max_n)
+        self._check_model(req.model)
+        tokens = self._chat_tokens(req)
+        max_tokens = req.requested_max_tokens()
+        self._check_length(tokens, max_tokens)
+        params = self._params(req, max_tokens, req.requested_logprobs())
+        gens = await self._start("chatcmpl", [tokens], params, req.cache_salt, arrival)
+        header = {WORKER_HEADER: _workers(gens)}
+        chunk = functools.partial(self._chat_chunk, req.logprobs)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            role = {"role": "assistant", "content": ""}
+            return _sse(self._events(gens, params.n, chunk, role, include_usage,
+                                     "chat.completion.chunk"), header)
+        choices = await self._collect(gens, params.n)
+        body = {"id": gens[0].request_id, "object": "chat.completion", "created": int(time.time()),
+                "model": self.info.name,
+                "choices": [chunk(i, c, whole=True) for i, c in enumerate(choices)],
+                "usage": _usage(gens)}
+        return JSONResponse(body, headers=header)
+
+    # -- validation and tokenization --------------------------------------------------------
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.info.name:
+            raise APIError(404, f"The model `{model}` does not exist; this server serves "
+                                f"`{self.info.name}`", param="model", code="model_not_found")
+
+    def _prompt_tokens(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            tokens = self.tokenizer.encode(prompt)
+        else:
+            tokens = prompt
+            bad = [t for t in tokens if not 0 <= t < self.info.vocab_size]
+            if bad:
+                raise bad_request(f"prompt token id {bad[0]} is out of range: token ids must be "
+                                  f"in [0, {self.info.vocab_size})", "prompt")
+        if not tokens:
+            raise bad_request("the prompt is empty: give at least one token", "prompt")
+        return list(tokens)
+
+    def _chat_tokens(self, req: ChatCompletionRequest) -> list[int]:
+        try:
+            text = self.tokenizer.apply_chat_template(
+                req.conversation(), tokenize=False, add_generation_prompt=req.add_generation_prompt)
+        except Exception as exc:  # noqa: BLE001 - a template that rejects this conversation
+            raise bad_request(f"the chat template rejected these messages: {exc}", "messages")
+        tokens = self.tokenizer.encode(text, add_special_tokens=False)
+        if not tokens:
+            raise bad_request("the conversation renders to an empty prompt", "messages")
+        return list(tokens)
+
+    def _check_length(self, tokens: list[int], max_tokens: int | None) -> None:
+        limit = self.info.max_model_len
+        if len(tokens) >= limit:
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens, but the prompt is "
+                f"{len(tokens)} tokens: shorten it to at most {limit - 1} tokens", "prompt")
+        if isinstance(max_tokens, int) and max_tokens >= 1 and len(tokens) + max_tokens > limit:
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens, but you requested "
+                f"{len(tokens) + max_tokens} ({len(tokens)} in the prompt, {max_tokens} "
+                f"max_tokens): lower max_tokens to at most {limit - len(tokens)}", "max_tokens")
+
+    @staticmethod
+    def _params(req, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        try:
+            return req.sampling_params(max_tokens, logprobs)
+        except ValueError as exc:
+            raise from_value_error(exc) from None
+
+    # -- running -----------------------------------------------------------------------------
+    async def _start(self, kind: str, prompts: list[list[int]], params: SamplingParams,
+                     cache_salt: str | None, arrival: float) -> list[Generation]:
+        base = f"{kind}-{uuid.uuid4().hex}"
+        gens = [Generation(self.dispatcher, base if len(prompts) == 1 else f"{base}-{i}",
+                           tokens, params, cache_salt, arrival) for i, tokens in enumerate(prompts)]
+        results = await asyncio.gather(*(g.start() for g in gens), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)
+            raise errors[0]
+        return gens
+
+    async def _collect(self, gens: list[Generation], n: int) -> list[Choice]:
+        try:
+            outputs = await asyncio.gather(*(g.collect() for g in gens))
+        except WorkerUnavailable:
+            raise APIError(503, "the worker serving this request failed", retry_after=1) from None
+        finally:
+            await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)
+        choices = [Choice() for _ in range(len(gens) * n)]
+        for g, outs in enumerate(outputs):
+            for out in outs:
+                choices[g * n + out.index].add(out)
+        return choices
+
+    async def _events(self, gens: list[Generation], n: int, chunk: Callable, role: dict | None,
+                      include_usage: bool, obj: str) -> AsyncIterator[str]:
+        head = {"id": gens[0].request_id, "object": obj, "created": int(time.time()),
+                "model": self.info.name}
+        try:
+            if role is not None:
+                for i in range(len(gens) * n):
+                    yield _data({**head, "choices": [
+                        {"index": i, "delta": role, "logprobs": None, "finish_reason": None}]})
+            async for g, batch in _merge(gens):
+                by_choice: dict[int, Choice] = {}
+                for out in batch:
+                    by_choice.setdefault(g * n + out.index, Choice()).add(out)
+                yield _data({**head, "choices": [chunk(i, c) for i, c in sorted(by_choice.items())]})
+            if include_usage:
+                yield _data({**head, "choices": [], "usage": _usage(gens)})
+        except (WorkerUnavailable, APIError) as exc:
+            err = exc if isinstance(exc, APIError) else APIError(
+                503, f"the worker serving this stream failed: {exc}", code="worker_unavailable")
+            yield err.sse()
+        finally:
+            await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)
+        yield "data: [DONE]\n\n"
+
+    # -- response pieces --------------------------------------------------------------------
+    def _completion_chunk(self, request_id: str, want_logprobs: bool, index: int, c: Choice,
+                          whole: bool = False) -> dict:
+        return {"index": index, "text": "".join(c.text),
+                "logprobs": self._completion_logprobs(c) if want_logprobs else None,
+                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+
+    def _chat_chunk(self, want_logprobs: bool, index: int, c: Choice, whole: bool = False) -> dict:
+        text = "".join(c.text)
+        logprobs = {"content": self._chat_logprobs(c)} if want_logprobs else None
+        if whole:
+            return {"index": index, "message": {"role": "assistant", "content": text},
+                    "logprobs": logprobs, "finish_reason": c.finish_reason,
+                    "stop_reason": c.stop_reason}
+        delta = {"content": text} if text or c.finish_reason is None else {}
+        return {"index": index, "delta": delta, "logprobs": logprobs,
+                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+
+    @functools.lru_cache(maxsize=65536)
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def _completion_logprobs(self, c: Choice) -> dict:
+        tokens, offsets, offset = [], [], 0
+        for lp in c.logprobs:
+            tokens.append(self._token_text(lp.token_id))
+            offsets.append(offset)
+            offset += len(tokens[-1])
+        return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in c.logprobs],
+                "top_logprobs": [{self._token_text(t): v for t, v in lp.top} for lp in c.logprobs],
+                "text_offset": offsets}
+
+    def _chat_logprobs(self, c: Choice) -> list[dict]:
+        def entry(token_id: int, logprob: float) -> dict:
+            text = self._token_text(token_id)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+        return [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+                for lp in c.logprobs]
+
+
+async def _merge(gens: list[Generation]) -> AsyncIterator[tuple[int, list[SequenceOutput]]]:
+    """Batches of several generations as they arrive, tagged with the generation's index."""
+    if len(gens) == 1:
+        async for batch in gens[0].batches():
+            yield 0, batch
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i: int, g: Generation) -> None:
+        try:
+            async for batch in g.batches():
+                await queue.put((i, batch))
+            await queue.put((i, done))
+        except Exception as exc:  # noqa: BLE001 - re-raised by the reader
+            await queue.put((i, exc))
+
+    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        remaining = len(gens)
+        while remaining:
+            i, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+def _usage(gens: list[Generation]) -> dict:
+    prompt = sum(len(g.token_ids) for g in gens)
+    completion = sum(g.num_output_tokens for g in gens)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(g.num_cached_tokens for g in gens)}}
+
+
+def _workers(gens: list[Generation]) -> str:
+    return ",".join(dict.fromkeys(g.worker_id for g in gens))
+
+
+def _data(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _sse(events: AsyncIterator[str], headers: dict) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={**headers, "Cache-Control": "no-cache"})

@@ -1,0 +1,121 @@
+"""The HTTP surface: routes, API key, body limit, and OpenAI-shaped errors for everything.
+
+/health and /metrics stay open when an API key is set; every other route needs
+`Authorization: Bearer KEY`. No request, however malformed, gets a 500 from the checks here.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from typing import Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response
+
+from raypaged.serve.errors import APIError, bad_request
+from raypaged.serve.fleet import FleetSnapshot
+from raypaged.serve.frontend import OpenAIFrontend
+from raypaged.serve.metrics import RequestMetrics
+
+logger = logging.getLogger(__name__)
+
+
+def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapshot],
+                   metrics: RequestMetrics, render_metrics: Callable[[], bytes],
+                   api_key: str | None, max_request_bytes: int) -> FastAPI:
+    app = FastAPI(title="raypaged", docs_url=None, redoc_url=None, openapi_url=None)
+
+    def authorize(request: Request) -> None:
+        if not api_key:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                           code="invalid_api_key")
+
+    async def read_json(request: Request):
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                raise bad_request("invalid Content-Length header")
+            if int(declared) > max_request_bytes:
+                raise _too_large(max_request_bytes)
+        body = bytearray()
+        async for piece in request.stream():
+            body += piece
+            if len(body) > max_request_bytes:
+                raise _too_large(max_request_bytes)
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            raise bad_request("the request body is not valid JSON") from None
+
+    async def answer(request: Request, handler) -> Response:
+        try:
+            authorize(request)
+            return await handler(await read_json(request))
+        except APIError as exc:
+            metrics.inc("request_errors", str(exc.status))
+            return exc.response()
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await answer(request, frontend.completions)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await answer(request, frontend.chat_completions)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        try:
+            authorize(request)
+        except APIError as exc:
+            return exc.response()
+        return JSONResponse(frontend.models())
+
+    @app.get("/health")
+    async def health():
+        ready = len(snapshot().ready())
+        if not ready:
+            return APIError(503, "no worker is ready", code="no_workers", retry_after=1).response()
+        return JSONResponse({"status": "ok", "workers_ready": ready})
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        return Response(render_metrics(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/fleet")
+    async def fleet(request: Request):
+        """The controller's fleet view as JSON: per worker and in total."""
+        try:
+            authorize(request)
+        except APIError as exc:
+            return exc.response()
+        return JSONResponse(snapshot().to_json())
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        message = {404: f"no route {request.url.path}",
+                   405: f"method {request.method} is not allowed on {request.url.path}"}
+        return APIError(exc.status_code, message.get(exc.status_code, str(exc.detail))).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        return bad_request(str(exc)).response()
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception):
+        logger.exception("unexpected error on %s", request.url.path)
+        metrics.inc("request_errors", "500")
+        return APIError(500, f"internal error: {type(exc).__name__}").response()
+
+    return app
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(413, f"the request body is larger than {limit} bytes", code="body_too_large")

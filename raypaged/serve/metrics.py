@@ -1,0 +1,169 @@
+"""Prometheus metrics: request metrics kept by each router replica, and the controller's fleet view.
+
+Names live under `raypaged:` and follow vLLM's one-to-one where vLLM has the metric (the table is
+in the README): e.g. raypaged:kv_cache_usage_perc <-> vllm:kv_cache_usage_perc. Request metrics
+are plain counters and bucket counts (`RequestMetrics`), so a replica can ship a snapshot to the
+controller and any replica's /metrics can render the sum over all of them.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from typing import Iterable
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily)
+
+from raypaged.serve.fleet import READY, FleetSnapshot
+
+P = "raypaged:"
+
+# Bucket bounds as in vLLM, so dashboards' quantile queries read alike.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+               120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+HISTOGRAMS = {
+    "time_to_first_token_seconds": ("Time to first token.", TTFT_BUCKETS),
+    "time_per_output_token_seconds": ("Mean time per output token after the first, per request.",
+                                      TPOT_BUCKETS),
+    "inter_token_latency_seconds": ("Time between output tokens.", TPOT_BUCKETS),
+    "e2e_request_latency_seconds": ("End-to-end request latency.", E2E_BUCKETS),
+}
+COUNTERS = {  # name -> (help, label name or None)
+    "prompt_tokens": ("Prompt tokens processed.", None),
+    "generation_tokens": ("Generated tokens.", None),
+    "request_success": ("Finished requests by finish reason.", "finished_reason"),
+    "routing_decisions": ("Routing decisions by reason.", "reason"),
+    "request_retries": ("Requests retried on another worker after a worker failure.", None),
+    "request_errors": ("Requests answered with an error, by HTTP status.", "status"),
+}
+
+
+class RequestMetrics:
+    """Counters and histograms of one router replica, as plain numbers."""
+
+    def __init__(self) -> None:
+        self.counters: dict[str, dict[str, float]] = {name: {} for name in COUNTERS}
+        # name -> [bucket counts (one per bound, +Inf last), sum]
+        self.histograms = {name: [[0] * (len(b) + 1), 0.0] for name, (_, b) in HISTOGRAMS.items()}
+
+    def inc(self, name: str, label: str = "", value: float = 1.0) -> None:
+        series = self.counters[name]
+        series[label] = series.get(label, 0.0) + value
+
+    def observe(self, name: str, value: float) -> None:
+        bounds = HISTOGRAMS[name][1]
+        hist = self.histograms[name]
+        hist[0][bisect.bisect_left(bounds, value)] += 1
+        hist[1] += value
+
+    def snapshot(self) -> dict:
+        return {"counters": {k: dict(v) for k, v in self.counters.items()},
+                "histograms": {k: [list(c), s] for k, (c, s) in self.histograms.items()}}
+
+
+def merge(snapshots: Iterable[dict]) -> dict:
+    total = RequestMetrics().snapshot()
+    for snap in snapshots:
+        for name, series in snap["counters"].items():
+            for label, value in series.items():
+                total["counters"][name][label] = total["counters"][name].get(label, 0.0) + value
+        for name, (counts, s) in snap["histograms"].items():
+            hist = total["histograms"][name]
+            hist[0] = [a + b for a, b in zip(hist[0], counts)]
+            hist[1] += s
+    return total
+
+
+class _Collector:
+    def __init__(self, fleet: FleetSnapshot, requests: dict, model_name: str):
+        self.fleet, self.requests, self.model_name = fleet, requests, model_name
+
+    def collect(self):
+        yield from fleet_families(self.fleet, self.model_name)
+        yield from request_families(self.requests, self.model_name)
+
+
+def render(fleet: FleetSnapshot, requests: dict, model_name: str) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(fleet, requests, model_name))
+    return generate_latest(registry)
+
+
+def request_families(snap: dict, model_name: str):
+    for name, (doc, label) in COUNTERS.items():
+        labels = ["model_name"] + ([label] if label else [])
+        fam = CounterMetricFamily(P + name, doc, labels=labels)
+        for key, value in sorted(snap["counters"][name].items()):
+            fam.add_metric([model_name] + ([key] if label else []), value)
+        if not label and not snap["counters"][name]:
+            fam.add_metric([model_name], 0.0)
+        yield fam
+    for name, (doc, bounds) in HISTOGRAMS.items():
+        counts, total = snap["histograms"][name]
+        cumulative, acc = [], 0
+        for bound, count in zip([*bounds, math.inf], counts):
+            acc += count
+            cumulative.append(("+Inf" if bound == math.inf else repr(float(bound)), acc))
+        fam = HistogramMetricFamily(P + name, doc, labels=["model_name"])
+        fam.add_metric([model_name], cumulative, sum_value=total)
+        yield fam
+
+
+def fleet_families(fleet: FleetSnapshot, model_name: str):
+    labels = ["model_name", "worker"]
+
+    def gauge(name, doc, extra=()):
+        return GaugeMetricFamily(P + name, doc, labels=labels + list(extra))
+
+    def counter(name, doc):
+        return CounterMetricFamily(P + name, doc, labels=labels)
+
+    up = gauge("worker_up", "1 when the worker is ready to take requests.")
+    restarts = counter("worker_restarts", "Times the worker process came back after a crash.")
+    running = gauge("num_requests_running", "Sequences running in the worker's engine.")
+    waiting = gauge("num_requests_waiting", "Requests waiting in the worker's engine.")
+    usage = gauge("kv_cache_usage_perc", "KV-cache usage: blocks in use / blocks (0..1).")
+    blocks = gauge("kv_cache_blocks", "KV-cache blocks by state.", ["state"])
+    budget = gauge("kv_cache_budget_bytes", "Bytes of the KV-cache budget.")
+    per_token = gauge("kv_cache_bytes_per_token", "KV-cache bytes per token.")
+    fit_tokens = gauge("kv_cache_max_tokens", "Tokens that fit in the KV cache.")
+    fit_seqs = gauge("kv_cache_max_concurrency",
+                     "Sequences of max_model_len that fit in the KV cache at once.")
+    queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+    hits = counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.")
+    evictions = counter("prefix_cache_evictions", "Cached blocks evicted for new data.")
+    preempt = counter("num_preemptions", "Requests preempted (recomputed) for lack of blocks.")
+    cow = counter("kv_cache_cow_copies", "Copy-on-write block copies (n > 1 sampling).")
+    steps = counter("engine_steps", "Engine steps run.")
+    for w in fleet.workers:
+        lv = [model_name, w.worker_id]
+        up.add_metric(lv, 1.0 if w.state == READY else 0.0)
+        restarts.add_metric(lv, w.restarts)
+        s = w.stats
+        if s is None or w.state != READY:
+            continue
+        m = s.engine.memory
+        running.add_metric(lv, s.engine.num_running)
+        waiting.add_metric(lv, s.engine.num_waiting)
+        usage.add_metric(lv, s.kv_cache_usage)
+        for state, value in (("used", m.blocks_used), ("cached", m.blocks_cached),
+                             ("free", m.blocks_free)):
+            blocks.add_metric(lv + [state], value)
+        budget.add_metric(lv, s.budget.kv_budget_bytes)
+        per_token.add_metric(lv, s.budget.bytes_per_token)
+        fit_tokens.add_metric(lv, s.budget.num_tokens)
+        fit_seqs.add_metric(lv, s.budget.max_seqs_at_max_model_len)
+        queries.add_metric(lv, m.prefix_queries)
+        hits.add_metric(lv, m.prefix_hits)
+        evictions.add_metric(lv, m.evictions)
+        preempt.add_metric(lv, s.engine.num_preemptions)
+        cow.add_metric(lv, m.cow_copies)
+        steps.add_metric(lv, s.engine.num_steps)
+    yield from (up, restarts, running, waiting, usage, blocks, budget, per_token, fit_tokens,
+                fit_seqs, queries, hits, evictions, preempt, cow, steps)

@@ -1,0 +1,165 @@
+"""OpenAI request bodies (pydantic, at the HTTP edge) and their translation to SamplingParams.
+
+Unknown fields are ignored, as vLLM does; fields we do not implement are refused when set to
+something other than their neutral value, so a client never silently gets different behaviour.
+"""
+from __future__ import annotations
+
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+from raypaged.core.sampling_params import SamplingParams
+from raypaged.serve.errors import bad_request
+
+MAX_LOGPROBS = 20
+
+
+class StreamOptions(BaseModel):
+    include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr | None = None
+    n: StrictInt = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: StrictInt | None = None
+    min_p: float | None = None
+    seed: StrictInt | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    stop_token_ids: list[StrictInt] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: StrictBool = False
+    min_tokens: StrictInt = 0
+    include_stop_str_in_output: StrictBool = False
+    stream: StrictBool | None = False
+    stream_options: StreamOptions | None = None
+    user: StrictStr | None = None
+    cache_salt: StrictStr | None = Field(None, min_length=1)
+    logit_bias: dict[str, float] | None = None
+
+    def check_common(self, max_n: int) -> None:
+        if not 1 <= self.n <= max_n:
+            raise bad_request(f"n must be between 1 and {max_n}, got {self.n}", "n")
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("stream_options can only be set when stream is true", "stream_options")
+        if self.logit_bias:
+            raise bad_request("logit_bias is not supported", "logit_bias")
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        def given(value, default):
+            return default if value is None else value
+        return SamplingParams(
+            n=self.n, temperature=given(self.temperature, 1.0), top_p=given(self.top_p, 1.0),
+            top_k=given(self.top_k, -1), min_p=given(self.min_p, 0.0), seed=self.seed,
+            max_tokens=max_tokens, min_tokens=self.min_tokens, stop=tuple(
+                [self.stop] if isinstance(self.stop, str) else (self.stop or ())),
+            stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
+            logprobs=logprobs, presence_penalty=given(self.presence_penalty, 0.0),
+            frequency_penalty=given(self.frequency_penalty, 0.0),
+            repetition_penalty=given(self.repetition_penalty, 1.0),
+            include_stop_str_in_output=self.include_stop_str_in_output)
+
+
+Prompt = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
+
+
+class CompletionRequest(_Sampling):
+    prompt: Prompt
+    max_tokens: StrictInt | None = 16
+    logprobs: StrictInt | None = None
+    echo: StrictBool = False
+    suffix: StrictStr | None = None
+    best_of: StrictInt | None = None
+
+    def check(self, max_n: int) -> None:
+        self.check_common(max_n)
+        if self.echo:
+            raise bad_request("echo is not supported", "echo")
+        if self.suffix:
+            raise bad_request("suffix is not supported", "suffix")
+        if self.best_of is not None and self.best_of != self.n:
+            raise bad_request("best_of is not supported (use n)", "best_of")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise bad_request(f"logprobs must be between 0 and {MAX_LOGPROBS}", "logprobs")
+
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: text, or token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise bad_request("prompt must not be empty", "prompt")
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]
+        return list(p)
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: StrictStr | list[TextPart] | None = None
+    name: StrictStr | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: StrictStr
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage]
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = None
+    tools: list[dict] | None = None
+    tool_choice: StrictStr | dict | None = None
+    response_format: ResponseFormat | None = None
+    add_generation_prompt: StrictBool = True
+
+    def check(self, max_n: int) -> None:
+        self.check_common(max_n)
+        if not self.messages:
+            raise bad_request("messages must not be empty", "messages")
+        for i, m in enumerate(self.messages):
+            if m.role in ("user", "system", "developer") and m.content is None:
+                raise bad_request(f"messages.{i}.content is required for role {m.role!r}",
+                                  f"messages.{i}.content")
+        if self.top_logprobs is not None:
+            if not self.logprobs:
+                raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+            if not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+                raise bad_request(f"top_logprobs must be between 0 and {MAX_LOGPROBS}",
+                                  "top_logprobs")
+        if self.tools:
+            raise bad_request("tools are not supported", "tools")
+        if self.response_format is not None and self.response_format.type != "text":
+            raise bad_request("only response_format type 'text' is supported", "response_format")
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def requested_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def conversation(self) -> list[dict]:
+        return [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
+                for m in self.messages]

@@ -1,0 +1,90 @@
+"""RayFleetClient: a router replica's view of the fleet, and its streams to workers.
+
+The fleet snapshot is refreshed from the controller by a background task (requests never wait
+on the controller, and nothing here blocks the event loop); the same task ships this replica's
+request metrics to the controller. Streams are Ray streaming generators on the worker actors;
+leaving one early cancels the actor task, which aborts the request and frees its blocks.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Awaitable, Callable
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from raypaged.serve.fleet import FleetSnapshot, WorkerView
+from raypaged.serve.generation import WorkerUnavailable
+from raypaged.serve.metrics import RequestMetrics
+
+logger = logging.getLogger(__name__)
+
+
+class RayFleetClient:
+    def __init__(self, resolve_controller: Callable[[], Awaitable], replica_id: str,
+                 metrics: RequestMetrics, refresh_s: float = 0.25, push_metrics_s: float = 1.0):
+        self._resolve = resolve_controller
+        self._controller = None
+        self.replica_id = replica_id
+        self.metrics = metrics
+        self.refresh_s, self.push_metrics_s = refresh_s, push_metrics_s
+        self._snapshot = FleetSnapshot()
+        self._task: asyncio.Task | None = None
+
+    def snapshot(self) -> FleetSnapshot:
+        return self._snapshot
+
+    async def start(self, ready_timeout_s: float | None = None) -> FleetSnapshot:
+        """Start refreshing; returns once at least one worker is ready."""
+        await self._refresh()
+        self._task = asyncio.get_running_loop().create_task(self._refresh_forever())
+        deadline = None if ready_timeout_s is None else time.monotonic() + ready_timeout_s
+        while not self._snapshot.ready():
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"no worker became ready in {ready_timeout_s} s")
+            await asyncio.sleep(0.2)
+        return self._snapshot
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _refresh(self) -> None:
+        if self._controller is None:
+            self._controller = await self._resolve()
+        try:
+            self._snapshot = await self._controller.snapshot.remote()
+        except RayActorError:
+            self._controller = None  # recreated by Serve: resolve it again next time
+            raise
+
+    async def _refresh_forever(self) -> None:
+        last_push = 0.0
+        while True:
+            try:
+                await self._refresh()
+                if time.monotonic() - last_push >= self.push_metrics_s:
+                    await self._controller.report_router_metrics.remote(
+                        self.replica_id, self.metrics.snapshot())
+                    last_push = time.monotonic()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - keep the last snapshot, try again
+                logger.warning("fleet refresh failed: %r", exc)
+            await asyncio.sleep(self.refresh_s)
+
+    async def stream(self, view: WorkerView, request_id: str, token_ids, params, cache_salt):
+        gen = view.handle.generate.remote(request_id, token_ids, params, cache_salt)
+        complete = False
+        try:
+            async for ref in gen:
+                yield await ref
+            complete = True
+        except (RayActorError, RayTaskError) as exc:
+            # The actor died or restarts (RayActorError), or its engine failed (RayTaskError).
+            raise WorkerUnavailable(f"{view.worker_id}: {type(exc).__name__}") from exc
+        finally:
+            if not complete:
+                ray.cancel(gen)  # the worker's generator sees CancelledError and aborts

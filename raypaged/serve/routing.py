@@ -1,0 +1,70 @@
+"""Which worker serves a request: rendezvous hashing on the prompt's prefix, with a load bound.
+
+The key is the core's chain hash of the prompt's first `prefix_blocks` full blocks (the same
+hash the workers' prefix caches use), so requests that share that prefix rank the workers in the
+same order and go to the first one, where their blocks already are:
+
+    prompt tokens  | block 0 | block 1 | ... | block d-1 | ...     d = min(prefix_blocks, full blocks)
+    key            = hash of block d-1 (it names blocks 0..d-1); no full block: hash of the tokens
+    order          = workers sorted by H(key, worker id), highest first (rendezvous / HRW)
+
+Load bound (consistent hashing with bounded loads, load_factor = 1 + eps): a worker may take the
+request only while  load + 1 <= ceil(load_factor * (total load + 1) / workers);  otherwise the
+request goes to the next worker in its own order. Same loads, same choice in every router replica.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+from typing import Mapping, Sequence
+
+from raypaged.core.block_hash import BlockHash, hash_block, hash_block_tokens, salt_key
+from raypaged.serve.config import RoutingConfig
+
+AFFINITY, LOAD_BOUND, ROUND_ROBIN = "affinity", "load_bound", "round_robin"
+
+
+def routing_key(token_ids: Sequence[int], block_size: int, prefix_blocks: int,
+                cache_salt: str | None = None) -> BlockHash:
+    hashes = hash_block_tokens(token_ids, block_size, cache_salt, max_blocks=prefix_blocks)
+    return hashes[-1] if hashes else hash_block(None, token_ids, salt_key(cache_salt))
+
+
+def rendezvous_order(key: BlockHash, worker_ids: Sequence[str]) -> list[str]:
+    def weight(worker_id: str) -> bytes:
+        return hashlib.blake2b(key + worker_id.encode(), digest_size=8).digest()
+    return sorted(worker_ids, key=weight, reverse=True)
+
+
+def bounded_choice(order: Sequence[str], loads: Mapping[str, float], load_factor: float) -> int:
+    """Index in `order` of the first worker under the load bound."""
+    capacity = math.ceil(load_factor * (sum(loads.values()) + 1) / len(order))
+    for i, worker_id in enumerate(order):
+        if loads.get(worker_id, 0) + 1 <= capacity:
+            return i
+    return min(range(len(order)), key=lambda i: loads.get(order[i], 0))  # unreachable: some load <= mean
+
+
+class Router:
+    """Ranks the ready workers for one request; the first is the choice, the rest are fallbacks."""
+
+    def __init__(self, config: RoutingConfig, block_size: int):
+        self.config = config
+        self.block_size = block_size
+        self._turn = itertools.count()
+
+    def rank(self, token_ids: Sequence[int], cache_salt: str | None,
+             loads: Mapping[str, float]) -> tuple[list[str], str]:
+        """(workers in the order to try, reason for the first) over the workers in `loads`."""
+        worker_ids = sorted(loads)
+        if not worker_ids:
+            return [], ""
+        if self.config.policy == "round_robin":
+            start = next(self._turn) % len(worker_ids)
+            return worker_ids[start:] + worker_ids[:start], ROUND_ROBIN
+        key = routing_key(token_ids, self.block_size, self.config.prefix_blocks, cache_salt)
+        order = rendezvous_order(key, worker_ids)
+        pick = bounded_choice(order, loads, self.config.load_factor)
+        reason = AFFINITY if pick == 0 else LOAD_BOUND
+        return [order[pick], *order[:pick], *order[pick + 1:]], reason

@@ -1,0 +1,153 @@
+"""Worker: one engine (its own block pool, KV cache and prefix cache) behind async streams.
+
+A plain class, usable and tested without Ray; `WorkerActor` (worker_actor.py) is the one-line
+Ray shell. `generate` is an async generator: it yields lists of SequenceOutput deltas (every
+delta ready since the last yield, so a slow reader gets fewer, larger messages) until all n
+samples finish. Leaving the generator early for any reason (the caller cancelled, disconnected,
+or the Ray stream was cancelled) aborts the request, which frees its blocks.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from raypaged.core.contracts import EngineStats
+from raypaged.core.sampling_params import SamplingParams
+from raypaged.outputs import SequenceOutput
+from raypaged.serve.engine_loop import EngineLoop
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """The worker refused a request before admitting it (nothing was allocated)."""
+
+    message: str
+    queue_full: bool = False  # True: try another worker / later; False: the request is invalid
+
+
+@dataclass(frozen=True)
+class KVBudget:
+    kv_budget_bytes: int
+    bytes_per_token: int
+    bytes_per_block: int
+    num_blocks: int
+    num_tokens: int
+    max_seqs_at_max_model_len: int
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    worker_id: str
+    incarnation: str          # new for every process start: the controller sees restarts
+    pid: int
+    model_name: str
+    max_model_len: int
+    block_size: int
+    budget: KVBudget
+    engine: EngineStats
+    num_active: int           # requests inside generate(): the routing load
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.engine.kv_cache_usage
+
+
+class WorkerError(RuntimeError):
+    """The engine failed while running this request (the worker itself is still alive)."""
+
+
+class Worker:
+    def __init__(self, engine, worker_id: str, max_queued: int = 1024):
+        self.engine = engine
+        self.worker_id = worker_id
+        self.max_queued = max_queued
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.started_at = time.time()
+        plan = engine.plan
+        self.budget = KVBudget(plan.kv_budget_bytes, plan.bytes_per_token, plan.bytes_per_block,
+                               plan.num_blocks, plan.num_tokens, plan.max_seqs_at_max_model_len)
+        self._loop: EngineLoop | None = None  # started on first use: it needs the event loop
+        self._streams: dict[str, asyncio.Queue] = {}
+
+    # -- requests --------------------------------------------------------------------------
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                       cache_salt: str | None = None) -> AsyncIterator[list[SequenceOutput] | Rejected]:
+        loop = self._engine_loop()
+        if request_id in self._streams:
+            yield Rejected(f"request id {request_id!r} is already in use")
+            return
+        if self._num_queued() >= self.max_queued:
+            yield Rejected(f"worker {self.worker_id} has {self.max_queued} requests queued",
+                           queue_full=True)
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = queue
+        remaining = params.n  # samples not finished yet
+        try:
+            try:
+                await loop.call(lambda e: e.add_request(request_id, list(prompt_token_ids), params,
+                                                        cache_salt=cache_salt))
+            except ValueError as exc:
+                remaining = 0
+                yield Rejected(str(exc))
+                return
+            while remaining:
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                for item in batch:
+                    if isinstance(item, BaseException):
+                        raise WorkerError(f"worker {self.worker_id}: {item!r}") from item
+                remaining -= sum(1 for out in batch if out.finish_reason is not None)
+                yield batch
+        finally:
+            self._streams.pop(request_id, None)
+            if remaining:
+                # FIFO inbox: runs after the add_request above even if that is still queued.
+                loop.call_nowait(lambda e: e.abort(request_id))
+
+    async def abort(self, request_id: str) -> None:
+        await self._engine_loop().call(lambda e: e.abort(request_id))
+
+    # -- what the controller and router read -----------------------------------------------
+    def stats(self) -> WorkerStats:
+        engine_stats = self._loop.stats if self._loop is not None else self.engine.stats()
+        return WorkerStats(
+            worker_id=self.worker_id, incarnation=self.incarnation, pid=os.getpid(),
+            model_name=self.engine.model_name, max_model_len=self.engine.max_model_len,
+            block_size=self.engine.block_size, budget=self.budget, engine=engine_stats,
+            num_active=len(self._streams))
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def shutdown(self) -> None:
+        if self._loop is not None:
+            self._loop.stop()
+
+    # -- internals -------------------------------------------------------------------------
+    def _engine_loop(self) -> EngineLoop:
+        if self._loop is None:
+            self._loop = EngineLoop(self.engine, asyncio.get_running_loop(),
+                                    on_outputs=self._deliver, on_crash=self._fail_all)
+        return self._loop
+
+    def _num_queued(self) -> int:
+        """Requests held beyond the running ones (an estimate between steps)."""
+        running = self._loop.stats.num_running if self._loop is not None else 0
+        return max(0, len(self._streams) - running)
+
+    def _deliver(self, outputs: list[SequenceOutput]) -> None:
+        for out in outputs:
+            queue = self._streams.get(out.request_id)
+            if queue is not None:  # None: the caller left; its abort is queued
+                queue.put_nowait(out)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for request_id, queue in list(self._streams.items()):
+            queue.put_nowait(exc)
+            self._loop.call_nowait(lambda e, rid=request_id: e.abort(rid))

@@ -1,0 +1,138 @@
+"""A small engine with the real Engine's interface, for testing the serving layer fast.
+
+It is the real EngineCore (scheduler, block pool, prefix cache) driven by a deterministic runner
+and a byte-level tokenizer, so KV usage, prefix hits and aborts behave like the real thing while
+a step costs microseconds. `step_delay_s` slows it down for tests that need requests in flight.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+from raypaged.config import KVPlan
+from raypaged.core.contracts import ScheduledBatch, StepResult, TokenLogprobs
+from raypaged.core.engine_core import EngineCore
+from raypaged.core.sampling_params import SamplingParams
+from raypaged.core.scheduler import Scheduler
+from raypaged.outputs import SequenceOutput
+
+EOS = 256
+LETTERS = range(ord("a"), ord("z") + 1)
+
+
+class ByteTokenizer:
+    """Token id = byte value; 256 is end-of-sequence."""
+
+    eos_token_id = EOS
+    name_or_path = "fake-bytes"
+
+    def __len__(self) -> int:
+        return 257
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return bytes(i for i in ids if i < 256).decode(errors="replace")
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, **kw):
+        text = "".join(f"<{m['role']}>{m.get('content') or ''}</{m['role']}>\n" for m in messages)
+        text += "<assistant>" if add_generation_prompt else ""
+        return self.encode(text) if tokenize else text
+
+
+class LetterRunner:
+    """Next token: a letter chosen by a hash of the sequence (greedy) or by a seeded RNG."""
+
+    def __init__(self, step_delay_s: float = 0.0):
+        self.step_delay_s = step_delay_s
+
+    def execute(self, batch: ScheduledBatch) -> StepResult:
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
+        sampled, logprobs = {}, {}
+        for sr in batch.requests:
+            if not sr.num_samples:
+                continue
+            ctx = list(sr.prompt_token_ids) + list(sr.output_token_ids)
+            toks = tuple(self._pick(ctx, sr.sampling, sr.sample_index + j)
+                         for j in range(sr.num_samples))
+            sampled[sr.request_id] = toks
+            if sr.sampling.logprobs is not None:
+                logprobs[sr.request_id] = tuple(
+                    TokenLogprobs(t, -0.25, 1, tuple((t + k, -0.25 - k) for k in range(sr.sampling.logprobs)))
+                    for t in toks)
+        return StepResult(sampled=sampled, logprobs=logprobs)
+
+    @staticmethod
+    def _pick(ctx: list[int], sp: SamplingParams, sample_index: int) -> int:
+        if sp.temperature == 0 or sp.seed is not None:
+            acc = 17 + 7919 * sample_index + (sp.seed or 0) * 104729
+            for i, t in enumerate(ctx):
+                acc = (acc * 31 + t * (i + 1)) % 1_000_003
+            return LETTERS[acc % len(LETTERS)]
+        return random.choice(LETTERS)
+
+
+@dataclass
+class FakeEngine:
+    max_model_len: int = 256
+    block_size: int = 16
+    num_blocks: int = 64
+    step_delay_s: float = 0.0
+    model_name: str = "fake-model"
+
+    def __post_init__(self):
+        self.tokenizer = ByteTokenizer()
+        self.plan = KVPlan(kv_budget_bytes=self.num_blocks * self.block_size * 64, bytes_per_token=64,
+                           block_size=self.block_size, num_blocks=self.num_blocks,
+                           max_model_len=self.max_model_len)
+        self.core = EngineCore(Scheduler(self.num_blocks, self.block_size, self.max_model_len),
+                               LetterRunner(self.step_delay_s))
+        self._meta: dict[str, tuple[SamplingParams, int]] = {}
+        self._text: dict[tuple[str, int], str] = {}
+
+    def add_request(self, request_id, prompt_token_ids, params, cache_salt=None):
+        self.core.add_request(request_id, prompt_token_ids, params, eos_token_id=EOS,
+                              cache_salt=cache_salt)
+        self._meta[request_id] = (params, len(prompt_token_ids))
+
+    def step(self) -> list[SequenceOutput]:
+        return [self._output(d) for d in self.core.step()]
+
+    def abort(self, request_id):
+        for d in self.core.abort(request_id):
+            self._output(d)
+
+    def has_unfinished(self):
+        return self.core.has_unfinished()
+
+    def stats(self):
+        return self.core.stats()
+
+    def _output(self, d) -> SequenceOutput:
+        rid = d.parent_id or d.request_id
+        params, num_prompt = self._meta[rid]
+        key = (rid, d.sample_index)
+        before = self._text.get(key, "")
+        text = before + self.tokenizer.decode(d.new_token_ids)
+        finish, stop_reason = d.finish_reason, d.stop_reason
+        for stop in params.stop:
+            at = text.find(stop)
+            if at >= 0:
+                text, finish, stop_reason = text[:at], "stop", stop
+                self.core.abort(d.request_id)
+                break
+        self._text[key] = text
+        if finish is not None:
+            self._text.pop(key, None)
+        return SequenceOutput(rid, d.sample_index, d.new_token_ids, text[len(before):],
+                              d.new_logprobs, finish, stop_reason, num_prompt, d.num_cached_tokens)
+
+
+def build_fake_engine(engine_kwargs: dict) -> FakeEngine:
+    """Engine factory for the Ray tests: EngineArgs-style kwargs, the few that matter here."""
+    return FakeEngine(max_model_len=engine_kwargs.get("max_model_len") or 256,
+                      block_size=engine_kwargs.get("block_size", 16),
+                      step_delay_s=engine_kwargs.get("step_delay_s", 0.0))
