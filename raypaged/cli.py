@@ -1,0 +1,82 @@
+"""`raypaged generate | plan | serve`."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from raypaged.engine_cli_args import add_engine_args, engine_args_from
+
+
+def _generate(ns: argparse.Namespace) -> int:
+    import itertools
+
+    from raypaged.core.sampling_params import SamplingParams
+    from raypaged.engine import build_engine
+
+    engine = build_engine(engine_args_from(ns))
+    tok = engine.tokenizer
+    if ns.chat:
+        ids = tok.apply_chat_template([{"role": "user", "content": ns.prompt}],
+                                      add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
+    else:
+        ids = tok.encode(ns.prompt)
+    params = SamplingParams(temperature=ns.temperature, max_tokens=ns.max_tokens, seed=ns.seed,
+                            top_p=ns.top_p)
+    engine.add_request("cli", ids, params)
+    for _ in itertools.count():
+        if not engine.has_unfinished():
+            break
+        for out in engine.step():
+            sys.stdout.write(out.new_text)
+            sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def _plan(ns: argparse.Namespace) -> int:
+    from raypaged.engine import plan_for
+
+    print(plan_for(engine_args_from(ns)).report())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="raypaged", description="LLM serving on Ray with paged attention")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="complete one prompt, streaming to the terminal")
+    g.add_argument("prompt")
+    g.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    g.add_argument("--max-tokens", type=int, default=256)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int)
+    add_engine_args(g)
+    g.set_defaults(func=_generate)
+
+    pl = sub.add_parser("plan", help='print the "what fits" report for a model and KV budget')
+    add_engine_args(pl)
+    pl.set_defaults(func=_plan)
+
+    try:
+        from raypaged.serve.cli import add_serve_parser
+    except ImportError as e:  # ray missing: generate and plan still work
+        sv = sub.add_parser("serve", help=f"unavailable: {e}")
+        sv.set_defaults(func=lambda ns: sys.exit(f"raypaged serve needs ray[serve]: {e}"))
+    else:
+        add_serve_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        return ns.func(ns) or 0
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
