@@ -60,7 +60,8 @@ def _paged_decode_kernel(
     GROUP_ROWS: tl.constexpr,    # query rows per program: GQA group padded to >= 16
     HEAD_DIM_PAD: tl.constexpr,  # next_power_of_2(head_dim)
     NUM_SPLITS: tl.constexpr,    # context segments per sequence (1 = write out directly)
-    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 queries (exact), None = Triton's default
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 queries (exact fp32 dots); "tf32" (Triton's
+                                  # default on NVIDIA) otherwise, where 16-bit operands ignore it
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -254,7 +255,7 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
         GROUP_ROWS=max(16, triton.next_power_of_2(group)),
         HEAD_DIM_PAD=head_dim_pad,
         NUM_SPLITS=num_splits,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else None,
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=4,
     )
     if num_splits > 1:

@@ -41,7 +41,7 @@ def _attend_kv_tile(
     dims, dim_mask, qk_scale,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL_MASK: tl.constexpr,  # False when every row sees every key of the tile
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 queries, "tf32" (the default) otherwise
 ):
     pos = start + tl.arange(0, BLOCK_N)
     pos_mask = pos < seq_len
@@ -85,7 +85,7 @@ def _paged_prefill_kernel(
     GROUP_PAD: tl.constexpr,     # next_power_of_2(group_size)
     BLOCK_N: tl.constexpr,       # key positions per KV tile
     HEAD_DIM_PAD: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 queries, "tf32" (the default) otherwise
 ):
     tile = tl.program_id(0)
     b = tl.program_id(1)
@@ -190,7 +190,7 @@ def paged_prefill(query: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
         GROUP_PAD=group_pad,
         BLOCK_N=block_n,
         HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else None,
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=4,
     )
     return out

@@ -47,7 +47,7 @@ def _store_kv_kernel(
     k_scale, v_scale,            # fp32 scalars; only read when QUANTIZE (stored = value / scale)
     stride_kt, stride_kh,        # new key strides (token, head); head_dim stride is 1
     stride_vt, stride_vh,        # new value strides
-    stride_cb, stride_cs, stride_ch,  # cache strides (block, slot in block, head); shared by K and V
+    stride_cb, stride_cs, stride_ch,  # cache strides (block, slot, head), the same for K and V
     num_kv_heads, head_dim,
     BLOCK_SIZE: tl.constexpr,    # tokens per cache block (page)
     KV_HEADS_PAD: tl.constexpr,  # next_power_of_2(num_kv_heads)

@@ -15,7 +15,8 @@ NUM_BLOCKS = 48
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 64
 
 
-def metadata(tables: list[list[int]], query_lens: list[int], seq_lens: list[int]) -> AttentionMetadata:
+def metadata(tables: list[list[int]], query_lens: list[int],
+             seq_lens: list[int]) -> AttentionMetadata:
     """Sequence b computes its last query_lens[b] of seq_lens[b] positions; seq_len 0 = padding."""
     slots, starts = [], [0]
     for table, q, s in zip(tables, query_lens, seq_lens):

@@ -41,12 +41,14 @@ class TritonAttentionBackend:
         self.split_k = split_k
         self.max_splits = max_splits
         self._workspace: DecodeWorkspace | None = None
+        self._retired: list[DecodeWorkspace] = []
         self._num_sms: dict[torch.device, int] = {}
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, cache: LayerKVCache,
                  meta: AttentionMetadata) -> None:
         _check_device(key)
-        store_kv(key, value, cache.key, cache.value, meta.slot_mapping, cache.k_scale, cache.v_scale)
+        store_kv(key, value, cache.key, cache.value, meta.slot_mapping,
+                 cache.k_scale, cache.v_scale)
 
     def attend(self, query: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata,
                scale: float) -> torch.Tensor:
@@ -78,7 +80,10 @@ class TritonAttentionBackend:
         ws = self._workspace
         if (ws is None or ws.part_out.device != device
                 or not ws.fits(batch, num_heads, head_dim, self.max_splits)):
-            # Grows only past max_num_seqs or for another model's head shape.
+            # Grows only past max_num_seqs or for another model's head shape. The old one is
+            # kept alive: a CUDA graph captured with it still writes to its memory on replay.
+            if ws is not None:
+                self._retired.append(ws)
             ws = DecodeWorkspace.allocate(max(batch, self.max_num_seqs), num_heads, head_dim,
                                           device, self.max_splits)
             self._workspace = ws
