@@ -1,0 +1,255 @@
+"""The Triton paged-attention kernels on one GPU, against SDPA over contiguous K/V.
+
+    cd <checkout> && PYTHONPATH=. python3 benchmarks/kernel_bench.py [--quick] [--reps 20]
+
+Needs a CUDA GPU with torch and triton; not ray and not an installed raypaged (the kernels load
+by path, see benchmarks/_kernels.py). Prints a table and writes
+benchmarks/results/kernels_<device>.json (+ .png when matplotlib imports).
+
+Timing: CUDA events around one call, L2 flushed (a buffer >= 4x L2 is zeroed) before each timed
+call, median of --reps after 3 warm-up calls. Shapes are Llama-3-8B's: 32 query heads, 8 KV
+heads, head dim 128, pages of --block-size tokens scattered in random order.
+
+  copy bw  a 1 GiB device-to-device copy, (read + write) bytes / time: the roof for decode
+  decode   batch {1, 16, 64} x context {512, 2k, 8k}, bf16 and fp8 KV caches (bf16 queries);
+           bytes/s = (K + V + q + out + block table bytes) / latency, and that as a fraction of
+           copy bw; baseline: SDPA on the same K/V gathered into contiguous [B, 8, ctx, 128],
+           queries grouped [B, 8, 4, 128] (so no K/V copy per query head); the baseline's output
+           also checks ours (max_err)
+  prefill  one prompt of {1k, 4k, 16k} tokens, no cached prefix; baseline: causal SDPA on the
+           same K/V, contiguous [1, 32, N, 128] (heads expanded before timing)
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+
+from benchmarks._kernels import kernel_module  # noqa: E402
+from benchmarks.report import plot_path, table, write  # noqa: E402
+
+decode_k = kernel_module("paged_decode")
+prefill_k = kernel_module("paged_prefill")
+reference = kernel_module("reference")
+
+HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
+SCALE = HEAD_DIM ** -0.5
+BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
+DEVICE = "cuda"
+TARGETS = {
+    "decode_bw_fraction_min": 0.80,     # batch 64, context >= 2k, of measured copy bandwidth
+    "paged_vs_contiguous_max": 1.15,    # bf16 paged decode latency / contiguous SDPA latency
+    "fp8_vs_bf16_per_token_max": 0.60,  # fp8 decode latency / bf16 decode latency, same shape
+}
+
+
+class Timer:
+    def __init__(self, reps: int, warmup: int = 3) -> None:
+        self.reps, self.warmup = reps, warmup
+        l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
+        self.flush = torch.empty(max(4 * l2, 256 << 20), dtype=torch.int8, device="cuda")
+
+    def ms(self, fn) -> float:
+        for _ in range(self.warmup):
+            fn()
+        events = []
+        for _ in range(self.reps):
+            self.flush.zero_()  # evict everything the previous call left in L2
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            events.append((start, end))
+        torch.cuda.synchronize()
+        return statistics.median(s.elapsed_time(e) for s, e in events)
+
+
+def copy_bandwidth(timer: Timer) -> float:
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = timer.ms(lambda: dst.copy_(src))
+    return 2 * src.numel() / (ms / 1e3)
+
+
+def contiguous_kv(b, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every sequence's first seq_len positions, dequantised to bf16: [B, KV_HEADS, seq_len, D]."""
+    num_seqs, block_size = b.block_tables.shape[0], b.key_cache.shape[1]
+    pages = b.block_tables[:, :triton.cdiv(seq_len, block_size)].long()
+    out = []
+    for cache, scale in ((b.key_cache, b.k_scale), (b.value_cache, b.v_scale)):
+        # Gather as bytes: not every device has an fp8 indexing kernel.
+        x = cache.view(torch.uint8)[pages].view(cache.dtype).to(BF16)  # [B, pages, bs, Hkv, D]
+        if scale != 1.0:
+            x.mul_(scale)
+        x = x.view(num_seqs, -1, KV_HEADS, HEAD_DIM)[:, :seq_len]
+        out.append(x.transpose(1, 2).contiguous())
+    return out[0], out[1]
+
+
+def bench_decode(timer: Timer, batch: int, ctx: int, block_size: int, num_sms: int) -> list[dict]:
+    rows, sdpa_ms = [], None
+    for kv_dtype in (BF16, FP8):
+        b = reference.make_paged_batch([ctx - 1] * batch, [1] * batch, HEADS, KV_HEADS, HEAD_DIM,
+                                       block_size, BF16, kv_dtype, device=DEVICE, spare_blocks=0)
+        splits = decode_k.choose_num_splits(batch, KV_HEADS, ctx, num_sms)
+        workspace = decode_k.DecodeWorkspace.allocate(batch, HEADS, HEAD_DIM, DEVICE)
+        out = torch.empty_like(b.query)
+        ms = timer.ms(lambda: decode_k.paged_decode(
+            b.query, b.key_cache, b.value_cache, b.block_tables, b.seq_lens, SCALE, b.k_scale,
+            b.v_scale, num_splits=splits, workspace=workspace, out=out))
+        k, v = contiguous_kv(b, ctx)
+        q = b.query.view(batch, KV_HEADS, HEADS // KV_HEADS, HEAD_DIM)  # GQA group as rows
+        expected = F.scaled_dot_product_attention(q, k, v, scale=SCALE).view(batch, HEADS, HEAD_DIM)
+        if kv_dtype == BF16:
+            sdpa_ms = timer.ms(lambda: F.scaled_dot_product_attention(q, k, v, scale=SCALE))
+        moved = (2 * batch * ctx * KV_HEADS * HEAD_DIM * b.key_cache.element_size()
+                 + 2 * b.query.numel() * b.query.element_size() + b.block_tables.numel() * 4)
+        rows.append({
+            "kernel": "decode", "kv": "fp8" if kv_dtype == FP8 else "bf16", "batch": batch,
+            "ctx": ctx, "splits": splits, "us": ms * 1e3, "sdpa_us": sdpa_ms * 1e3,
+            "vs_sdpa": ms / sdpa_ms, "GB/s": moved / (ms / 1e3) / 1e9,
+            "max_err": (out.float() - expected.float()).abs().max().item(),
+        })
+        del b, k, v, q, out, expected, workspace
+        torch.cuda.empty_cache()
+    rows[1]["fp8/bf16"] = rows[1]["us"] / rows[0]["us"]
+    return rows
+
+
+def bench_prefill(timer: Timer, tokens: int, block_size: int) -> list[dict]:
+    rows, sdpa_ms = [], None
+    flops = 2 * tokens * tokens * HEADS * HEAD_DIM  # causal: half of 2 matmuls x 2 flops
+    for kv_dtype in (BF16, FP8):
+        b = reference.make_paged_batch([0], [tokens], HEADS, KV_HEADS, HEAD_DIM, block_size, BF16,
+                                       kv_dtype, device=DEVICE, spare_blocks=0)
+        out = torch.empty_like(b.query)
+        ms = timer.ms(lambda: prefill_k.paged_prefill(
+            b.query, b.key_cache, b.value_cache, b.block_tables, b.query_start_loc, b.seq_lens,
+            tokens, SCALE, b.k_scale, b.v_scale, out=out))
+        k, v = contiguous_kv(b, tokens)  # [1, KV_HEADS, N, D]
+        group = HEADS // KV_HEADS
+        k, v = (x.repeat_interleave(group, dim=1) for x in (k, v))  # [1, HEADS, N, D]
+        q = b.query.transpose(0, 1).unsqueeze(0).contiguous()     # [1, HEADS, N, D]
+        def sdpa():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=SCALE)
+
+        expected = sdpa()[0].transpose(0, 1)
+        if kv_dtype == BF16:
+            sdpa_ms = timer.ms(sdpa)
+        rows.append({
+            "kernel": "prefill", "kv": "fp8" if kv_dtype == FP8 else "bf16", "tokens": tokens,
+            "us": ms * 1e3, "sdpa_us": sdpa_ms * 1e3, "vs_sdpa": ms / sdpa_ms,
+            "TFLOP/s": flops / (ms / 1e3) / 1e12,
+            "max_err": (out.float() - expected.float()).abs().max().item(),
+        })
+        del b, k, v, q, out, expected
+        torch.cuda.empty_cache()
+    return rows
+
+
+def check_targets(decode: list[dict], copy_bw: float) -> list[dict]:
+    checks = []
+    for r in decode:
+        frac = r["GB/s"] * 1e9 / copy_bw
+        r["bw_frac"] = frac
+        if r["batch"] == 64 and r["ctx"] >= 2048:
+            checks.append({"target": f"bw >= {TARGETS['decode_bw_fraction_min']:.0%} of copy",
+                           "case": f"{r['kv']} b{r['batch']} ctx{r['ctx']}", "value": frac,
+                           "pass": frac >= TARGETS["decode_bw_fraction_min"]})
+        if r["kv"] == "bf16":
+            checks.append({"target": f"paged <= {TARGETS['paged_vs_contiguous_max']}x contiguous",
+                           "case": f"b{r['batch']} ctx{r['ctx']}", "value": r["vs_sdpa"],
+                           "pass": r["vs_sdpa"] <= TARGETS["paged_vs_contiguous_max"]})
+        else:
+            checks.append({"target": f"fp8 <= {TARGETS['fp8_vs_bf16_per_token_max']}x bf16",
+                           "case": f"b{r['batch']} ctx{r['ctx']}", "value": r["fp8/bf16"],
+                           "pass": r["fp8/bf16"] <= TARGETS["fp8_vs_bf16_per_token_max"]})
+    return checks
+
+
+def plot(name: str, decode: list[dict], prefill: list[dict], copy_bw: float) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not importable: no PNG written")
+        return
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
+    for kv, marker in (("bf16", "o"), ("fp8", "s")):
+        rs = [r for r in decode if r["kv"] == kv]
+        ax1.plot(range(len(rs)), [r["bw_frac"] for r in rs], marker=marker,
+                 label=f"paged decode, {kv} KV")
+        ax1.set_xticks(range(len(rs)), [f"b{r['batch']}\n{r['ctx']}" for r in rs], fontsize=7)
+    ax1.axhline(TARGETS["decode_bw_fraction_min"], color="gray", ls="--",
+                label="target (b64, ctx >= 2k)")
+    ax1.set_ylabel(f"fraction of copy bandwidth ({copy_bw / 1e9:,.0f} GB/s)")
+    ax1.set_title("decode: achieved bandwidth (batch / context)")
+    ax1.legend(fontsize=8)
+    for kv, marker in (("bf16", "o"), ("fp8", "s")):
+        rs = [r for r in prefill if r["kv"] == kv]
+        ax2.plot([r["tokens"] for r in rs], [r["us"] / 1e3 for r in rs], marker=marker,
+                 label=f"paged prefill, {kv} KV")
+    rs = [r for r in prefill if r["kv"] == "bf16"]
+    ax2.plot([r["tokens"] for r in rs], [r["sdpa_us"] / 1e3 for r in rs], marker="^", ls=":",
+             label="SDPA, contiguous bf16")
+    ax2.set_xscale("log", base=2)
+    ax2.set_yscale("log")
+    ax2.set_xlabel("prompt tokens")
+    ax2.set_ylabel("latency (ms)")
+    ax2.set_title("prefill")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    path = plot_path(name)
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--quick", action="store_true", help="a few shapes only (smoke test)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("kernel_bench needs a CUDA GPU")
+    device = torch.cuda.get_device_name(0)
+    name = "kernels_" + re.sub(r"[^a-z0-9]+", "_", device.lower()).strip("_")
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    timer = Timer(args.reps)
+    batches, contexts, prompts = ((1, 64), (512, 2048), (1024,)) if args.quick else \
+        ((1, 16, 64), (512, 2048, 8192), (1024, 4096, 16384))
+
+    copy_bw = copy_bandwidth(timer)
+    print(f"{device}: {num_sms} SMs, copy bandwidth {copy_bw / 1e9:,.0f} GB/s "
+          f"(torch {torch.__version__}, triton {triton.__version__})\n")
+    decode = [r for b in batches for c in contexts
+              for r in bench_decode(timer, b, c, args.block_size, num_sms)]
+    checks = check_targets(decode, copy_bw)
+    print(table(decode, ["kv", "batch", "ctx", "splits", "us", "sdpa_us", "vs_sdpa", "GB/s",
+                         "bw_frac", "fp8/bf16", "max_err"]))
+    prefill = [r for n in prompts for r in bench_prefill(timer, n, args.block_size)]
+    print()
+    print(table(prefill, ["kv", "tokens", "us", "sdpa_us", "vs_sdpa", "TFLOP/s", "max_err"]))
+    print()
+    print(table(checks, ["target", "case", "value", "pass"]))
+
+    path = write(name, {"device": device, "num_sms": num_sms, "torch": torch.__version__,
+                        "triton": triton.__version__, "block_size": args.block_size,
+                        "reps": args.reps, "copy_bandwidth_bytes_per_s": copy_bw,
+                        "targets": TARGETS, "decode": decode, "prefill": prefill,
+                        "checks": checks})
+    print(f"\nwrote {path}")
+    plot(name, decode, prefill, copy_bw)
+
+
+if __name__ == "__main__":
+    main()
