@@ -22,6 +22,8 @@ Correctness never depends on num_splits: segments are computed in the kernel fro
 Static tile rule (no autotuning):  GROUP_ROWS = max(16, next_pow2(group)),
     BLOCK_N = 64 if head_dim <= 128 else 32 (a [64, 128] bf16 K or V tile is 16 KiB),
     num_warps = 4.
+Split rule (choose_num_splits): min(cdiv(2 * SMs, seqs * kv_heads), cdiv(max_seq_len, 256), 16),
+    at least 1: about two programs per SM, each split streaming >= 256 positions.
 """
 from __future__ import annotations
 
@@ -32,8 +34,8 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
-MAX_SPLITS = 16          # workspace depth; splits beyond this never pay for their merge
-MIN_SPLIT_TOKENS = 256   # a split should stream at least this many positions
+MAX_SPLITS = 16          # workspace depth and the most splits the rule picks (untuned guess)
+MIN_SPLIT_TOKENS = 256   # a split should stream at least this many positions (untuned guess)
 KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
 
 
