@@ -1,9 +1,16 @@
 """Fixtures shared by every test folder."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
+
+# Without a GPU, Triton kernels run in its interpreter; the variable must be set before triton is
+# first imported anywhere in the session, whichever test folder happens to import it first.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

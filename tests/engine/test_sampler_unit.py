@@ -1,0 +1,76 @@
+"""Sampler behaviour on hand-made logits: exact picks, masks and log-probabilities."""
+import math
+
+import torch
+
+from raypaged.core.sampling_params import SamplingParams
+from raypaged.model.sampler import SampleRow, Sampler
+
+
+def row(prompt=(9,), output=(), eos=None, index=0, **kw):
+    return SampleRow(SamplingParams(**kw), list(prompt), list(output), index, eos)
+
+
+def pick(logits, r):
+    tokens, lps = Sampler()(torch.tensor([logits], dtype=torch.float32), [r])
+    return tokens[0], lps[0]
+
+
+def test_penalties_change_the_greedy_pick_exactly():
+    logits = [3.0, 2.9, 0.0, -1.0]
+    assert pick(logits, row(temperature=0))[0] == 0
+    assert pick(logits, row(temperature=0, output=[0], presence_penalty=0.5))[0] == 1
+    # frequency: 0 appeared twice -> 3.0 - 2*0.04 = 2.92 > 2.9; three times -> 2.88 < 2.9
+    assert pick(logits, row(temperature=0, output=[0, 0], frequency_penalty=0.04))[0] == 0
+    assert pick(logits, row(temperature=0, output=[0, 0, 0], frequency_penalty=0.04))[0] == 1
+    # repetition: token 0 is in the prompt -> 3.0 / 2 = 1.5 < 2.9
+    assert pick(logits, row(temperature=0, prompt=[0], repetition_penalty=2.0))[0] == 1
+    # a negative logit seen before is pushed further down: -1 * 2 = -2 (not -0.5)
+    assert pick([-1.0, -1.4], row(temperature=0, prompt=[0], repetition_penalty=2.0))[0] == 1
+
+
+def test_min_tokens_masks_eos_and_stop_ids_until_reached():
+    logits = [0.0, 5.0, 4.0, 1.0]  # EOS = 1 is the favourite, stop id 2 the next
+    r = dict(temperature=0, min_tokens=2, stop_token_ids=[2])
+    assert pick(logits, row(eos=1, output=[], **r))[0] == 3
+    assert pick(logits, row(eos=1, output=[3], **r))[0] == 3
+    assert pick(logits, row(eos=1, output=[3, 3], **r))[0] == 1
+    assert pick(logits, row(eos=1, output=[], ignore_eos=True, **r))[0] == 1  # EOS not special
+
+
+def draws(logits, n=300, **kw):
+    s = Sampler(seed=0)
+    t = torch.tensor([logits] * n, dtype=torch.float32)
+    return set(s(t, [row(**kw)] * n)[0])
+
+
+def test_top_k_top_p_min_p_restrict_the_candidates():
+    logits = [math.log(p) for p in (0.5, 0.3, 0.15, 0.05)]
+    assert draws(logits, temperature=1.0) == {0, 1, 2, 3}
+    assert draws(logits, temperature=1.0, top_k=2) == {0, 1}
+    assert draws(logits, temperature=1.0, top_p=0.8) == {0, 1}       # 0.5 + 0.3 reaches 0.8
+    assert draws(logits, temperature=1.0, top_p=0.81) == {0, 1, 2}
+    assert draws(logits, temperature=1.0, min_p=0.5) == {0, 1}       # p >= 0.25
+    assert draws(logits, temperature=1.0, top_p=0.01) == {0}         # the top token always stays
+
+
+def test_seeded_draws_do_not_depend_on_the_batch():
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1))
+    seeded = row(temperature=1.0, seed=1234, output=[1, 2])
+    alone = Sampler(seed=0)(logits[:1], [seeded])[0]
+    others = [row(temperature=0.7), row(temperature=1.0, seed=7), row(temperature=0)] + [row()] * 2
+    batched = Sampler(seed=99)(logits, [seeded] + others)[0]
+    assert batched[0] == alone[0]
+    # a different output position or sample index draws differently (per-step, per-sample seeds)
+    assert {Sampler()(logits[:1], [row(temperature=1.0, seed=1234, output=[1] * k, index=i)])[0][0]
+            for k in range(4) for i in range(4)} != {alone[0]}
+
+
+def test_logprobs_are_the_models_log_softmax_with_rank():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
+    (tok,), (lp,) = Sampler()(logits, [row(temperature=0, logprobs=2)])
+    ref = logits.log_softmax(-1)[0]
+    assert tok == 1 and lp.token_id == 1 and lp.rank == 1
+    assert lp.logprob == ref[1].item()
+    assert [t for t, _ in lp.top] == [1, 2]
+    assert [v for _, v in lp.top] == [ref[1].item(), ref[2].item()]
