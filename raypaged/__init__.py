@@ -4,7 +4,15 @@ Imports are lazy so `import raypaged.core` (or raypaged.kernels) pulls in neithe
 """
 from __future__ import annotations
 
+import os as _os
+
 __version__ = "0.1.0"
+
+# Installed, setuptools maps kernels/ to raypaged.kernels. In a bare source checkout
+# (PYTHONPATH=., as on a GPU box without our install) make the same import work.
+_root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if _os.path.isfile(_os.path.join(_root, "kernels", "__init__.py")) and _root not in __path__:
+    __path__.append(_root)
 __all__ = ["LLM", "SamplingParams", "EngineArgs", "RequestOutput", "CompletionOutput"]
 
 

@@ -193,30 +193,47 @@ class Engine:
 
 
 def build_engine(args: EngineArgs) -> Engine:
+    """Load the model and tokenizer named by `args` and assemble a ready engine."""
     from transformers import AutoTokenizer
 
-    from raypaged.model.cuda_graphs import CudaGraphDecoder
-    from raypaged.model.kv_cache import allocate_kv_caches
     from raypaged.model.loader import load_model
-    from raypaged.model.runner import ModelRunner
-    from raypaged.model.sampler import Sampler
 
-    cache_cfg, sched_cfg = args.cache_config(), args.scheduler_config()  # validate first
+    args.cache_config(), args.scheduler_config()  # validate before the slow part
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     model_dir = resolve_model_dir(args.model)
     device = resolve_device(args.device)
     model, mcfg = load_model(model_dir, resolve_dtype_name(args.dtype, device), device,
                              args.attention_backend)
+    core, plan, runner = assemble_core(model, mcfg, args, device)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    name = args.model or "SmolLM2-135M-Instruct"
+    return Engine(core, tokenizer, plan, name, mcfg.eos_token_ids, runner)
+
+
+def assemble_core(model, mcfg, args: EngineArgs, device: torch.device):
+    """Model in hand -> (EngineCore, KVPlan, ModelRunner): KV cache sized by the plan, attention
+    workspace, CUDA graphs, scheduler. GPU tests call this with randomly initialised models."""
+    from raypaged.model.cuda_graphs import CudaGraphDecoder
+    from raypaged.model.kv_cache import allocate_kv_caches
+    from raypaged.model.runner import ModelRunner
+    from raypaged.model.sampler import Sampler
+
+    cache_cfg, sched_cfg = args.cache_config(), args.scheduler_config()
     dtype = next(model.parameters()).dtype
-    caches_probe = allocate_kv_caches(mcfg, 1, cache_cfg.block_size, dtype, cache_cfg.kv_dtype, "meta")
-    elem = caches_probe[0].key.element_size()
+    elem = allocate_kv_caches(mcfg, 1, cache_cfg.block_size, dtype, cache_cfg.kv_dtype,
+                              "meta")[0].key.element_size()
     shape = KVShape(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, elem)
     max_len = resolve_max_model_len(sched_cfg.max_model_len, mcfg.max_model_len)
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
     plan = plan_kv_cache(shape, cache_cfg, max_len, free)
     kv_caches = allocate_kv_caches(mcfg, plan.num_blocks, cache_cfg.block_size, dtype,
                                    cache_cfg.kv_dtype, device)
+    if model.backend.name == "triton":
+        # size the split-K workspace for this engine's batch; a fixed split rule (from
+        # max_model_len) keeps decode launches identical between graph capture and replay
+        from raypaged.model.attention.triton_backend import TritonAttentionBackend
+        model.backend = TritonAttentionBackend(max_num_seqs=sched_cfg.max_num_seqs, max_model_len=max_len)
     graphs = None
     if device.type == "cuda" and not args.enforce_eager and model.backend.name == "triton":
         graphs = CudaGraphDecoder(model, kv_caches, sched_cfg.max_num_seqs, max_len,
@@ -226,6 +243,4 @@ def build_engine(args: EngineArgs) -> Engine:
     runner = ModelRunner(model, kv_caches, cache_cfg.block_size, device, Sampler(args.seed), graphs)
     scheduler = Scheduler(plan.num_blocks, cache_cfg.block_size, max_len, sched_cfg.max_num_seqs,
                           sched_cfg.max_num_batched_tokens, cache_cfg.enable_prefix_caching)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    name = args.model or "SmolLM2-135M-Instruct"
-    return Engine(EngineCore(scheduler, runner), tokenizer, plan, name, mcfg.eos_token_ids, runner)
+    return EngineCore(scheduler, runner), plan, runner
