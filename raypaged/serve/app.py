@@ -77,6 +77,18 @@ class OpenAIRouter:
         await self.fleet.stop()
 
 
+def controller_handle(app_name: str):
+    """The controller of a running application, from any Ray driver (tools, tests)."""
+    import ray
+
+    prefix = f"SERVE_DEPLOYMENT_ACTOR::{app_name}::OpenAIRouter::"
+    names = [a for a in ray.util.list_named_actors(all_namespaces=True)
+             if a["name"].startswith(prefix) and a["name"].endswith(f"::{CONTROLLER}")]
+    if not names:
+        raise ValueError(f"no raypaged controller for application {app_name!r}")
+    return ray.get_actor(names[0]["name"], namespace=names[0]["namespace"])
+
+
 def build_app(args: dict | ServeArgs | None = None):
     """Serve application builder (also the target of `import_path` in Serve config files)."""
     sargs = args if isinstance(args, ServeArgs) else ServeArgs(**(args or {}))

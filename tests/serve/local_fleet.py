@@ -1,0 +1,64 @@
+"""An in-process fleet for testing the HTTP layer without Ray: Workers on fake engines, and
+workers that fail on command."""
+from __future__ import annotations
+
+import httpx
+
+from fake_engine import FakeEngine
+from raypaged.serve.config import RoutingConfig
+from raypaged.serve.fleet import READY, FleetSnapshot, WorkerView
+from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
+from raypaged.serve.generation import Dispatcher, WorkerUnavailable
+from raypaged.serve.http_app import build_http_app
+from raypaged.serve.metrics import RequestMetrics, render
+from raypaged.serve.routing import Router
+from raypaged.serve.worker import Worker
+
+BEFORE_FIRST, MID_STREAM = "before_first", "mid_stream"
+
+
+class LocalFleet:
+    def __init__(self, n: int = 2, max_queued: int = 1024, step_delay_s: float = 0.0):
+        self.workers = {f"worker-{i}": Worker(FakeEngine(step_delay_s=step_delay_s), f"worker-{i}",
+                                              max_queued) for i in range(n)}
+        self.failing: dict[str, str] = {}  # worker id -> BEFORE_FIRST | MID_STREAM
+
+    def snapshot(self) -> FleetSnapshot:
+        return FleetSnapshot(1, tuple(WorkerView(wid, READY, w, w.stats())
+                                      for wid, w in self.workers.items()))
+
+    async def stream(self, view, request_id, token_ids, params, cache_salt):
+        mode = self.failing.get(view.worker_id)
+        if mode == BEFORE_FIRST:
+            raise WorkerUnavailable(f"{view.worker_id} is gone")
+        gen = view.handle.generate(request_id, token_ids, params, cache_salt)
+        try:
+            count = 0
+            async for item in gen:
+                yield item
+                count += 1
+                if mode == MID_STREAM and count >= 2:
+                    raise WorkerUnavailable(f"{view.worker_id} died mid-stream")
+        finally:
+            await gen.aclose()
+
+    def shutdown(self) -> None:
+        for w in self.workers.values():
+            w.shutdown()
+
+
+def local_app(fleet: LocalFleet, api_key: str | None = None, max_request_bytes: int = 1 << 20):
+    metrics = RequestMetrics()
+    engine = next(iter(fleet.workers.values())).engine
+    info = ModelInfo("fake-model", engine.max_model_len, len(engine.tokenizer), 0)
+    dispatcher = Dispatcher(fleet, Router(RoutingConfig(), engine.block_size), metrics)
+    frontend = OpenAIFrontend(dispatcher, engine.tokenizer, info)
+    app = build_http_app(frontend, fleet.snapshot, metrics,
+                         lambda: render(fleet.snapshot(), metrics.snapshot(), info.name),
+                         api_key, max_request_bytes)
+    return app, metrics
+
+
+def client_for(app) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://local",
+                             timeout=30)

@@ -1,0 +1,62 @@
+"""Helpers for the serve tests: deploying an application, and a handle on a deployed one."""
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+API_KEY = "test-key"
+MAX_REQUEST_BYTES = 256 * 1024
+
+
+@dataclass
+class ServedApp:
+    name: str
+    url: str
+    api_key: str | None
+
+    @property
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def fleet(self) -> dict:
+        return httpx.get(f"{self.url}/fleet", headers=self.headers, timeout=10).json()
+
+    def controller(self):
+        from raypaged.serve.app import controller_handle
+        return controller_handle(self.name)
+
+    def workers(self) -> dict:
+        """worker id -> Ray actor handle."""
+        import ray
+        snap = ray.get(self.controller().snapshot.remote())
+        return {w.worker_id: w.handle for w in snap.workers}
+
+    def wait_ready(self, n: int, timeout: float = 120.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            fleet = self.fleet()
+            if sum(w["state"] == "ready" for w in fleet["workers"]) >= n:
+                return fleet
+            time.sleep(0.25)
+        raise TimeoutError(f"fewer than {n} workers ready after {timeout} s: {self.fleet()}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def deploy(name: str, route_prefix: str, base_url: str, api_key: str | None, **args) -> ServedApp:
+    from ray import serve
+
+    from raypaged.serve.app import build_app
+
+    serve.run(build_app({"app_name": name, "api_key": api_key, **args}), name=name,
+              route_prefix=route_prefix)
+    return ServedApp(name, base_url + (route_prefix if route_prefix != "/" else ""), api_key)

@@ -1,0 +1,120 @@
+"""The HTTP layer over an in-process fleet (fake engines, no Ray): retries, queue limits, stream
+errors — the cases that are hard to stage on a real cluster on cue."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from local_fleet import BEFORE_FIRST, MID_STREAM, LocalFleet, client_for, local_app
+
+BODY = {"model": "fake-model", "prompt": "a prompt long enough for a block or two of bytes",
+        "max_tokens": 8, "ignore_eos": True}
+
+
+def run(fleet: LocalFleet, test):
+    app, metrics = local_app(fleet)
+
+    async def main():
+        async with client_for(app) as client:
+            return await test(client)
+    try:
+        return asyncio.run(main()), metrics
+    finally:
+        fleet.shutdown()
+
+
+def preferred_worker(fleet: LocalFleet) -> str:
+    async def ask(client):
+        return (await client.post("/v1/completions", json=BODY)).headers["x-raypaged-worker"]
+    return run(fleet, ask)[0]
+
+
+def other(worker_id: str) -> str:
+    return "worker-1" if worker_id == "worker-0" else "worker-0"
+
+
+def test_a_worker_gone_before_the_first_token_is_retried_on_the_next_one():
+    home = preferred_worker(LocalFleet())
+    fleet = LocalFleet()
+    fleet.failing[home] = BEFORE_FIRST
+    r, metrics = run(fleet, lambda c: c.post("/v1/completions", json=BODY))
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
+    assert r.headers["x-raypaged-worker"] == other(home)
+    assert metrics.counters["request_retries"] == {"": 1.0}
+
+
+def test_a_retry_is_attempted_once_then_503():
+    fleet = LocalFleet(n=3)
+    fleet.failing.update({w: BEFORE_FIRST for w in fleet.workers})
+    r, _ = run(fleet, lambda c: c.post("/v1/completions", json=BODY))
+    assert r.status_code == 503 and r.headers["retry-after"]
+    assert r.json()["error"]["code"] == "worker_unavailable"
+
+
+def test_a_non_streaming_request_whose_worker_dies_mid_way_is_redone_elsewhere():
+    home = preferred_worker(LocalFleet())
+    fleet = LocalFleet()
+    fleet.failing[home] = MID_STREAM
+    r, _ = run(fleet, lambda c: c.post("/v1/completions", json=BODY))
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
+    assert len(r.json()["choices"][0]["text"]) == 8
+
+
+def test_a_stream_whose_worker_dies_ends_with_an_error_event_then_done():
+    home = preferred_worker(LocalFleet(step_delay_s=0.01))
+    fleet = LocalFleet(step_delay_s=0.01)
+    fleet.failing[home] = MID_STREAM
+    r, _ = run(fleet, lambda c: c.post("/v1/completions", json={**BODY, "stream": True}))
+    events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["code"] == "worker_unavailable"
+    assert all("choices" in json.loads(e) for e in events[:-2])
+    assert all(w.stats().num_active == 0 for w in fleet.workers.values())
+
+
+def test_full_queues_everywhere_give_503_with_retry_after():
+    r, metrics = run(LocalFleet(max_queued=0), lambda c: c.post("/v1/completions", json=BODY))
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert r.json()["error"]["code"] == "queue_full"
+    assert metrics.counters["request_errors"] == {"503": 1.0}
+
+
+def test_one_full_queue_sends_the_request_to_the_other_worker():
+    fleet = LocalFleet()
+    home = preferred_worker(LocalFleet())
+    fleet.workers[home].max_queued = 0
+    r, _ = run(fleet, lambda c: c.post("/v1/completions", json=BODY))
+    assert r.status_code == 200 and r.headers["x-raypaged-worker"] == other(home)
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {**BODY, "prompt": ["first prompt here", "second prompt here"], "n": 2}),
+    ("/v1/chat/completions", {"model": "fake-model", "max_tokens": 4, "n": 3,
+                              "messages": [{"role": "user", "content": "hi"}]}),
+])
+def test_choices_are_indexed_prompt_major_then_sample(path, body):
+    r, _ = run(LocalFleet(), lambda c: c.post(path, json=body))
+    indexes = [c["index"] for c in r.json()["choices"]]
+    assert indexes == list(range(len(indexes))) and len(indexes) in (3, 4)
+
+
+def test_api_key_guards_the_api_but_not_health_or_metrics():
+    fleet = LocalFleet()
+    app, _ = local_app(fleet, api_key="sekrit")
+
+    async def main():
+        async with client_for(app) as c:
+            assert (await c.post("/v1/completions", json=BODY)).status_code == 401
+            assert (await c.get("/v1/models")).status_code == 401
+            assert (await c.get("/fleet")).status_code == 401
+            assert (await c.get("/health")).status_code == 200
+            assert (await c.get("/metrics")).status_code == 200
+            ok = await c.post("/v1/completions", json=BODY,
+                              headers={"Authorization": "Bearer sekrit"})
+            assert ok.status_code == 200
+    try:
+        asyncio.run(main())
+    finally:
+        fleet.shutdown()

@@ -1,0 +1,66 @@
+"""Prefix-aware routing on the real fleet: shared prefixes meet their cached blocks, and a hot
+prefix spills over to the other worker once its worker is above the load bound."""
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client.parser import text_string_to_metric_families
+import httpx
+
+LONG_PREFIX = ("You are a meticulous assistant for a small bakery. The bakery sells sourdough, "
+               "rye, baguettes, croissants and seasonal fruit tarts. Opening hours are seven to "
+               "three on weekdays and eight to one on Saturdays; it is closed on Sundays. Answer "
+               "customers politely, in one short sentence, and never invent products. ") * 2
+
+
+def routing_decisions(app) -> dict[str, float]:
+    text = httpx.get(f"{app.url}/metrics").text
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "raypaged:routing_decisions":
+            for s in fam.samples:
+                if s.name.endswith("_total"):
+                    out[s.labels["reason"]] = s.value
+    return out
+
+
+def test_requests_sharing_a_long_prefix_land_on_one_worker_and_hit_its_cache(client, model_name):
+    workers, cached = set(), []
+    for question in ("Do you sell rye?", "When do you open on Saturday?", "Any tarts today?"):
+        raw = client.completions.with_raw_response.create(
+            model=model_name, prompt=LONG_PREFIX + question, max_tokens=2, temperature=0)
+        workers.add(raw.headers["x-raypaged-worker"])
+        cached.append(raw.parse().usage.prompt_tokens_details.cached_tokens)
+    assert len(workers) == 1
+    assert all(c > 0 for c in cached[1:])  # the 2nd and 3rd reuse the prefix's blocks
+
+
+def test_a_different_cache_salt_is_a_different_prefix(client, model_name):
+    prompt = LONG_PREFIX + "Do you sell baguettes?"
+    client.completions.create(model=model_name, prompt=prompt, max_tokens=1,
+                              extra_body={"cache_salt": "tenant-a"})
+    other = client.completions.create(model=model_name, prompt=prompt, max_tokens=1,
+                                      extra_body={"cache_salt": "tenant-b"})
+    again = client.completions.create(model=model_name, prompt=prompt, max_tokens=1,
+                                      extra_body={"cache_salt": "tenant-a"})
+    assert other.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_a_hot_prefix_under_load_spills_to_the_other_worker(app, aclient, model_name):
+    before = routing_decisions(app).get("load_bound", 0)
+
+    async def one(i):
+        raw = await aclient.completions.with_raw_response.create(
+            model=model_name, prompt=LONG_PREFIX + f"Question {i}: do you bake bread?",
+            max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+        return raw.headers["x-raypaged-worker"]
+
+    async def burst():
+        return await asyncio.gather(*(one(i) for i in range(6)))
+
+    workers = asyncio.run(burst())
+    assert set(workers) == {"worker-0", "worker-1"}
+    # 2 workers, factor 1.25: the preferred worker takes at most ceil(1.25 * 6 / 2) = 4.
+    assert max(workers.count(w) for w in set(workers)) <= 4
+    assert routing_decisions(app).get("load_bound", 0) > before

@@ -1,0 +1,132 @@
+"""The Worker class without Ray: streams, n samples, cancellation, refusals, engine failures."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fake_engine import FakeEngine
+from raypaged.core.sampling_params import SamplingParams
+from raypaged.serve.worker import Rejected, Worker, WorkerError
+
+PROMPT = list(b"a prompt of a few blocks, long enough to fill two of them")
+
+
+async def drain(worker, rid, params, prompt=PROMPT, salt=None):
+    batches = []
+    async for batch in worker.generate(rid, prompt, params, salt):
+        batches.append(batch)
+    return batches
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_stream_yields_every_token_then_finishes():
+    async def main():
+        w = Worker(FakeEngine(), "w")
+        batches = await drain(w, "r", SamplingParams(max_tokens=5, temperature=0))
+        outs = [o for b in batches for o in b]
+        assert sum(len(o.new_token_ids) for o in outs) == 5
+        assert outs[-1].finish_reason == "length" and all(o.finish_reason is None for o in outs[:-1])
+        assert w.stats().num_active == 0
+        w.shutdown()
+    run(main())
+
+
+def test_n_samples_each_finish_and_the_stream_ends_after_the_last():
+    async def main():
+        w = Worker(FakeEngine(), "w")
+        outs = [o for b in await drain(w, "r", SamplingParams(n=3, max_tokens=4, temperature=0.8,
+                                                              seed=1)) for o in b]
+        assert sorted(o.index for o in outs if o.finished) == [0, 1, 2]
+        w.shutdown()
+    run(main())
+
+
+def test_cancelling_the_caller_aborts_the_request_and_frees_its_blocks():
+    async def main():
+        w = Worker(FakeEngine(step_delay_s=0.005), "w")
+        task = asyncio.create_task(drain(w, "r", SamplingParams(max_tokens=150, ignore_eos=True)))
+        for _ in range(200):
+            if w.stats().engine.memory.blocks_used:
+                break
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(100):
+            stats = w.stats()
+            if stats.engine.memory.blocks_used == 0 and stats.engine.num_running == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert stats.engine.memory.blocks_used == 0 and stats.num_active == 0
+        w.shutdown()
+    run(main())
+
+
+def test_leaving_the_stream_early_aborts_too():
+    async def main():
+        w = Worker(FakeEngine(step_delay_s=0.005), "w")
+        gen = w.generate("r", PROMPT, SamplingParams(max_tokens=150, ignore_eos=True))
+        await gen.__anext__()
+        await gen.aclose()
+        await asyncio.sleep(0.1)
+        assert w.stats().engine.memory.blocks_used == 0 and w.stats().engine.num_running == 0
+        w.shutdown()
+    run(main())
+
+
+def test_an_invalid_request_is_rejected_without_touching_the_engine():
+    async def main():
+        w = Worker(FakeEngine(max_model_len=64), "w")
+        [[item]] = [await drain(w, "r", SamplingParams(max_tokens=50))]
+        assert isinstance(item, Rejected) and not item.queue_full and "64" in item.message
+        assert w.stats().engine.num_waiting == 0 and w.stats().num_active == 0
+        w.shutdown()
+    run(main())
+
+
+def test_a_full_queue_refuses_with_queue_full():
+    async def main():
+        w = Worker(FakeEngine(step_delay_s=0.02), "w", max_queued=1)
+        slow = SamplingParams(max_tokens=100, ignore_eos=True)
+        first = asyncio.create_task(drain(w, "a", slow))
+        await asyncio.sleep(0)  # "a" is registered, not yet running
+        [[item]] = [await drain(w, "b", slow)]
+        assert isinstance(item, Rejected) and item.queue_full
+        first.cancel()
+        w.shutdown()
+    run(main())
+
+
+def test_a_duplicate_request_id_is_rejected():
+    async def main():
+        w = Worker(FakeEngine(step_delay_s=0.01), "w")
+        first = asyncio.create_task(drain(w, "same", SamplingParams(max_tokens=50)))
+        await asyncio.sleep(0.02)
+        [[item]] = [await drain(w, "same", SamplingParams(max_tokens=5))]
+        assert isinstance(item, Rejected) and "already in use" in item.message
+        first.cancel()
+        w.shutdown()
+    run(main())
+
+
+class ExplodingEngine(FakeEngine):
+    def step(self):
+        raise RuntimeError("kernel fault")
+
+
+def test_an_engine_failure_fails_the_requests_and_the_worker_lives_on():
+    async def main():
+        w = Worker(ExplodingEngine(), "w")
+        with pytest.raises(WorkerError, match="kernel fault"):
+            await drain(w, "r", SamplingParams(max_tokens=5))
+        for _ in range(100):
+            if w.stats().engine.num_running == w.stats().engine.num_waiting == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert w.stats().engine.memory.blocks_used == 0
+        w.shutdown()
+    run(main())
