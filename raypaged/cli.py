@@ -15,6 +15,8 @@ def _generate(ns: argparse.Namespace) -> int:
 
     engine = build_engine(engine_args_from(ns))
     tok = engine.tokenizer
+    if ns.chat is None:  # instruct models answer questions best through their chat template
+        ns.chat = bool(getattr(tok, "chat_template", None))
     if ns.chat:
         ids = tok.apply_chat_template([{"role": "user", "content": ns.prompt}],
                                       add_generation_prompt=True, tokenize=True)
@@ -47,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="complete one prompt, streaming to the terminal")
     g.add_argument("prompt")
-    g.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                   help="apply the model's chat template (default: when the model has one)")
     g.add_argument("--max-tokens", type=int, default=256)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
