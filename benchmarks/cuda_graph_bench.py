@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.random_model import random_model  # noqa: E402
-from benchmarks.report import plot_path, table, write  # noqa: E402
+from benchmarks.report import pyplot, plot_path, table, write  # noqa: E402
 from raypaged.core.sampling_params import SamplingParams  # noqa: E402
 from raypaged.engine import EngineArgs, assemble_core  # noqa: E402
 
@@ -57,11 +57,8 @@ def main() -> None:
     small = [r["speedup"] for r in rows if r["batch"] <= 8]
     print(f"target: graphs >= 1.5x eager at batch 1-8: {min(small):.2f}x ({'met' if min(small) >= 1.5 else 'MISSED'})")
     print(f"wrote {write(f'cuda_graphs_{device}', {'args': vars(args), 'device': torch.cuda.get_device_name(), 'rows': rows})}")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(5, 3.5))
     xs = [str(r["batch"]) for r in rows]

@@ -34,7 +34,7 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
 from benchmarks._kernels import kernel_module  # noqa: E402
-from benchmarks.report import plot_path, table, write  # noqa: E402
+from benchmarks.report import pyplot, plot_path, table, write  # noqa: E402
 
 decode_k = kernel_module("paged_decode")
 prefill_k = kernel_module("paged_prefill")
@@ -176,12 +176,8 @@ def check_targets(decode: list[dict], copy_bw: float) -> list[dict]:
 
 
 def plot(name: str, decode: list[dict], prefill: list[dict], copy_bw: float) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not importable: no PNG written")
+    plt = pyplot()
+    if plt is None:
         return
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
     for kv, marker in (("bf16", "o"), ("fp8", "s")):

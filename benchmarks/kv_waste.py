@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.report import plot_path, table, write  # noqa: E402
+from benchmarks.report import pyplot, plot_path, table, write  # noqa: E402
 from raypaged.core.contracts import ScheduledBatch, StepResult  # noqa: E402
 from raypaged.core.engine_core import EngineCore  # noqa: E402
 from raypaged.core.sampling_params import SamplingParams  # noqa: E402
@@ -91,12 +91,8 @@ def main() -> None:
           f"({'met' if b16['paged_waste_pct'] < 4 else 'MISSED'})")
     out = write("kv_waste", {"args": vars(args), "max_model_len": MAX_MODEL_LEN, "rows": rows})
     print(f"wrote {out}")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot")
+    plt = pyplot()
+    if plt is None:
         return
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
     labels = [f"paged/{r['block_size']}" for r in rows] + ["contiguous"]

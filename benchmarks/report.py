@@ -35,3 +35,15 @@ def write(name: str, payload: dict) -> Path:
 def plot_path(name: str) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     return RESULTS / f"{name}.png"
+
+
+def pyplot():
+    """matplotlib.pyplot with a file-only backend, or None (with a note) when not installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not importable: no PNG written")
+        return None
+    return plt

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.report import plot_path, table, write  # noqa: E402
+from benchmarks.report import pyplot, plot_path, table, write  # noqa: E402
 from raypaged.core.contracts import ScheduledBatch, StepResult  # noqa: E402
 from raypaged.core.engine_core import EngineCore  # noqa: E402
 from raypaged.core.sampling_params import SamplingParams  # noqa: E402
@@ -64,12 +64,8 @@ def main() -> None:
     print(f"target: < 5 ms per step at {args.running} running: {main_row['mean_ms']:.2f} ms "
           f"({'met' if main_row['mean_ms'] < 5 else 'MISSED'})")
     print(f"wrote {write('scheduler_overhead', {'args': vars(args), 'rows': rows})}")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot")
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for prefix in (True, False):
