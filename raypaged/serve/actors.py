@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError
@@ -48,7 +49,14 @@ async def probe_worker(handle) -> WorkerStats:
     except ActorUnavailableError as exc:
         raise WorkerDown(RESTARTING) from exc
     except ActorDiedError as exc:
-        raise WorkerDown(DEAD) from exc
+        raise WorkerDown(DEAD, last_error_line(str(exc))) from exc
+
+
+def last_error_line(text: str) -> str:
+    """`ValueError: ...` out of a remote traceback: the line a person needs to read."""
+    lines = [ln.strip() for ln in text.splitlines()]
+    errors = [ln for ln in lines if re.match(r"^[A-Za-z_.]*(Error|Exception)\b.*:", ln)]
+    return errors[-1] if errors else (lines[0] if lines else text)
 
 
 def worker_resources(fleet: FleetConfig) -> tuple[float, float]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 from ray import serve
@@ -62,9 +63,11 @@ class OpenAIRouter:
                     len(snapshot.ready()))
 
     def __serve_build_asgi_app__(self):
+        # A key in the arguments wins; else the replica's environment (Serve YAML runtime_env,
+        # a Kubernetes secret), so keys need not sit in config files.
+        api_key = self.config.api_key or os.environ.get("RAYPAGED_API_KEY") or None
         return build_http_app(self.frontend, self.fleet.snapshot, self.metrics,
-                              self._render_metrics, self.config.api_key,
-                              self.config.max_request_bytes)
+                              self._render_metrics, api_key, self.config.max_request_bytes)
 
     def _render_metrics(self) -> bytes:
         """Fleet gauges plus request metrics summed over every router replica (this one live,
@@ -87,6 +90,15 @@ def controller_handle(app_name: str):
     if not names:
         raise ValueError(f"no raypaged controller for application {app_name!r}")
     return ray.get_actor(names[0]["name"], namespace=names[0]["namespace"])
+
+
+def deployment_failure(app_name: str) -> str:
+    """Why the application's router failed to deploy, as Serve recorded it."""
+    app = serve.status().applications.get(app_name)
+    if app is None:
+        return f"application {app_name!r} is not deployed"
+    messages = [d.message for d in app.deployments.values() if d.message]
+    return "\n".join(messages) or app.message
 
 
 def build_app(args: dict | ServeArgs | None = None):

@@ -66,7 +66,8 @@ def serve_args_from(ns: argparse.Namespace) -> ServeArgs:
         router_replicas=ns.router_replicas, api_key=ns.api_key,
         served_model_name=ns.served_model_name, max_request_bytes=ns.max_request_bytes,
         max_queued_requests=ns.max_queued_requests, num_threads=ns.num_threads,
-        model=os.path.abspath(os.path.expanduser(ns.model)) if ns.model else None, dtype=ns.dtype, block_size=ns.block_size, kv_memory_mb=ns.kv_memory_mb,
+        model=os.path.abspath(os.path.expanduser(ns.model)) if ns.model else None,
+        dtype=ns.dtype, block_size=ns.block_size, kv_memory_mb=ns.kv_memory_mb,
         kv_memory_fraction=ns.kv_memory_fraction, kv_context_len=ns.kv_context_len,
         kv_dtype=ns.kv_dtype, enable_prefix_caching=not ns.no_prefix_caching,
         max_model_len=ns.max_model_len, max_num_seqs=ns.max_num_seqs,
@@ -78,11 +79,16 @@ def run_serve(ns: argparse.Namespace) -> int:
     import ray
     from ray import serve
 
-    from raypaged.serve.app import build_app
+    from raypaged.serve.app import build_app, deployment_failure
 
     args = serve_args_from(ns)
     started_ray = not ns.address
     if started_ray:
+        # Size the KV cache here first: a budget or max_model_len that cannot work fails now,
+        # with the engine's reason, instead of in every worker.
+        from raypaged.engine import plan_for
+        from raypaged.engine_cli_args import engine_args_from
+        plan_for(engine_args_from(ns))
         ray.init(num_cpus=ns.num_cpus or os.cpu_count(), include_dashboard=False,
                  namespace="raypaged")
     else:
@@ -92,7 +98,11 @@ def run_serve(ns: argparse.Namespace) -> int:
         serve.start(http_options={"host": ns.host, "port": ns.port})
         print(f"raypaged: starting {args.workers} worker(s); the first model load can take a "
               "while", file=sys.stderr, flush=True)
-        serve.run(build_app(args), name=args.app_name, route_prefix="/")
+        try:
+            serve.run(build_app(args), name=args.app_name, route_prefix="/")
+        except RuntimeError as exc:
+            print(f"raypaged: {exc}\n{deployment_failure(args.app_name)}", file=sys.stderr)
+            return 1
         url = f"http://{ns.host}:{ns.port}"
         print(f"raypaged: serving at {url}  (OpenAI API: {url}/v1, metrics: {url}/metrics)",
               flush=True)

@@ -28,7 +28,7 @@ DEFAULT_ROUTE_PREFIX_BLOCKS = 4
 class RoutingConfig:
     policy: str = "prefix"                          # "prefix" | "round_robin"
     prefix_blocks: int = DEFAULT_ROUTE_PREFIX_BLOCKS  # hash depth (full blocks) used as the key
-    load_factor: float = 1.25  # (1 + eps): a worker above this x the mean load passes the request on
+    load_factor: float = 1.25  # 1 + eps: a worker above this x the mean load passes a request on
 
 
 @dataclass(frozen=True)

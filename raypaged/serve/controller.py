@@ -28,9 +28,10 @@ logger = logging.getLogger(__name__)
 class WorkerDown(Exception):
     """Raised by a probe when the worker is known to be restarting or dead."""
 
-    def __init__(self, state: str):
+    def __init__(self, state: str, cause: str | None = None):
         super().__init__(state)
         self.state = state
+        self.cause = cause  # why, when known (the error that killed a worker's constructor)
 
 
 Probe = Callable[[Any], Awaitable[WorkerStats]]
@@ -74,13 +75,14 @@ class Controller:
             state = STARTING if view.state == STARTING else UNRESPONSIVE
             return _moved(view, state, now)
         except WorkerDown as down:
-            return _moved(view, down.state, now)
+            return dataclasses.replace(_moved(view, down.state, now), error=down.cause)
         except Exception as exc:  # noqa: BLE001 - an unknown failure: treat the worker as gone
             logger.warning("polling worker %s failed: %r", view.worker_id, exc)
-            return _moved(view, DEAD, now)
+            return dataclasses.replace(_moved(view, DEAD, now), error=repr(exc))
         restarted = view.stats is not None and stats.incarnation != view.stats.incarnation
         view = _moved(view, READY, now)
-        return dataclasses.replace(view, stats=stats, restarts=view.restarts + restarted)
+        return dataclasses.replace(view, stats=stats, restarts=view.restarts + restarted,
+                                   error=None)
 
     def _ensure_polling(self) -> None:
         if self._poller is None or self._poller.done():

@@ -25,6 +25,7 @@ class WorkerView:
     stats: WorkerStats | None = None  # the last good poll (kept while unresponsive)
     restarts: int = 0                 # times a new incarnation answered
     since: float = 0.0                # when the state last changed
+    error: str | None = None          # why it is restarting / dead, when known
 
     @property
     def ready(self) -> bool:
@@ -44,6 +45,9 @@ class FleetSnapshot:
 
     def ready(self) -> list[WorkerView]:
         return [w for w in self.workers if w.ready]
+
+    def all_dead(self) -> bool:
+        return bool(self.workers) and all(w.state == DEAD for w in self.workers)
 
     def worker(self, worker_id: str) -> WorkerView | None:
         return next((w for w in self.workers if w.worker_id == worker_id), None)
@@ -72,12 +76,15 @@ class FleetSnapshot:
         workers = []
         for w in self.workers:
             item = {"worker_id": w.worker_id, "state": w.state, "restarts": w.restarts}
+            if w.error:
+                item["error"] = w.error
             if w.stats is not None:
                 s = w.stats
                 item.update(
                     pid=s.pid, load=s.num_active, kv_cache_usage=s.kv_cache_usage,
                     budget=vars(s.budget), memory=vars(s.engine.memory),
                     num_running=s.engine.num_running, num_waiting=s.engine.num_waiting,
-                    num_preemptions=s.engine.num_preemptions, num_steps=s.engine.num_steps)
+                    num_preemptions=s.engine.num_preemptions, num_steps=s.engine.num_steps,
+                    graph_steps=s.graph_steps, eager_steps=s.eager_steps)
             workers.append(item)
         return {"workers": workers, "total": self.totals()}

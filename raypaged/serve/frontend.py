@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -25,6 +24,8 @@ from raypaged.outputs import SequenceOutput
 from raypaged.serve.errors import APIError, bad_request, from_validation_error, from_value_error
 from raypaged.serve.generation import Dispatcher, Generation, WorkerUnavailable
 from raypaged.serve.protocol import ChatCompletionRequest, CompletionRequest
+from raypaged.serve.responses import (Choice, Shapes, sse_data, sse_response, usage,
+                                      workers_header)
 
 WORKER_HEADER = "x-raypaged-worker"
 
@@ -35,24 +36,6 @@ class ModelInfo:
     max_model_len: int
     vocab_size: int
     created: int
-
-
-class Choice:
-    """The accumulated output of one sample."""
-
-    def __init__(self):
-        self.text: list[str] = []
-        self.token_ids: list[int] = []
-        self.logprobs: list = []
-        self.finish_reason: str | None = None
-        self.stop_reason = None
-
-    def add(self, out: SequenceOutput) -> None:
-        self.text.append(out.new_text)
-        self.token_ids.extend(out.new_token_ids)
-        self.logprobs.extend(out.new_logprobs)
-        if out.finish_reason is not None:
-            self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
 
 
 def parse(model, body) -> object:
@@ -68,6 +51,7 @@ class OpenAIFrontend:
     def __init__(self, dispatcher: Dispatcher, tokenizer, info: ModelInfo, max_n: int = 16):
         self.dispatcher = dispatcher
         self.tokenizer = tokenizer
+        self.shapes = Shapes(tokenizer)
         self.info = info
         self.max_n = max_n
 
@@ -88,17 +72,17 @@ class OpenAIFrontend:
             self._check_length(tokens, req.max_tokens)
         params = self._params(req, req.max_tokens, req.logprobs)
         gens = await self._start("cmpl", prompts, params, req.cache_salt, arrival)
-        header = {WORKER_HEADER: _workers(gens)}
-        chunk = functools.partial(self._completion_chunk, gens[0].request_id, req.logprobs is not None)
+        header = {WORKER_HEADER: workers_header(gens)}
+        chunk = functools.partial(self.shapes.completion_choice, req.logprobs is not None)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _sse(self._events(gens, params.n, chunk, None, include_usage,
+            return sse_response(self._events(gens, params.n, chunk, None, include_usage,
                                      "text_completion"), header)
         choices = await self._collect(gens, params.n)
         body = {"id": gens[0].request_id, "object": "text_completion", "created": int(time.time()),
                 "model": self.info.name,
                 "choices": [chunk(i, c, whole=True) for i, c in enumerate(choices)],
-                "usage": _usage(gens)}
+                "usage": usage(gens)}
         return JSONResponse(body, headers=header)
 
     async def chat_completions(self, body) -> JSONResponse | StreamingResponse:
@@ -111,18 +95,18 @@ class OpenAIFrontend:
         self._check_length(tokens, max_tokens)
         params = self._params(req, max_tokens, req.requested_logprobs())
         gens = await self._start("chatcmpl", [tokens], params, req.cache_salt, arrival)
-        header = {WORKER_HEADER: _workers(gens)}
-        chunk = functools.partial(self._chat_chunk, req.logprobs)
+        header = {WORKER_HEADER: workers_header(gens)}
+        chunk = functools.partial(self.shapes.chat_choice, req.logprobs)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             role = {"role": "assistant", "content": ""}
-            return _sse(self._events(gens, params.n, chunk, role, include_usage,
+            return sse_response(self._events(gens, params.n, chunk, role, include_usage,
                                      "chat.completion.chunk"), header)
         choices = await self._collect(gens, params.n)
         body = {"id": gens[0].request_id, "object": "chat.completion", "created": int(time.time()),
                 "model": self.info.name,
                 "choices": [chunk(i, c, whole=True) for i, c in enumerate(choices)],
-                "usage": _usage(gens)}
+                "usage": usage(gens)}
         return JSONResponse(body, headers=header)
 
     # -- validation and tokenization --------------------------------------------------------
@@ -149,7 +133,8 @@ class OpenAIFrontend:
             text = self.tokenizer.apply_chat_template(
                 req.conversation(), tokenize=False, add_generation_prompt=req.add_generation_prompt)
         except Exception as exc:  # noqa: BLE001 - a template that rejects this conversation
-            raise bad_request(f"the chat template rejected these messages: {exc}", "messages")
+            raise bad_request(f"the chat template rejected these messages: {exc}",
+                              "messages") from None
         tokens = self.tokenizer.encode(text, add_special_tokens=False)
         if not tokens:
             raise bad_request("the conversation renders to an empty prompt", "messages")
@@ -207,15 +192,16 @@ class OpenAIFrontend:
         try:
             if role is not None:
                 for i in range(len(gens) * n):
-                    yield _data({**head, "choices": [
+                    yield sse_data({**head, "choices": [
                         {"index": i, "delta": role, "logprobs": None, "finish_reason": None}]})
             async for g, batch in _merge(gens):
                 by_choice: dict[int, Choice] = {}
                 for out in batch:
                     by_choice.setdefault(g * n + out.index, Choice()).add(out)
-                yield _data({**head, "choices": [chunk(i, c) for i, c in sorted(by_choice.items())]})
+                choices = [chunk(i, c) for i, c in sorted(by_choice.items())]
+                yield sse_data({**head, "choices": choices})
             if include_usage:
-                yield _data({**head, "choices": [], "usage": _usage(gens)})
+                yield sse_data({**head, "choices": [], "usage": usage(gens)})
         except (WorkerUnavailable, APIError) as exc:
             err = exc if isinstance(exc, APIError) else APIError(
                 503, f"the worker serving this stream failed: {exc}", code="worker_unavailable")
@@ -223,45 +209,6 @@ class OpenAIFrontend:
         finally:
             await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)
         yield "data: [DONE]\n\n"
-
-    # -- response pieces --------------------------------------------------------------------
-    def _completion_chunk(self, request_id: str, want_logprobs: bool, index: int, c: Choice,
-                          whole: bool = False) -> dict:
-        return {"index": index, "text": "".join(c.text),
-                "logprobs": self._completion_logprobs(c) if want_logprobs else None,
-                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
-
-    def _chat_chunk(self, want_logprobs: bool, index: int, c: Choice, whole: bool = False) -> dict:
-        text = "".join(c.text)
-        logprobs = {"content": self._chat_logprobs(c)} if want_logprobs else None
-        if whole:
-            return {"index": index, "message": {"role": "assistant", "content": text},
-                    "logprobs": logprobs, "finish_reason": c.finish_reason,
-                    "stop_reason": c.stop_reason}
-        delta = {"content": text} if text or c.finish_reason is None else {}
-        return {"index": index, "delta": delta, "logprobs": logprobs,
-                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
-
-    @functools.lru_cache(maxsize=65536)
-    def _token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
-
-    def _completion_logprobs(self, c: Choice) -> dict:
-        tokens, offsets, offset = [], [], 0
-        for lp in c.logprobs:
-            tokens.append(self._token_text(lp.token_id))
-            offsets.append(offset)
-            offset += len(tokens[-1])
-        return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in c.logprobs],
-                "top_logprobs": [{self._token_text(t): v for t, v in lp.top} for lp in c.logprobs],
-                "text_offset": offsets}
-
-    def _chat_logprobs(self, c: Choice) -> list[dict]:
-        def entry(token_id: int, logprob: float) -> dict:
-            text = self._token_text(token_id)
-            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
-        return [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
-                for lp in c.logprobs]
 
 
 async def _merge(gens: list[Generation]) -> AsyncIterator[tuple[int, list[SequenceOutput]]]:
@@ -295,24 +242,3 @@ async def _merge(gens: list[Generation]) -> AsyncIterator[tuple[int, list[Sequen
     finally:
         for t in tasks:
             t.cancel()
-
-
-def _usage(gens: list[Generation]) -> dict:
-    prompt = sum(len(g.token_ids) for g in gens)
-    completion = sum(g.num_output_tokens for g in gens)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(g.num_cached_tokens for g in gens)}}
-
-
-def _workers(gens: list[Generation]) -> str:
-    return ",".join(dict.fromkeys(g.worker_id for g in gens))
-
-
-def _data(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-def _sse(events: AsyncIterator[str], headers: dict) -> StreamingResponse:
-    return StreamingResponse(events, media_type="text/event-stream",
-                             headers={**headers, "Cache-Control": "no-cache"})

@@ -45,17 +45,29 @@ class Dispatcher:
     def __init__(self, fleet: FleetClient, router: Router, metrics: RequestMetrics,
                  suspect_s: float = 2.0):
         self.fleet, self.router, self.metrics = fleet, router, metrics
-        self.inflight: collections.Counter[str] = collections.Counter()
+        self.inflight: collections.Counter[str] = collections.Counter()  # ours, per worker
         self._suspect_until: dict[str, float] = {}
         self.suspect_s = suspect_s
+        self._snapshot_version = -1
+        self._ours_at_snapshot: dict[str, int] = {}
 
     def candidates(self, exclude: set[str]) -> tuple[FleetSnapshot, dict[str, float]]:
-        """Ready workers and their load: the snapshot's, or this replica's in-flight count when
-        higher (the snapshot lags a burst by up to one refresh)."""
+        """Ready workers and their load: this replica's own requests, counted exactly, plus the
+        other replicas' as the last snapshot saw them (its load minus what was ours then).
+
+        The snapshot alone lags by up to a poll and a refresh: a burst would all see the same
+        stale loads, and requests finished since would still count and push work away."""
         snap = self.fleet.snapshot()
+        if snap.version != self._snapshot_version:
+            self._snapshot_version = snap.version
+            self._ours_at_snapshot = dict(self.inflight)
         now = time.monotonic()
-        loads = {w.worker_id: max(w.load, self.inflight[w.worker_id]) for w in snap.ready()
-                 if w.worker_id not in exclude and self._suspect_until.get(w.worker_id, 0) < now}
+        loads = {}
+        for w in snap.ready():
+            if w.worker_id in exclude or self._suspect_until.get(w.worker_id, 0) >= now:
+                continue
+            others = max(0, w.load - self._ours_at_snapshot.get(w.worker_id, 0))
+            loads[w.worker_id] = others + self.inflight[w.worker_id]
         return snap, loads
 
     def mark_suspect(self, worker_id: str) -> None:

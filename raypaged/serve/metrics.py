@@ -140,7 +140,8 @@ def fleet_families(fleet: FleetSnapshot, model_name: str):
     evictions = counter("prefix_cache_evictions", "Cached blocks evicted for new data.")
     preempt = counter("num_preemptions", "Requests preempted (recomputed) for lack of blocks.")
     cow = counter("kv_cache_cow_copies", "Copy-on-write block copies (n > 1 sampling).")
-    steps = counter("engine_steps", "Engine steps run.")
+    steps = CounterMetricFamily(P + "engine_steps", "Model steps run, by mode (cuda_graph, eager).",
+                                labels=labels + ["mode"])
     for w in fleet.workers:
         lv = [model_name, w.worker_id]
         up.add_metric(lv, 1.0 if w.state == READY else 0.0)
@@ -164,6 +165,7 @@ def fleet_families(fleet: FleetSnapshot, model_name: str):
         evictions.add_metric(lv, m.evictions)
         preempt.add_metric(lv, s.engine.num_preemptions)
         cow.add_metric(lv, m.cow_copies)
-        steps.add_metric(lv, s.engine.num_steps)
+        steps.add_metric(lv + ["cuda_graph"], s.graph_steps)
+        steps.add_metric(lv + ["eager"], s.eager_steps)
     yield from (up, restarts, running, waiting, usage, blocks, budget, per_token, fit_tokens,
                 fit_seqs, queries, hits, evictions, preempt, cow, steps)

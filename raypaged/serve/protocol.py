@@ -48,7 +48,8 @@ class _Sampling(BaseModel):
         if not 1 <= self.n <= max_n:
             raise bad_request(f"n must be between 1 and {max_n}, got {self.n}", "n")
         if self.stream_options is not None and not self.stream:
-            raise bad_request("stream_options can only be set when stream is true", "stream_options")
+            raise bad_request("stream_options can only be set when stream is true",
+                              "stream_options")
         if self.logit_bias:
             raise bad_request("logit_bias is not supported", "logit_bias")
 
@@ -155,7 +156,9 @@ class ChatCompletionRequest(_Sampling):
             raise bad_request("only response_format type 'text' is supported", "response_format")
 
     def requested_max_tokens(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
 
     def requested_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

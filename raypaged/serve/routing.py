@@ -4,7 +4,7 @@ The key is the core's chain hash of the prompt's first `prefix_blocks` full bloc
 hash the workers' prefix caches use), so requests that share that prefix rank the workers in the
 same order and go to the first one, where their blocks already are:
 
-    prompt tokens  | block 0 | block 1 | ... | block d-1 | ...     d = min(prefix_blocks, full blocks)
+    prompt tokens  | block 0 | block 1 | ... | block d-1 | ...   d = min(prefix_blocks, full blocks)
     key            = hash of block d-1 (it names blocks 0..d-1); no full block: hash of the tokens
     order          = workers sorted by H(key, worker id), highest first (rendezvous / HRW)
 
@@ -43,7 +43,8 @@ def bounded_choice(order: Sequence[str], loads: Mapping[str, float], load_factor
     for i, worker_id in enumerate(order):
         if loads.get(worker_id, 0) + 1 <= capacity:
             return i
-    return min(range(len(order)), key=lambda i: loads.get(order[i], 0))  # unreachable: some load <= mean
+    # Unreachable (some worker is at or below the mean), but never route nowhere.
+    return min(range(len(order)), key=lambda i: loads.get(order[i], 0))
 
 
 class Router:

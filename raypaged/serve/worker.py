@@ -50,6 +50,8 @@ class WorkerStats:
     budget: KVBudget
     engine: EngineStats
     num_active: int           # requests inside generate(): the routing load
+    graph_steps: int = 0      # model steps replayed from a CUDA graph
+    eager_steps: int = 0      # model steps run eagerly
 
     @property
     def kv_cache_usage(self) -> float:
@@ -74,8 +76,9 @@ class Worker:
         self._streams: dict[str, asyncio.Queue] = {}
 
     # -- requests --------------------------------------------------------------------------
-    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                       cache_salt: str | None = None) -> AsyncIterator[list[SequenceOutput] | Rejected]:
+    async def generate(self, request_id: str, prompt_token_ids: list[int],
+                       params: SamplingParams, cache_salt: str | None = None
+                       ) -> AsyncIterator[list[SequenceOutput] | Rejected]:
         loop = self._engine_loop()
         if request_id in self._streams:
             yield Rejected(f"request id {request_id!r} is already in use")
@@ -116,11 +119,14 @@ class Worker:
     # -- what the controller and router read -----------------------------------------------
     def stats(self) -> WorkerStats:
         engine_stats = self._loop.stats if self._loop is not None else self.engine.stats()
+        runner = getattr(self.engine, "runner", None)  # counters are plain ints: safe to read
         return WorkerStats(
             worker_id=self.worker_id, incarnation=self.incarnation, pid=os.getpid(),
             model_name=self.engine.model_name, max_model_len=self.engine.max_model_len,
             block_size=self.engine.block_size, budget=self.budget, engine=engine_stats,
-            num_active=len(self._streams))
+            num_active=len(self._streams),
+            graph_steps=getattr(runner, "num_graph_steps", 0),
+            eager_steps=getattr(runner, "num_eager_steps", engine_stats.num_steps))
 
     def get_tokenizer(self):
         return self.engine.tokenizer

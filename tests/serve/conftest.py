@@ -45,9 +45,10 @@ def client(app) -> openai.OpenAI:
 
 
 @pytest.fixture
-def aclient(app) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{app.url}/v1", api_key=app.api_key, max_retries=0,
-                              timeout=120)
+def async_client(app):
+    """Makes an AsyncOpenAI client; make it inside the event loop that uses it."""
+    return lambda: openai.AsyncOpenAI(base_url=f"{app.url}/v1", api_key=app.api_key,
+                                      max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="session")

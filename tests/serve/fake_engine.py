@@ -60,8 +60,9 @@ class LetterRunner:
                          for j in range(sr.num_samples))
             sampled[sr.request_id] = toks
             if sr.sampling.logprobs is not None:
+                top = range(sr.sampling.logprobs)
                 logprobs[sr.request_id] = tuple(
-                    TokenLogprobs(t, -0.25, 1, tuple((t + k, -0.25 - k) for k in range(sr.sampling.logprobs)))
+                    TokenLogprobs(t, -0.25, 1, tuple((t + k, -0.25 - k) for k in top))
                     for t in toks)
         return StepResult(sampled=sampled, logprobs=logprobs)
 
@@ -85,9 +86,9 @@ class FakeEngine:
 
     def __post_init__(self):
         self.tokenizer = ByteTokenizer()
-        self.plan = KVPlan(kv_budget_bytes=self.num_blocks * self.block_size * 64, bytes_per_token=64,
-                           block_size=self.block_size, num_blocks=self.num_blocks,
-                           max_model_len=self.max_model_len)
+        self.plan = KVPlan(kv_budget_bytes=self.num_blocks * self.block_size * 64,
+                           bytes_per_token=64, block_size=self.block_size,
+                           num_blocks=self.num_blocks, max_model_len=self.max_model_len)
         self.core = EngineCore(Scheduler(self.num_blocks, self.block_size, self.max_model_len),
                                LetterRunner(self.step_delay_s))
         self._meta: dict[str, tuple[SamplingParams, int]] = {}

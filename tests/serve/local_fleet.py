@@ -2,6 +2,8 @@
 workers that fail on command."""
 from __future__ import annotations
 
+import itertools
+
 import httpx
 
 from fake_engine import FakeEngine
@@ -22,9 +24,11 @@ class LocalFleet:
         self.workers = {f"worker-{i}": Worker(FakeEngine(step_delay_s=step_delay_s), f"worker-{i}",
                                               max_queued) for i in range(n)}
         self.failing: dict[str, str] = {}  # worker id -> BEFORE_FIRST | MID_STREAM
+        self._versions = itertools.count()
 
     def snapshot(self) -> FleetSnapshot:
-        return FleetSnapshot(1, tuple(WorkerView(wid, READY, w, w.stats())
+        """A fresh view every time (the Ray fleet's is refreshed in the background)."""
+        return FleetSnapshot(next(self._versions), tuple(WorkerView(wid, READY, w, w.stats())
                                       for wid, w in self.workers.items()))
 
     async def stream(self, view, request_id, token_ids, params, cache_salt):

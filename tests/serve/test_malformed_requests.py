@@ -40,7 +40,8 @@ CASES = [
     ("stop with an empty string", CMPL, {"model": M, "prompt": "hi", "stop": [""]}, 400),
     ("stop a number", CMPL, {"model": M, "prompt": "hi", "stop": 5}, 400),
     ("logprobs above 20", CMPL, {"model": M, "prompt": "hi", "logprobs": 50}, 400),
-    ("presence_penalty out of range", CMPL, {"model": M, "prompt": "hi", "presence_penalty": 3}, 400),
+    ("presence_penalty out of range", CMPL,
+     {"model": M, "prompt": "hi", "presence_penalty": 3}, 400),
     ("frequency_penalty out of range", CMPL,
      {"model": M, "prompt": "hi", "frequency_penalty": -2.5}, 400),
     ("seed not an integer", CMPL, {"model": M, "prompt": "hi", "seed": "abc"}, 400),
@@ -53,7 +54,8 @@ CASES = [
     ("empty messages", CHAT, {"model": M, "messages": []}, 400),
     ("unknown role", CHAT, {"model": M, "messages": [{"role": "wizard", "content": "hi"}]}, 400),
     ("user message without content", CHAT, {"model": M, "messages": [{"role": "user"}]}, 400),
-    ("message content a number", CHAT, {"model": M, "messages": [{"role": "user", "content": 3}]}, 400),
+    ("message content a number", CHAT,
+     {"model": M, "messages": [{"role": "user", "content": 3}]}, 400),
     ("image content part", CHAT, {"model": M, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, 400),
     ("top_logprobs without logprobs", CHAT, {"model": M, "messages": USER, "top_logprobs": 2}, 400),
@@ -63,7 +65,8 @@ CASES = [
                                  "tools": [{"type": "function", "function": {"name": "f"}}]}, 400),
     ("json response_format unsupported", CHAT,
      {"model": M, "messages": USER, "response_format": {"type": "json_object"}}, 400),
-    ("chat max_tokens over the context", CHAT, {"model": M, "messages": USER, "max_tokens": 5000}, 400),
+    ("chat max_tokens over the context", CHAT,
+     {"model": M, "messages": USER, "max_tokens": 5000}, 400),
     ("body over the size limit", CMPL, {"model": M, "prompt": "x" * (MAX_REQUEST_BYTES + 10)}, 413),
 ]
 

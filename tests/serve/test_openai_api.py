@@ -30,9 +30,11 @@ def test_chat_stream_matches_non_stream_and_reports_usage(client, model_name):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
     assert chunks[0].choices[0].delta.role == "assistant"
-    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finishes = [c.choices[0].finish_reason for c in chunks
+                if c.choices and c.choices[0].finish_reason]
     assert finishes == [whole.choices[0].finish_reason]
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
 def test_completion_stream_and_not(client, model_name):
@@ -77,7 +79,8 @@ def test_n_returns_n_choices(client, model_name):
                                                    max_tokens=6, n=2, temperature=1.0, seed=7,
                                                    stream=True))
     for i in (0, 1):
-        text = "".join(ch.delta.content or "" for c in streamed for ch in c.choices if ch.index == i)
+        text = "".join(ch.delta.content or "" for c in streamed for ch in c.choices
+                       if ch.index == i)
         assert text == r.choices[i].message.content
 
 
@@ -89,15 +92,16 @@ def test_seed_reproduces_the_text_across_calls(client, model_name):
     assert sample() == sample()
 
 
-def test_parallel_requests_all_complete(aclient, model_name):
-    async def one(i):
-        r = await aclient.completions.create(model=model_name, prompt=f"Fact number {i}:",
-                                             max_tokens=6, temperature=0,
-                                             extra_body={"ignore_eos": True})
+def test_parallel_requests_all_complete(async_client, model_name):
+    async def one(client, i):
+        r = await client.completions.create(model=model_name, prompt=f"Fact number {i}:",
+                                            max_tokens=6, temperature=0,
+                                            extra_body={"ignore_eos": True})
         return r.usage.completion_tokens
 
     async def main():
-        return await asyncio.gather(*(one(i) for i in range(8)))
+        async with async_client() as client:
+            return await asyncio.gather(*(one(client, i) for i in range(8)))
     assert asyncio.run(main()) == [6] * 8
 
 

@@ -34,7 +34,8 @@ def retries(app) -> float:
                if f.name == "raypaged:request_retries" for s in f.samples)
 
 
-def test_killing_a_worker_mid_load_loses_no_unstarted_request_and_the_fleet_recovers(app, model_name):
+def test_killing_a_worker_mid_load_loses_no_unstarted_request_and_the_fleet_recovers(
+        app, model_name):
     restarts_before = {w["worker_id"]: w["restarts"] for w in app.fleet()["workers"]}
     retries_before = retries(app)
 
@@ -104,3 +105,18 @@ def test_with_every_worker_gone_health_and_requests_get_503_not_a_hang(small_app
         "messages": [{"role": "user", "content": "hi"}], "stream": True})
     assert s.status_code == 503
     assert time.monotonic() - started < 5
+
+
+def test_an_engine_config_that_cannot_work_fails_the_deployment_with_the_reason(ray_serve):
+    from ray import serve
+
+    from raypaged.serve.app import deployment_failure
+
+    started = time.monotonic()
+    with pytest.raises(RuntimeError):
+        deploy("raypaged-bad", "/bad", ray_serve, None, workers=1, cpus_per_worker=1,
+               kv_memory_mb=1, max_model_len=1024)
+    reason = deployment_failure("raypaged-bad")
+    serve.delete("raypaged-bad")
+    assert "every worker failed to start" in reason and "max_model_len=1024" in reason
+    assert time.monotonic() - started < 120

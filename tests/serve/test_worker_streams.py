@@ -29,7 +29,8 @@ def test_stream_yields_every_token_then_finishes():
         batches = await drain(w, "r", SamplingParams(max_tokens=5, temperature=0))
         outs = [o for b in batches for o in b]
         assert sum(len(o.new_token_ids) for o in outs) == 5
-        assert outs[-1].finish_reason == "length" and all(o.finish_reason is None for o in outs[:-1])
+        assert outs[-1].finish_reason == "length"
+        assert all(o.finish_reason is None for o in outs[:-1])
         assert w.stats().num_active == 0
         w.shutdown()
     run(main())

@@ -1,0 +1,343 @@
+"""Online serving benchmark, shaped like `vllm bench serve`.
+
+Against a running server:
+    python benchmarks/serve_bench.py --url http://127.0.0.1:8000 --dataset random \\
+        --num-prompts 100 --request-rate 4
+
+Comparison (the default): launches `raypaged serve` itself, one configuration after another, on
+the seeded shared-prefix workload, and prints one table:
+    prefix       --workers 2 --routing prefix
+    round_robin  --workers 2 --routing round_robin
+    single       --workers 1 with the fleet's whole KV budget (the hit-rate yardstick)
+    python benchmarks/serve_bench.py [--modes prefix,round_robin,single]
+                                     [--sweep-prefix-blocks 1,2,4,8]
+
+Datasets (seeded, prompts sent as token ids so lengths are exact; outputs use ignore_eos):
+    random             input and output lengths drawn from ranges
+    prefix_repetition  --num-prefixes shared prefixes x suffixes; every prompt also starts with a
+                       --common-prefix-len head shared by all (a chat template's system prompt)
+
+Per request: TTFT (send -> first token chunk), ITL (gaps between chunks), TPOT ((e2e - TTFT) /
+(output tokens - 1)), E2E. Per run: mean/p50/p90/p99 of each, request and output-token
+throughput, the fleet prefix-cache hit rate (prefix_cache_hits / prefix_cache_queries over the
+run, from /metrics) and requests per worker (from the x-raypaged-worker header).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from benchmarks.report import plot_path, table, write  # noqa: E402
+
+VOCAB = (100, 10_000)  # token ids drawn from here: inside every Llama-family vocabulary
+
+
+# -- datasets --------------------------------------------------------------------------------
+def random_dataset(n: int, input_len: tuple[int, int], output_len: int, seed: int):
+    rng = random.Random(seed)
+    return [([rng.randrange(*VOCAB) for _ in range(rng.randint(*input_len))], output_len)
+            for _ in range(n)]
+
+
+def prefix_repetition_dataset(n: int, num_prefixes: int, prefix_len: int, suffix_len: int,
+                              common_len: int, output_len: int, seed: int):
+    rng = random.Random(seed)
+    common = [rng.randrange(*VOCAB) for _ in range(common_len)]
+    prefixes = [common + [rng.randrange(*VOCAB) for _ in range(prefix_len)]
+                for _ in range(num_prefixes)]
+    reqs = [(prefixes[i % num_prefixes] + [rng.randrange(*VOCAB) for _ in range(suffix_len)],
+             output_len) for i in range(n)]
+    rng.shuffle(reqs)
+    return reqs
+
+
+# -- one request -----------------------------------------------------------------------------
+@dataclass
+class Result:
+    ok: bool
+    ttft: float = 0.0
+    e2e: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    worker: str = ""
+    error: str = ""
+
+
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int],
+                      output_len: int) -> Result:
+    body = {"model": model, "prompt": prompt, "max_tokens": output_len, "ignore_eos": True,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    res, last = Result(ok=False), None
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                return Result(ok=False, error=f"{r.status_code} {(await r.aread())[:200]!r}")
+            res.worker = r.headers.get("x-raypaged-worker", "")
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    return Result(ok=False, error=event["error"]["message"])
+                now = time.perf_counter()
+                if event.get("choices"):
+                    if last is None:
+                        res.ttft = now - start
+                    else:
+                        res.itl.append(now - last)
+                    last = now
+                if event.get("usage"):
+                    res.output_tokens = event["usage"]["completion_tokens"]
+    except httpx.HTTPError as exc:
+        return Result(ok=False, error=repr(exc))
+    res.e2e = time.perf_counter() - start
+    res.ok = True
+    return res
+
+
+async def run_load(url: str, model: str, reqs, max_concurrency: int | None,
+                   request_rate: float, seed: int) -> tuple[list[Result], float]:
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+    sem = asyncio.Semaphore(max_concurrency or len(reqs))
+    rng = random.Random(seed)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        await one_request(client, url, model, [7] * 8, 2)  # warm-up
+
+        async def limited(prompt, out):
+            async with sem:
+                return await one_request(client, url, model, prompt, out)
+
+        start = time.perf_counter()
+        tasks = []
+        for prompt, out in reqs:
+            tasks.append(asyncio.create_task(limited(prompt, out)))
+            if request_rate != float("inf"):
+                await asyncio.sleep(rng.expovariate(request_rate))  # Poisson arrivals
+        results = await asyncio.gather(*tasks)
+        return results, time.perf_counter() - start
+
+
+# -- metrics ---------------------------------------------------------------------------------
+def prefix_counters(url: str) -> tuple[float, float]:
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    totals = {"raypaged:prefix_cache_hits": 0.0, "raypaged:prefix_cache_queries": 0.0}
+    for fam in text_string_to_metric_families(text):
+        if fam.name in totals:
+            totals[fam.name] += sum(s.value for s in fam.samples if s.name.endswith("_total"))
+    return totals["raypaged:prefix_cache_hits"], totals["raypaged:prefix_cache_queries"]
+
+
+def summarize(results: list[Result], duration: float, hits: float, queries: float) -> dict:
+    ok = [r for r in results if r.ok]
+    out = {"requests": len(results), "failed": len(results) - len(ok), "duration_s": duration,
+           "request_throughput": len(ok) / duration,
+           "output_throughput": sum(r.output_tokens for r in ok) / duration,
+           "prefix_hit_rate": hits / queries if queries else 0.0}
+    series = {"ttft": [r.ttft for r in ok], "e2e": [r.e2e for r in ok],
+              "itl": [x for r in ok for x in r.itl],
+              "tpot": [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]}
+    for name, xs in series.items():
+        xs = sorted(xs) or [0.0]
+        out[f"mean_{name}_ms"] = 1000 * statistics.fmean(xs)
+        for p in (50, 90, 99):
+            out[f"p{p}_{name}_ms"] = 1000 * xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
+    per_worker: dict[str, int] = {}
+    for r in ok:
+        for w in r.worker.split(","):
+            per_worker[w] = per_worker.get(w, 0) + 1
+    out["requests_per_worker"] = dict(sorted(per_worker.items()))
+    mean = statistics.fmean(per_worker.values()) if per_worker else 0
+    out["max_worker_share_over_mean"] = max(per_worker.values()) / mean if mean else 0.0
+    out["errors"] = sorted({r.error for r in results if not r.ok})[:5]
+    return out
+
+
+def bench_url(url: str, reqs, ns) -> dict:
+    model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+    hits0, queries0 = prefix_counters(url)
+    results, duration = asyncio.run(run_load(url, model, reqs, ns.max_concurrency,
+                                             ns.request_rate, ns.seed))
+    time.sleep(1.5)  # one controller poll + one router refresh: the counters catch up
+    hits1, queries1 = prefix_counters(url)
+    return summarize(results, duration, hits1 - hits0, queries1 - queries0)
+
+
+# -- launching raypaged serve ----------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(flags: list[str], log: Path):
+    port = free_port()
+    cmd = [sys.executable, "-c", "import sys; from raypaged.cli import main; sys.exit(main())",
+           "serve", "--port", str(port), *flags]
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"raypaged serve exited ({proc.returncode}); see {log}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    proc.terminate()
+    raise TimeoutError(f"raypaged serve not healthy after 600 s; see {log}")
+
+
+def stop(proc) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def mode_flags(mode: str, ns, prefix_blocks: int) -> list[str]:
+    common = ["--max-model-len", str(ns.max_model_len),
+              "--route-prefix-blocks", str(prefix_blocks),
+              "--route-load-factor", str(ns.route_load_factor)]
+    if mode == "prefix_sweep":
+        mode = "prefix"
+    if mode == "single":  # one worker with the fleet's whole budget and CPUs
+        return ["--workers", "1", "--kv-context-len", str(2 * ns.kv_tokens), *common]
+    return ["--workers", "2", "--routing", mode, "--kv-context-len", str(ns.kv_tokens), *common]
+
+
+# -- main ------------------------------------------------------------------------------------
+COLUMNS = ["mode", "prefix_blocks", "requests", "failed", "request_throughput",
+           "output_throughput", "mean_ttft_ms", "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
+           "mean_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2e_ms", "p99_e2e_ms",
+           "prefix_hit_rate", "max_worker_share_over_mean"]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", help="benchmark this server instead of launching raypaged serve")
+    p.add_argument("--modes", default="prefix,round_robin,single")
+    p.add_argument("--sweep-prefix-blocks", default="",
+                   help="comma list: run the prefix mode once per --route-prefix-blocks value")
+    p.add_argument("--route-prefix-blocks", type=int, default=4)
+    p.add_argument("--route-load-factor", type=float, default=1.25)
+    p.add_argument("--dataset", choices=["random", "prefix_repetition"],
+                   default="prefix_repetition")
+    p.add_argument("--num-prompts", type=int, default=128)
+    p.add_argument("--max-concurrency", type=int, default=8)
+    p.add_argument("--request-rate", type=float, default=float("inf"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--input-len", type=int, nargs=2, default=(64, 512), help="random dataset")
+    p.add_argument("--output-len", type=int, default=16)
+    p.add_argument("--num-prefixes", type=int, default=16)
+    p.add_argument("--prefix-len", type=int, default=256)
+    p.add_argument("--suffix-len", type=int, default=32)
+    p.add_argument("--common-prefix-len", type=int, default=32)
+    p.add_argument("--kv-tokens", type=int, default=3072,
+                   help="KV cache per worker in tokens, when launching (the single worker gets "
+                        "twice this): less than all the prefixes, so where they go matters")
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--name", default="serve_bench", help="results file name")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    ns = parse_args(argv)
+    if ns.dataset == "random":
+        reqs = random_dataset(ns.num_prompts, tuple(ns.input_len), ns.output_len, ns.seed)
+    else:
+        reqs = prefix_repetition_dataset(ns.num_prompts, ns.num_prefixes, ns.prefix_len,
+                                         ns.suffix_len, ns.common_prefix_len, ns.output_len,
+                                         ns.seed)
+    runs = []
+    if ns.url:
+        runs.append({"mode": "url", **bench_url(ns.url, reqs, ns)})
+    else:
+        plan = [(m, ns.route_prefix_blocks) for m in ns.modes.split(",") if m]
+        plan += [("prefix_sweep", int(b)) for b in ns.sweep_prefix_blocks.split(",") if b]
+        for mode, blocks in plan:
+            log = Path(tempfile.gettempdir()) / f"{ns.name}_{mode}_{blocks}.log"
+            print(f"-- {mode} (route-prefix-blocks {blocks}): launching raypaged serve", flush=True)
+            proc, url = launch(mode_flags(mode, ns, blocks), log)
+            try:
+                runs.append({"mode": mode, "prefix_blocks": blocks, **bench_url(url, reqs, ns)})
+            finally:
+                stop(proc)
+            print(table(runs[-1:], COLUMNS), flush=True)
+    print()
+    print(table(runs, COLUMNS))
+    summary = targets(runs)
+    for line in summary["lines"]:
+        print(line)
+    workload = {k: v for k, v in vars(ns).items() if k not in ("url", "name")}
+    workload["request_rate"] = str(ns.request_rate)
+    path = write(ns.name, {"workload": workload, "runs": runs, "targets": summary["checks"]})
+    plot(runs, plot_path(ns.name))
+    print(f"wrote {path} and {plot_path(ns.name)}")
+    return 0
+
+
+def targets(runs: list[dict]) -> dict:
+    """The issue's targets on the shared-prefix workload, where the runs to compare exist."""
+    by = {r["mode"]: r for r in runs}
+    checks, lines = {}, []
+    if "prefix" in by and "single" in by and by["single"]["prefix_hit_rate"]:
+        ratio = by["prefix"]["prefix_hit_rate"] / by["single"]["prefix_hit_rate"]
+        checks["hit_rate_vs_single"] = ratio
+        lines.append(f"hit rate, prefix routing / single worker: {ratio:.2f} (target >= 0.9)")
+    if "prefix" in by and "round_robin" in by and by["prefix"]["mean_ttft_ms"]:
+        ratio = by["round_robin"]["mean_ttft_ms"] / by["prefix"]["mean_ttft_ms"]
+        checks["ttft_round_robin_over_prefix"] = ratio
+        lines.append(f"mean TTFT, round robin / prefix routing: {ratio:.2f}x (target >= 1.5)")
+    if "prefix" in by:
+        share = by["prefix"]["max_worker_share_over_mean"]
+        checks["prefix_max_worker_share_over_mean"] = share
+        lines.append(f"requests per worker with prefix routing, max / mean: {share:.2f} "
+                     f"(target <= 1.25): {by['prefix']['requests_per_worker']}")
+    return {"checks": checks, "lines": lines}
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [r["mode"] + (f"\n{r['prefix_blocks']} blk" if r.get("prefix_blocks") else "")
+              for r in runs]
+    panels = [("mean_ttft_ms", "mean TTFT (ms)"), ("p99_ttft_ms", "p99 TTFT (ms)"),
+              ("prefix_hit_rate", "fleet prefix-cache hit rate"),
+              ("output_throughput", "output tokens/s")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6))
+    for ax, (key, title) in zip(axes, panels):
+        ax.bar(labels, [r[key] for r in runs], color="#4c72b0")
+        ax.set_title(title, fontsize=10)
+        ax.tick_params(axis="x", labelsize=8)
+    fig.suptitle("raypaged serve: prefix routing vs round robin (shared-prefix workload)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""OpenAI response shapes: choices (whole or as stream deltas), logprobs, usage, SSE framing."""
+from __future__ import annotations
+
+import functools
+import json
+from typing import AsyncIterator
+
+from starlette.responses import StreamingResponse
+
+from raypaged.outputs import SequenceOutput
+
+
+class Choice:
+    """The accumulated output of one sample (all of it, or one stream chunk's worth)."""
+
+    def __init__(self):
+        self.text: list[str] = []
+        self.token_ids: list[int] = []
+        self.logprobs: list = []
+        self.finish_reason: str | None = None
+        self.stop_reason = None
+
+    def add(self, out: SequenceOutput) -> None:
+        self.text.append(out.new_text)
+        self.token_ids.extend(out.new_token_ids)
+        self.logprobs.extend(out.new_logprobs)
+        if out.finish_reason is not None:
+            self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
+
+
+class Shapes:
+    """Builds choice dicts; decodes single tokens for logprobs (cached: a vocabulary is small)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.token_text = functools.lru_cache(maxsize=65536)(self._decode_one)
+
+    def _decode_one(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def completion_choice(self, want_logprobs: bool, index: int, c: Choice,
+                          whole: bool = False) -> dict:
+        return {"index": index, "text": "".join(c.text),
+                "logprobs": self._completion_logprobs(c) if want_logprobs else None,
+                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+
+    def chat_choice(self, want_logprobs: bool, index: int, c: Choice, whole: bool = False) -> dict:
+        text = "".join(c.text)
+        logprobs = {"content": self._chat_logprobs(c)} if want_logprobs else None
+        if whole:
+            return {"index": index, "message": {"role": "assistant", "content": text},
+                    "logprobs": logprobs, "finish_reason": c.finish_reason,
+                    "stop_reason": c.stop_reason}
+        delta = {"content": text} if text or c.finish_reason is None else {}
+        return {"index": index, "delta": delta, "logprobs": logprobs,
+                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+
+    def _completion_logprobs(self, c: Choice) -> dict:
+        tokens, offsets, offset = [], [], 0
+        for lp in c.logprobs:
+            tokens.append(self.token_text(lp.token_id))
+            offsets.append(offset)
+            offset += len(tokens[-1])
+        return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in c.logprobs],
+                "top_logprobs": [{self.token_text(t): v for t, v in lp.top} for lp in c.logprobs],
+                "text_offset": offsets}
+
+    def _chat_logprobs(self, c: Choice) -> list[dict]:
+        def entry(token_id: int, logprob: float) -> dict:
+            text = self.token_text(token_id)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+        return [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+                for lp in c.logprobs]
+
+
+def usage(gens) -> dict:
+    prompt = sum(len(g.token_ids) for g in gens)
+    completion = sum(g.num_output_tokens for g in gens)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(g.num_cached_tokens for g in gens)}}
+
+
+def workers_header(gens) -> str:
+    return ",".join(dict.fromkeys(g.worker_id for g in gens))
+
+
+def sse_data(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def sse_response(events: AsyncIterator[str], headers: dict) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={**headers, "Cache-Control": "no-cache"})

@@ -1,0 +1,49 @@
+"""`raypaged serve` flags: they map onto the application's arguments, and a configuration that
+cannot work is refused before any Ray cluster starts."""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+from raypaged.serve.cli import add_serve_parser, serve_args_from
+from serve_testing import ROOT
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["serve", *argv])
+
+
+def test_defaults_bind_localhost_and_route_by_prefix():
+    ns = parse()
+    assert (ns.host, ns.port, ns.workers, ns.routing) == ("127.0.0.1", 8000, 1, "prefix")
+    config = serve_args_from(ns).to_config()
+    assert config.routing.load_factor == 1.25 and config.fleet.num_workers == 1
+
+
+def test_flags_map_onto_the_application_arguments():
+    ns = parse("--workers", "3", "--routing", "round_robin", "--route-prefix-blocks", "2",
+               "--route-load-factor", "1.5", "--api-key", "k", "--kv-memory-mb", "64",
+               "--max-model-len", "512", "--no-prefix-caching", "--cpus-per-worker", "2",
+               "--router-replicas", "2", "--max-queued-requests", "7")
+    config = serve_args_from(ns).to_config()
+    assert config.fleet.num_workers == 3 and config.fleet.cpus_per_worker == 2
+    assert config.fleet.max_queued_per_worker == 7 and config.router_replicas == 2
+    assert (config.routing.policy, config.routing.prefix_blocks, config.routing.load_factor) == (
+        "round_robin", 2, 1.5)
+    assert config.api_key == "k"
+    assert config.fleet.engine == {"dtype": "auto", "block_size": 16, "kv_memory_mb": 64.0,
+                                   "kv_dtype": "auto", "enable_prefix_caching": False,
+                                   "max_model_len": 512, "max_num_seqs": 256,
+                                   "max_num_batched_tokens": 2048, "enforce_eager": False}
+
+
+def test_a_kv_budget_that_cannot_hold_one_sequence_is_refused_before_ray_starts():
+    run = subprocess.run(
+        [sys.executable, "-c", "import sys; from raypaged.cli import main; sys.exit(main())",
+         "serve", "--kv-memory-mb", "1", "--max-model-len", "1024"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert "max_model_len" in run.stderr and "Started a local Ray" not in run.stderr
