@@ -27,8 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch_checks import check_paged_inputs
+
 LOG2E = 1.4426950408889634
-KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
 
 
 @triton.jit
@@ -158,16 +159,7 @@ def paged_prefill(query: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
     num_tokens, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, cache_head_dim = key_cache.shape
     num_seqs = seq_lens.shape[0]
-    assert query.dtype in (torch.float16, torch.bfloat16, torch.float32), query.dtype
-    assert query.stride(2) == 1, "query head_dim must be contiguous"
-    assert head_dim >= 16 and cache_head_dim == head_dim, (head_dim, cache_head_dim)
-    assert num_heads % num_kv_heads == 0, f"{num_heads} heads over {num_kv_heads} kv heads"
-    assert value_cache.shape == key_cache.shape and value_cache.dtype == key_cache.dtype
-    assert key_cache.dtype in KV_DTYPES, key_cache.dtype
-    assert key_cache.stride() == value_cache.stride() and key_cache.stride(3) == 1
-    assert block_tables.dtype == torch.int32 and block_tables.dim() == 2
-    assert block_tables.shape[0] == num_seqs and block_tables.stride(1) == 1
-    assert seq_lens.dtype == torch.int32 and seq_lens.is_contiguous()
+    check_paged_inputs(query, key_cache, value_cache, block_tables, seq_lens)
     assert query_start_loc.dtype == torch.int32 and query_start_loc.shape == (num_seqs + 1,)
     assert query_start_loc.is_contiguous()
     if out is None:
