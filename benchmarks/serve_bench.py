@@ -5,7 +5,8 @@ Against a running server:
         --num-prompts 100 --request-rate 4
 
 Comparison (the default): launches `raypaged serve` itself, one configuration after another, on
-the seeded shared-prefix workload, and prints one table:
+the seeded shared-prefix workload at a fixed offered load (Poisson, 1 request/s: latency is
+compared at equal load, not at saturation), and prints one table:
     prefix       --workers 2 --routing prefix
     round_robin  --workers 2 --routing round_robin
     single       --workers 1 with the fleet's whole KV budget (the hit-rate yardstick)
@@ -44,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from benchmarks.report import plot_path, table, write  # noqa: E402
+from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
 
 VOCAB = (100, 10_000)  # token ids drawn from here: inside every Llama-family vocabulary
 
@@ -137,7 +138,9 @@ async def run_load(url: str, model: str, reqs, max_concurrency: int | None,
 
 # -- metrics ---------------------------------------------------------------------------------
 def prefix_counters(url: str) -> tuple[float, float]:
-    text = httpx.get(f"{url}/metrics", timeout=30).text
+    r = httpx.get(f"{url}/metrics", timeout=30)
+    r.raise_for_status()
+    text = r.text
     totals = {"raypaged:prefix_cache_hits": 0.0, "raypaged:prefix_cache_queries": 0.0}
     for fam in text_string_to_metric_families(text):
         if fam.name in totals:
@@ -245,17 +248,18 @@ def parse_args(argv=None):
     p.add_argument("--route-load-factor", type=float, default=1.25)
     p.add_argument("--dataset", choices=["random", "prefix_repetition"],
                    default="prefix_repetition")
-    p.add_argument("--num-prompts", type=int, default=128)
-    p.add_argument("--max-concurrency", type=int, default=8)
-    p.add_argument("--request-rate", type=float, default=float("inf"))
+    p.add_argument("--num-prompts", type=int, default=96)
+    p.add_argument("--max-concurrency", type=int, default=16)
+    p.add_argument("--request-rate", type=float, default=1.0,
+                   help="Poisson arrivals per second (inf: all at once, up to max-concurrency)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--input-len", type=int, nargs=2, default=(64, 512), help="random dataset")
     p.add_argument("--output-len", type=int, default=16)
     p.add_argument("--num-prefixes", type=int, default=16)
-    p.add_argument("--prefix-len", type=int, default=256)
+    p.add_argument("--prefix-len", type=int, default=368)
     p.add_argument("--suffix-len", type=int, default=32)
     p.add_argument("--common-prefix-len", type=int, default=32)
-    p.add_argument("--kv-tokens", type=int, default=3072,
+    p.add_argument("--kv-tokens", type=int, default=4096,
                    help="KV cache per worker in tokens, when launching (the single worker gets "
                         "twice this): less than all the prefixes, so where they go matters")
     p.add_argument("--max-model-len", type=int, default=1024)
@@ -320,10 +324,9 @@ def targets(runs: list[dict]) -> dict:
 
 
 def plot(runs: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
+    if plt is None:
+        return
     labels = [r["mode"] + (f"\n{r['prefix_blocks']} blk" if r.get("prefix_blocks") else "")
               for r in runs]
     panels = [("mean_ttft_ms", "mean TTFT (ms)"), ("p99_ttft_ms", "p99 TTFT (ms)"),
