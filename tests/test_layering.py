@@ -75,3 +75,13 @@ def test_kernels_source_never_imports_raypaged():
     offenders = [p.name for p in (ROOT / "kernels").rglob("*.py")
                  if any(n.split(".")[0] == "raypaged" for n in imported_names(p))]
     assert offenders == []
+
+
+def test_every_source_package_is_listed_for_installation():
+    """A regular (non-editable) install ships only the packages pyproject lists; a new
+    subpackage missing there works in development and breaks in every image."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {".".join(p.relative_to(ROOT).parent.parts) for p in (ROOT / "raypaged").rglob("__init__.py")}
+    assert on_disk - listed == set()
