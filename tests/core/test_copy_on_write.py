@@ -1,7 +1,7 @@
 """n > 1 forks share every prompt block; the first divergent write copies one block each."""
 from raypaged.core.sampling_params import SamplingParams
 
-from conftest import make_engine, run_to_completion
+from core_engine import make_engine, run_to_completion
 from fake_runner import next_token
 
 

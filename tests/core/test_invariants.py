@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from raypaged.core.sampling_params import SamplingParams
 
-from conftest import make_engine
+from core_engine import make_engine
 
 NUM_BLOCKS = 24
 BLOCK_SIZE = 4

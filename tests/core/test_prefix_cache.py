@@ -1,7 +1,7 @@
 """Prefix caching through the engine: exact hit lengths and block ids (block_size 4)."""
 from raypaged.core.sampling_params import SamplingParams
 
-from conftest import make_engine, run_to_completion
+from core_engine import make_engine, run_to_completion
 
 SP = SamplingParams(temperature=0, max_tokens=2)
 

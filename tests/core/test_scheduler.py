@@ -6,7 +6,7 @@ import pytest
 from raypaged.core.request import RequestStatus
 from raypaged.core.sampling_params import SamplingParams
 
-from conftest import make_engine, run_to_completion
+from core_engine import make_engine, run_to_completion
 from fake_runner import next_token
 
 

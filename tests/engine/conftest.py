@@ -3,16 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time, in a small village by the sea,",
-    "List three primary colours:",
-    "The quick brown fox",
-    "Water boils at a temperature of",
-    "In 1969, the first humans to walk on the Moon were",
-    "A haiku about autumn leaves:\n",
-]
+from engine_prompts import PROMPTS
+
 
 
 @pytest.fixture(scope="session")

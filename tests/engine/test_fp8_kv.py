@@ -2,7 +2,7 @@
 from raypaged import LLM, SamplingParams
 from raypaged.core.contracts import ScheduledBatch, ScheduledRequest
 
-from conftest import PROMPTS
+from engine_prompts import PROMPTS
 
 
 def teacher_forced_top1(llm, ids, chunk=16):

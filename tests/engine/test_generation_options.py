@@ -3,7 +3,7 @@ import pytest
 
 from raypaged import SamplingParams
 
-from conftest import PROMPTS
+from engine_prompts import PROMPTS
 
 
 def greedy(llm, prompt, **kw):

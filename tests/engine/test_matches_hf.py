@@ -3,7 +3,7 @@ import pytest
 
 from raypaged import LLM, SamplingParams
 
-from conftest import PROMPTS
+from engine_prompts import PROMPTS
 
 GREEDY32 = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 

@@ -1,5 +1,4 @@
-import pytest
-
+"""Helpers for core tests: an EngineCore over the KV-simulating fake runner."""
 from raypaged.core.engine_core import EngineCore
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.scheduler import Scheduler
@@ -27,8 +26,3 @@ def run_to_completion(engine: EngineCore, max_steps: int = 100_000) -> dict[str,
             if d.finished:
                 finished.add(d.request_id)
     raise AssertionError("engine did not finish")
-
-
-@pytest.fixture
-def greedy():
-    return SamplingParams(temperature=0, max_tokens=8)
