@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from raypaged.engine_cli_args import add_engine_args, engine_args_from
+from raypaged.config import EngineArgs
+from raypaged.settings import add_cli_args, from_namespace
 
 
 def _generate(ns: argparse.Namespace) -> int:
@@ -13,7 +14,7 @@ def _generate(ns: argparse.Namespace) -> int:
     from raypaged.core.sampling_params import SamplingParams
     from raypaged.engine import build_engine
 
-    engine = build_engine(engine_args_from(ns))
+    engine = build_engine(from_namespace(EngineArgs, ns))
     tok = engine.tokenizer
     if ns.chat is None:  # instruct models answer questions best through their chat template
         ns.chat = bool(getattr(tok, "chat_template", None))
@@ -39,7 +40,7 @@ def _generate(ns: argparse.Namespace) -> int:
 def _plan(ns: argparse.Namespace) -> int:
     from raypaged.engine import plan_for
 
-    print(plan_for(engine_args_from(ns)).report())
+    print(plan_for(from_namespace(EngineArgs, ns)).report())
     return 0
 
 
@@ -55,11 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int)
-    add_engine_args(g)
+    add_cli_args(g, EngineArgs)
     g.set_defaults(func=_generate)
 
     pl = sub.add_parser("plan", help='print the "what fits" report for a model and KV budget')
-    add_engine_args(pl)
+    add_cli_args(pl, EngineArgs)
     pl.set_defaults(func=_plan)
 
     try:

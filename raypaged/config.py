@@ -7,56 +7,64 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from raypaged.settings import setting, validate
+
 BLOCK_SIZES = (8, 16, 32)
 KV_DTYPES = ("auto", "fp8_e4m3")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 CPU_DEFAULT_KV_MB = 2048         # a modest fixed budget: a CPU has no "free device memory" to share
 GPU_DEFAULT_KV_FRACTION = 0.9    # of device memory left after weights
 
 
+ENGINE = "model and KV cache"
+SCHEDULER = "scheduler and execution"
+
+
 @dataclass(frozen=True)
-class CacheConfig:
-    block_size: int = 16
-    # The KV budget: at most one of these; none = the device default (see plan_kv_cache).
-    kv_memory_mb: float | None = None
-    kv_memory_fraction: float | None = None
-    kv_context_len: int | None = None
-    kv_dtype: str = "auto"
-    enable_prefix_caching: bool = True
+class EngineArgs:
+    """Every engine setting, declared once (see raypaged.settings): `raypaged generate | plan |
+    serve` flags, the Serve application's arguments and `LLM(**kwargs)` all come from here."""
+
+    model: str | None = setting(
+        None, "local Hugging Face folder (config.json + safetensors); default: SmolLM2-135M-Instruct",
+        group=ENGINE)
+    dtype: str = setting("auto", "weights and activations; auto: bf16 on a GPU or a CPU with native "
+                         "bf16 matmuls, else fp32", group=ENGINE, choices=DTYPE_CHOICES)
+    block_size: int = setting(16, "tokens per KV block", group=ENGINE, choices=BLOCK_SIZES)
+    # The KV budget: at most one of these three; none = the device default (see plan_kv_cache).
+    kv_memory_mb: float | None = setting(None, "KV cache budget in MiB (CPU default: "
+                                         f"{CPU_DEFAULT_KV_MB})", group=ENGINE, gt=0)
+    kv_memory_fraction: float | None = setting(
+        None, "KV budget as a fraction of free GPU memory after weights (GPU default: "
+        f"{GPU_DEFAULT_KV_FRACTION})", group=ENGINE, gt=0, le=1)
+    kv_context_len: int | None = setting(None, "size the pool to hold this many tokens",
+                                         group=ENGINE, ge=1)
+    kv_dtype: str = setting("auto", "KV cache element type; fp8_e4m3 halves KV memory (with a "
+                            "per-tensor scale)", group=ENGINE, choices=KV_DTYPES)
+    enable_prefix_caching: bool = setting(True, "reuse cached KV blocks of shared prompt prefixes",
+                                          group=ENGINE)
+    max_model_len: int | None = setting(None, "longest prompt + output (default: the model's)",
+                                        group=SCHEDULER, ge=1)
+    max_num_seqs: int = setting(256, "sequences running at once", group=SCHEDULER, ge=1)
+    max_num_batched_tokens: int = setting(
+        2048, "per-step token budget; longer prompts are prefilled in chunks", group=SCHEDULER, ge=1)
+    attention_backend: str | None = setting(None, "default: triton on CUDA, torch elsewhere",
+                                            group=SCHEDULER, choices=("torch", "triton"))
+    enforce_eager: bool = setting(False, "no CUDA graphs", group=SCHEDULER)
+    device: str | None = setting(None, "torch device; default: cuda if available, else cpu",
+                                 group=SCHEDULER, cli=False, serve=False)
+    num_threads: int | None = setting(
+        None, "torch CPU threads (serve default: the worker's CPUs)", group=SCHEDULER, ge=1)
+    seed: int = setting(0, "the sampler's seed for requests that give none", group=SCHEDULER,
+                        cli=False, serve=False)
 
     def __post_init__(self) -> None:
-        if self.block_size not in BLOCK_SIZES:
-            raise ValueError(f"block_size must be one of {list(BLOCK_SIZES)}, got {self.block_size!r}")
-        budgets = {k: v for k, v in (("kv_memory_mb", self.kv_memory_mb),
-                                     ("kv_memory_fraction", self.kv_memory_fraction),
-                                     ("kv_context_len", self.kv_context_len)) if v is not None}
+        validate(self)
+        budgets = [k for k in ("kv_memory_mb", "kv_memory_fraction", "kv_context_len")
+                   if getattr(self, k) is not None]
         if len(budgets) > 1:
             raise ValueError(f"set at most one KV budget, got {sorted(budgets)}: "
                              "use kv_memory_mb, kv_memory_fraction or kv_context_len")
-        if self.kv_memory_mb is not None and not self.kv_memory_mb > 0:
-            raise ValueError(f"kv_memory_mb must be > 0, got {self.kv_memory_mb!r}")
-        if self.kv_memory_fraction is not None and not 0 < self.kv_memory_fraction <= 1:
-            raise ValueError(f"kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction!r}")
-        if self.kv_context_len is not None and (not isinstance(self.kv_context_len, int)
-                                                or self.kv_context_len < 1):
-            raise ValueError(f"kv_context_len must be a positive integer, got {self.kv_context_len!r}")
-        if self.kv_dtype not in KV_DTYPES:
-            raise ValueError(f"kv_dtype must be one of {list(KV_DTYPES)}, got {self.kv_dtype!r}")
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048  # per-step token budget; longer prompts are chunked
-    max_model_len: int | None = None    # None = the model's own limit
-
-    def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.max_model_len is not None and (not isinstance(self.max_model_len, int)
-                                               or self.max_model_len < 1):
-            raise ValueError(f"max_model_len must be a positive integer, got {self.max_model_len!r}")
 
 
 @dataclass(frozen=True)
@@ -112,7 +120,7 @@ class KVPlan:
         ])
 
 
-def plan_kv_cache(shape: KVShape, cache: CacheConfig, max_model_len: int,
+def plan_kv_cache(shape: KVShape, cache: EngineArgs, max_model_len: int,
                   free_device_bytes: int | None) -> KVPlan:
     """Size the block pool. `free_device_bytes` is memory left after weights (None on a CPU).
 

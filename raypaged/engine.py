@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from raypaged.config import CacheConfig, KVPlan, KVShape, SchedulerConfig, plan_kv_cache
+from raypaged.config import EngineArgs, KVPlan, KVShape, plan_kv_cache
 from raypaged.core.contracts import EngineStats, RequestDelta
 from raypaged.core.engine_core import EngineCore
 from raypaged.core.sampling_params import SamplingParams
@@ -21,33 +20,6 @@ from raypaged.detokenizer import IncrementalDetokenizer
 from raypaged.outputs import SequenceOutput
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class EngineArgs:
-    model: str | None = None           # a local HF folder; None = the default SmolLM2-135M-Instruct
-    dtype: str = "auto"
-    block_size: int = 16
-    kv_memory_mb: float | None = None
-    kv_memory_fraction: float | None = None
-    kv_context_len: int | None = None
-    kv_dtype: str = "auto"
-    enable_prefix_caching: bool = True
-    max_model_len: int | None = None
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    attention_backend: str | None = None  # None: triton on CUDA, torch elsewhere
-    enforce_eager: bool = False
-    device: str | None = None           # None: cuda if available, else cpu
-    num_threads: int | None = None      # torch CPU threads
-    seed: int = 0
-
-    def cache_config(self) -> CacheConfig:
-        return CacheConfig(self.block_size, self.kv_memory_mb, self.kv_memory_fraction,
-                           self.kv_context_len, self.kv_dtype, self.enable_prefix_caching)
-
-    def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len)
 
 
 def resolve_model_dir(model: str | None) -> Path:
@@ -98,8 +70,8 @@ def plan_for(args: EngineArgs) -> KVPlan:
     if device.type == "cuda":
         weight_bytes = sum(f.stat().st_size for f in resolve_model_dir(args.model).glob("*.safetensors"))
         free = torch.cuda.mem_get_info(device)[0] - weight_bytes
-    max_len = resolve_max_model_len(args.scheduler_config().max_model_len, config.max_model_len)
-    return plan_kv_cache(shape, args.cache_config(), max_len, free)
+    max_len = resolve_max_model_len(args.max_model_len, config.max_model_len)
+    return plan_kv_cache(shape, args, max_len, free)
 
 
 class _Sequence:
@@ -178,7 +150,7 @@ class Engine:
     def _forget(self, seq_id: str, request_id: str) -> None:
         del self._seqs[seq_id]
         if not any(s.request_id == request_id for s in self._seqs.values()) \
-                and request_id not in self.core.scheduler.children:
+                and not self.core.has_samples(request_id):
             self._prompts.pop(request_id, None)
 
     def abort(self, request_id: str) -> list[SequenceOutput]:
@@ -198,7 +170,6 @@ def build_engine(args: EngineArgs) -> Engine:
 
     from raypaged.model.loader import load_model
 
-    args.cache_config(), args.scheduler_config()  # validate before the slow part
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     model_dir = resolve_model_dir(args.model)
@@ -219,28 +190,27 @@ def assemble_core(model, mcfg, args: EngineArgs, device: torch.device):
     from raypaged.model.runner import ModelRunner
     from raypaged.model.sampler import Sampler
 
-    cache_cfg, sched_cfg = args.cache_config(), args.scheduler_config()
     dtype = next(model.parameters()).dtype
-    elem = allocate_kv_caches(mcfg, 1, cache_cfg.block_size, dtype, cache_cfg.kv_dtype,
+    elem = allocate_kv_caches(mcfg, 1, args.block_size, dtype, args.kv_dtype,
                               "meta")[0].key.element_size()
     shape = KVShape(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, elem)
-    max_len = resolve_max_model_len(sched_cfg.max_model_len, mcfg.max_model_len)
+    max_len = resolve_max_model_len(args.max_model_len, mcfg.max_model_len)
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
-    plan = plan_kv_cache(shape, cache_cfg, max_len, free)
-    kv_caches = allocate_kv_caches(mcfg, plan.num_blocks, cache_cfg.block_size, dtype,
-                                   cache_cfg.kv_dtype, device)
+    plan = plan_kv_cache(shape, args, max_len, free)
+    kv_caches = allocate_kv_caches(mcfg, plan.num_blocks, args.block_size, dtype,
+                                   args.kv_dtype, device)
     if model.backend.name == "triton":
         # size the split-K workspace for this engine's batch; a fixed split rule (from
         # max_model_len) keeps decode launches identical between graph capture and replay
         from raypaged.model.attention.triton_backend import TritonAttentionBackend
-        model.backend = TritonAttentionBackend(max_num_seqs=sched_cfg.max_num_seqs, max_model_len=max_len)
+        model.backend = TritonAttentionBackend(max_num_seqs=args.max_num_seqs, max_model_len=max_len)
     graphs = None
     if device.type == "cuda" and not args.enforce_eager and model.backend.name == "triton":
-        graphs = CudaGraphDecoder(model, kv_caches, sched_cfg.max_num_seqs, max_len,
-                                  cache_cfg.block_size, device)
+        graphs = CudaGraphDecoder(model, kv_caches, args.max_num_seqs, max_len,
+                                  args.block_size, device)
         if not graphs.capture():
             graphs = None
-    runner = ModelRunner(model, kv_caches, cache_cfg.block_size, device, Sampler(args.seed), graphs)
-    scheduler = Scheduler(plan.num_blocks, cache_cfg.block_size, max_len, sched_cfg.max_num_seqs,
-                          sched_cfg.max_num_batched_tokens, cache_cfg.enable_prefix_caching)
+    runner = ModelRunner(model, kv_caches, args.block_size, device, Sampler(args.seed), graphs)
+    scheduler = Scheduler(plan.num_blocks, args.block_size, max_len, args.max_num_seqs,
+                          args.max_num_batched_tokens, args.enable_prefix_caching)
     return EngineCore(scheduler, runner), plan, runner

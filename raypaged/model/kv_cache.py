@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from raypaged.config import KV_DTYPES
 from raypaged.model.attention.base import LayerKVCache
 from raypaged.model.model_config import ModelConfig
 
-KV_DTYPES = ("auto", "fp8_e4m3")
 
 
 def kv_storage_dtype(dtype: torch.dtype, kv_dtype: str) -> torch.dtype:

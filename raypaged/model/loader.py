@@ -14,12 +14,12 @@ from typing import Iterator
 import torch
 from safetensors import safe_open
 
+from raypaged.config import DTYPE_CHOICES
 from raypaged.model.attention import get_attention_backend
 from raypaged.model.llama import LlamaModel
 from raypaged.model.model_config import ModelConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DTYPE_CHOICES = ("auto", *DTYPES)
 INDEX_FILE = "model.safetensors.index.json"
 
 

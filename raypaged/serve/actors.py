@@ -12,7 +12,7 @@ import re
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
-from raypaged.serve.config import FleetConfig, ServeArgs
+from raypaged.serve.config import POLL_INTERVAL_S, POLL_TIMEOUT_S, ServeArgs, ServeOptions
 from raypaged.serve.controller import Controller, WorkerDown
 from raypaged.serve.fleet import DEAD, RESTARTING
 from raypaged.serve.worker import Worker, WorkerStats
@@ -22,25 +22,24 @@ logger = logging.getLogger(__name__)
 DEFAULT_ENGINE_FACTORY = "raypaged.engine:build_engine"
 
 
-def build_engine_from(engine_kwargs: dict, factory: str | None, num_threads: int | None):
+def build_engine_from(engine_kwargs: dict, factory: str | None):
     """Import and call the engine factory: `raypaged.engine:build_engine(EngineArgs(...))` by
     default; tests pass their own `module:function` taking the kwargs dict."""
     if factory and factory != DEFAULT_ENGINE_FACTORY:
         module, _, name = factory.partition(":")
         return getattr(importlib.import_module(module), name)(engine_kwargs)
     from raypaged.engine import EngineArgs, build_engine
-    return build_engine(EngineArgs(**engine_kwargs, num_threads=num_threads))
+    return build_engine(EngineArgs(**engine_kwargs))
 
 
 @ray.remote
 class WorkerActor(Worker):
-    def __init__(self, engine_kwargs: dict, worker_id: str, num_threads: int | None,
-                 max_queued: int, engine_factory: str | None = None):
-        if num_threads:
+    def __init__(self, engine_kwargs: dict, worker_id: str, max_queued: int,
+                 engine_factory: str | None = None):
+        if engine_kwargs.get("num_threads"):
             import torch  # only workers pay for torch; routers and the controller never do
-            torch.set_num_threads(num_threads)
-        super().__init__(build_engine_from(engine_kwargs, engine_factory, num_threads),
-                         worker_id, max_queued)
+            torch.set_num_threads(engine_kwargs["num_threads"])
+        super().__init__(build_engine_from(engine_kwargs, engine_factory), worker_id, max_queued)
 
 
 async def probe_worker(handle) -> WorkerStats:
@@ -59,7 +58,7 @@ def last_error_line(text: str) -> str:
     return errors[-1] if errors else (lines[0] if lines else text)
 
 
-def worker_resources(fleet: FleetConfig) -> tuple[float, float]:
+def worker_resources(fleet: ServeOptions) -> tuple[float, float]:
     """(num_cpus, num_gpus) per worker: one GPU each when the cluster has GPUs, else its CPUs
     shared evenly (at least one each)."""
     total = ray.cluster_resources()
@@ -68,25 +67,24 @@ def worker_resources(fleet: FleetConfig) -> tuple[float, float]:
         gpus = 1.0 if total.get("GPU", 0) >= 1 else 0.0
     cpus = fleet.cpus_per_worker
     if cpus is None:
-        cpus = 1.0 if gpus else max(1.0, float(int(total.get("CPU", 1) // fleet.num_workers)))
+        cpus = 1.0 if gpus else max(1.0, float(int(total.get("CPU", 1) // fleet.workers)))
     return cpus, gpus
 
 
 @ray.remote
 class ControllerActor(Controller):
     def __init__(self, args: dict):
-        config = ServeArgs(**args).to_config()
-        fleet = config.fleet
+        fleet, engine = ServeArgs(**args).split()
         cpus, gpus = worker_resources(fleet)
-        threads = fleet.num_threads or (None if gpus else max(1, int(cpus)))
+        threads = engine.get("num_threads") or (None if gpus else max(1, int(cpus)))
+        engine = {**engine, "num_threads": threads} if threads else engine
         workers = []
-        for i in range(fleet.num_workers):
+        for i in range(fleet.workers):
             worker_id = f"worker-{i}"
             handle = WorkerActor.options(
                 num_cpus=cpus, num_gpus=gpus, max_restarts=-1, max_task_retries=0,
                 scheduling_strategy="SPREAD",
-            ).remote(fleet.engine, worker_id, threads, fleet.max_queued_per_worker,
-                     fleet.engine_factory)
+            ).remote(engine, worker_id, fleet.max_queued_requests, fleet.engine_factory)
             workers.append((worker_id, handle))
-        logger.info("started %d workers (%s CPU, %s GPU each)", fleet.num_workers, cpus, gpus)
-        super().__init__(workers, probe_worker, fleet.poll_interval_s, fleet.poll_timeout_s)
+        logger.info("started %d workers (%s CPU, %s GPU each)", fleet.workers, cpus, gpus)
+        super().__init__(workers, probe_worker, POLL_INTERVAL_S, POLL_TIMEOUT_S)

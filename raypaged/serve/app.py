@@ -18,7 +18,8 @@ from ray import serve
 from ray.serve.config import DeploymentActorConfig
 
 from raypaged.serve.actors import ControllerActor
-from raypaged.serve.config import ServeArgs
+from raypaged.serve.config import (MAX_N, ROUTER_MAX_ONGOING_REQUESTS, SNAPSHOT_INTERVAL_S,
+                                   ServeArgs)
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
 from raypaged.serve.generation import Dispatcher
 from raypaged.serve.http_app import build_http_app
@@ -43,11 +44,11 @@ async def resolve_controller():
 @serve.ingress()
 class OpenAIRouter:
     async def __init__(self, args: dict):
-        self.config = ServeArgs(**args).to_config()
+        self.config, _ = ServeArgs(**args).split()
         self.metrics = RequestMetrics()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.fleet = RayFleetClient(resolve_controller, self.replica_id, self.metrics,
-                                    refresh_s=self.config.snapshot_interval_s)
+                                    refresh_s=SNAPSHOT_INTERVAL_S)
         snapshot = await self.fleet.start()
         worker = snapshot.ready()[0]
         tokenizer = await worker.handle.get_tokenizer.remote()
@@ -55,9 +56,9 @@ class OpenAIRouter:
         self.info = ModelInfo(name=self.config.served_model_name or stats.model_name,
                               max_model_len=stats.max_model_len, vocab_size=len(tokenizer),
                               created=int(time.time()))
-        dispatcher = Dispatcher(self.fleet, Router(self.config.routing, stats.block_size),
+        dispatcher = Dispatcher(self.fleet, Router(self.config, stats.block_size),
                                 self.metrics)
-        self.frontend = OpenAIFrontend(dispatcher, tokenizer, self.info, self.config.max_n)
+        self.frontend = OpenAIFrontend(dispatcher, tokenizer, self.info, MAX_N)
         logger.info("router %s ready: model %s, max_model_len %d, %d workers ready",
                     self.replica_id, self.info.name, self.info.max_model_len,
                     len(snapshot.ready()))
@@ -104,13 +105,13 @@ def deployment_failure(app_name: str) -> str:
 def build_app(args: dict | ServeArgs | None = None):
     """Serve application builder (also the target of `import_path` in Serve config files)."""
     sargs = args if isinstance(args, ServeArgs) else ServeArgs(**(args or {}))
-    cfg = sargs.to_config()
+    options, _ = sargs.split()
     plain = sargs.model_dump()
     deployment = serve.deployment(
         OpenAIRouter,
         name="OpenAIRouter",
-        num_replicas=cfg.router_replicas,
-        max_ongoing_requests=cfg.router_max_ongoing_requests,
+        num_replicas=options.router_replicas,
+        max_ongoing_requests=ROUTER_MAX_ONGOING_REQUESTS,
         ray_actor_options={"num_cpus": 0},
         deployment_actors=[DeploymentActorConfig(
             name=CONTROLLER, actor_class=ControllerActor, init_kwargs={"args": plain},

@@ -13,66 +13,38 @@ import signal
 import sys
 import time
 
-from raypaged.serve.config import DEFAULT_ROUTE_PREFIX_BLOCKS, ServeArgs
+from raypaged.config import EngineArgs
+from raypaged.serve.config import ServeArgs, ServeOptions
+from raypaged.settings import add_cli_args, from_namespace
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
-    from raypaged.engine_cli_args import add_engine_args
-
     p = subparsers.add_parser(
         "serve", help="serve an OpenAI-compatible API from a fleet of workers on Ray",
         description="Serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions, "
                     "/v1/models, /health, /metrics) from a fleet of workers on Ray, routing "
                     "requests that share a prompt prefix to the worker that caches it.")
+    # Flags of this command alone: where to listen and which cluster to use. Everything else is
+    # an application argument (ServeOptions, EngineArgs), the same as in a Serve config file.
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
     g.add_argument("--port", type=int, default=8000)
-    g.add_argument("--api-key", default=os.environ.get("RAYPAGED_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' (default: $RAYPAGED_API_KEY; "
-                        "/health and /metrics stay open)")
-    g.add_argument("--served-model-name", help="the model name clients send (default: the model's)")
-    g.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024,
-                   help="larger request bodies get 413 (default: 8 MiB)")
     r = p.add_argument_group("Ray and the fleet")
     r.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
                    help="Ray cluster to join (default: $RAY_ADDRESS, else start a local one)")
     r.add_argument("--num-cpus", type=int, help="CPUs of a local Ray cluster (default: all)")
-    r.add_argument("--app-name", default="raypaged", help="Serve application name")
-    r.add_argument("--workers", type=int, default=1,
-                   help="engine workers (one per GPU on a GPU cluster; default: %(default)s)")
-    r.add_argument("--cpus-per-worker", type=float,
-                   help="CPUs per worker, and its torch threads (default: CPUs / workers)")
-    r.add_argument("--gpus-per-worker", type=float, help="default: 1 when the cluster has GPUs")
-    r.add_argument("--router-replicas", type=int, default=1, help="HTTP router replicas")
-    r.add_argument("--max-queued-requests", type=int, default=1024,
-                   help="per worker, beyond the running ones; then 503 + Retry-After")
-    t = p.add_argument_group("routing")
-    t.add_argument("--routing", choices=["prefix", "round_robin"], default="prefix",
-                   help="prefix: rendezvous hashing on the prompt's first blocks (default)")
-    t.add_argument("--route-prefix-blocks", type=int, default=DEFAULT_ROUTE_PREFIX_BLOCKS,
-                   help="prompt blocks hashed into the routing key (default: %(default)s)")
-    t.add_argument("--route-load-factor", type=float, default=1.25,
-                   help="a worker above this x the mean load passes a request on (default: 1.25)")
-    add_engine_args(p)
+    add_cli_args(p, ServeOptions)
+    add_cli_args(p, EngineArgs)
     p.set_defaults(func=run_serve)
     return p
 
 
 def serve_args_from(ns: argparse.Namespace) -> ServeArgs:
-    return ServeArgs(
-        app_name=ns.app_name, workers=ns.workers, cpus_per_worker=ns.cpus_per_worker,
-        gpus_per_worker=ns.gpus_per_worker, routing=ns.routing,
-        route_prefix_blocks=ns.route_prefix_blocks, route_load_factor=ns.route_load_factor,
-        router_replicas=ns.router_replicas, api_key=ns.api_key,
-        served_model_name=ns.served_model_name, max_request_bytes=ns.max_request_bytes,
-        max_queued_requests=ns.max_queued_requests, num_threads=ns.num_threads,
-        model=os.path.abspath(os.path.expanduser(ns.model)) if ns.model else None,
-        dtype=ns.dtype, block_size=ns.block_size, kv_memory_mb=ns.kv_memory_mb,
-        kv_memory_fraction=ns.kv_memory_fraction, kv_context_len=ns.kv_context_len,
-        kv_dtype=ns.kv_dtype, enable_prefix_caching=not ns.no_prefix_caching,
-        max_model_len=ns.max_model_len, max_num_seqs=ns.max_num_seqs,
-        max_num_batched_tokens=ns.max_num_batched_tokens,
-        attention_backend=ns.attention_backend, enforce_eager=ns.enforce_eager)
+    values = {name: getattr(ns, name) for name in ServeArgs.model_fields if hasattr(ns, name)}
+    if values.get("model"):  # workers may run in another directory, or on another node
+        values["model"] = os.path.abspath(os.path.expanduser(values["model"]))
+    values["api_key"] = values.get("api_key") or os.environ.get("RAYPAGED_API_KEY")
+    return ServeArgs(**values)
 
 
 def run_serve(ns: argparse.Namespace) -> int:
@@ -87,8 +59,7 @@ def run_serve(ns: argparse.Namespace) -> int:
         # Size the KV cache here first: a budget or max_model_len that cannot work fails now,
         # with the engine's reason, instead of in every worker.
         from raypaged.engine import plan_for
-        from raypaged.engine_cli_args import engine_args_from
-        plan_for(engine_args_from(ns))
+        plan_for(from_namespace(EngineArgs, ns))
         ray.init(num_cpus=ns.num_cpus or os.cpu_count(), include_dashboard=False,
                  namespace="raypaged")
     else:

@@ -20,7 +20,7 @@ import math
 from typing import Mapping, Sequence
 
 from raypaged.core.block_hash import BlockHash, hash_block, hash_block_tokens, salt_key
-from raypaged.serve.config import RoutingConfig
+from raypaged.serve.config import ServeOptions
 
 AFFINITY, LOAD_BOUND, ROUND_ROBIN = "affinity", "load_bound", "round_robin"
 
@@ -50,7 +50,7 @@ def bounded_choice(order: Sequence[str], loads: Mapping[str, float], load_factor
 class Router:
     """Ranks the ready workers for one request; the first is the choice, the rest are fallbacks."""
 
-    def __init__(self, config: RoutingConfig, block_size: int):
+    def __init__(self, config: ServeOptions, block_size: int):
         self.config = config
         self.block_size = block_size
         self._turn = itertools.count()
@@ -61,11 +61,11 @@ class Router:
         worker_ids = sorted(loads)
         if not worker_ids:
             return [], ""
-        if self.config.policy == "round_robin":
+        if self.config.routing == "round_robin":
             start = next(self._turn) % len(worker_ids)
             return worker_ids[start:] + worker_ids[:start], ROUND_ROBIN
-        key = routing_key(token_ids, self.block_size, self.config.prefix_blocks, cache_salt)
+        key = routing_key(token_ids, self.block_size, self.config.route_prefix_blocks, cache_salt)
         order = rendezvous_order(key, worker_ids)
-        pick = bounded_choice(order, loads, self.config.load_factor)
+        pick = bounded_choice(order, loads, self.config.route_load_factor)
         reason = AFFINITY if pick == 0 else LOAD_BOUND
         return [order[pick], *order[:pick], *order[pick + 1:]], reason

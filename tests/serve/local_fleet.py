@@ -7,7 +7,7 @@ import itertools
 import httpx
 
 from fake_engine import FakeEngine
-from raypaged.serve.config import RoutingConfig
+from raypaged.serve.config import ServeOptions
 from raypaged.serve.fleet import READY, FleetSnapshot, WorkerView
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
 from raypaged.serve.generation import Dispatcher, WorkerUnavailable
@@ -55,7 +55,7 @@ def local_app(fleet: LocalFleet, api_key: str | None = None, max_request_bytes: 
     metrics = RequestMetrics()
     engine = next(iter(fleet.workers.values())).engine
     info = ModelInfo("fake-model", engine.max_model_len, len(engine.tokenizer), 0)
-    dispatcher = Dispatcher(fleet, Router(RoutingConfig(), engine.block_size), metrics)
+    dispatcher = Dispatcher(fleet, Router(ServeOptions(), engine.block_size), metrics)
     frontend = OpenAIFrontend(dispatcher, engine.tokenizer, info)
     app = build_http_app(frontend, fleet.snapshot, metrics,
                          lambda: render(fleet.snapshot(), metrics.snapshot(), info.name),

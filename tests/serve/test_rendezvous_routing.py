@@ -4,7 +4,7 @@ from __future__ import annotations
 import collections
 
 from raypaged.core.block_hash import hash_block_tokens
-from raypaged.serve.config import RoutingConfig
+from raypaged.serve.config import ServeOptions
 from raypaged.serve.routing import (AFFINITY, LOAD_BOUND, ROUND_ROBIN, Router, bounded_choice,
                                     rendezvous_order, routing_key)
 
@@ -54,7 +54,7 @@ def test_load_bound_passes_the_request_on_above_factor_times_mean():
 
 
 def test_a_hot_key_fills_its_worker_up_to_the_bound_then_spills_in_its_own_order():
-    router = Router(RoutingConfig("prefix", 4, 1.25), block_size=16)
+    router = Router(ServeOptions(routing="prefix", route_prefix_blocks=4, route_load_factor=1.25), block_size=16)
     tokens = list(range(80))
     loads = idle(["worker-0", "worker-1"])
     picks = []
@@ -69,7 +69,7 @@ def test_a_hot_key_fills_its_worker_up_to_the_bound_then_spills_in_its_own_order
 
 
 def test_the_ranking_lists_every_candidate_once_choice_first():
-    router = Router(RoutingConfig("prefix", 4, 1.25), block_size=16)
+    router = Router(ServeOptions(routing="prefix", route_prefix_blocks=4, route_load_factor=1.25), block_size=16)
     loads = {"worker-0": 9, "worker-1": 0, "worker-2": 0}
     order, reason = router.rank(list(range(70)), None, loads)
     assert sorted(order) == sorted(loads) and reason in (AFFINITY, LOAD_BOUND)
@@ -77,11 +77,11 @@ def test_the_ranking_lists_every_candidate_once_choice_first():
 
 
 def test_round_robin_cycles_and_ignores_the_prompt():
-    router = Router(RoutingConfig("round_robin"), block_size=16)
+    router = Router(ServeOptions(routing="round_robin"), block_size=16)
     firsts = [router.rank([1] * 40, None, idle(WORKERS[:3]))[0][0] for _ in range(6)]
     assert firsts == ["worker-0", "worker-1", "worker-2"] * 2
     assert router.rank([1], None, idle())[1] == ROUND_ROBIN
 
 
 def test_no_candidates_gives_an_empty_ranking():
-    assert Router(RoutingConfig(), 16).rank([1, 2], None, {}) == ([], "")
+    assert Router(ServeOptions(), 16).rank([1, 2], None, {}) == ([], "")

@@ -19,22 +19,22 @@ def parse(*argv: str) -> argparse.Namespace:
 def test_defaults_bind_localhost_and_route_by_prefix():
     ns = parse()
     assert (ns.host, ns.port, ns.workers, ns.routing) == ("127.0.0.1", 8000, 1, "prefix")
-    config = serve_args_from(ns).to_config()
-    assert config.routing.load_factor == 1.25 and config.fleet.num_workers == 1
+    options, _ = serve_args_from(ns).split()
+    assert options.route_load_factor == 1.25 and options.workers == 1
 
 
 def test_flags_map_onto_the_application_arguments():
     ns = parse("--workers", "3", "--routing", "round_robin", "--route-prefix-blocks", "2",
                "--route-load-factor", "1.5", "--api-key", "k", "--kv-memory-mb", "64",
-               "--max-model-len", "512", "--no-prefix-caching", "--cpus-per-worker", "2",
+               "--max-model-len", "512", "--no-enable-prefix-caching", "--cpus-per-worker", "2",
                "--router-replicas", "2", "--max-queued-requests", "7")
-    config = serve_args_from(ns).to_config()
-    assert config.fleet.num_workers == 3 and config.fleet.cpus_per_worker == 2
-    assert config.fleet.max_queued_per_worker == 7 and config.router_replicas == 2
-    assert (config.routing.policy, config.routing.prefix_blocks, config.routing.load_factor) == (
+    options, engine = serve_args_from(ns).split()
+    assert options.workers == 3 and options.cpus_per_worker == 2
+    assert options.max_queued_requests == 7 and options.router_replicas == 2
+    assert (options.routing, options.route_prefix_blocks, options.route_load_factor) == (
         "round_robin", 2, 1.5)
-    assert config.api_key == "k"
-    assert config.fleet.engine == {"dtype": "auto", "block_size": 16, "kv_memory_mb": 64.0,
+    assert options.api_key == "k"
+    assert engine == {"dtype": "auto", "block_size": 16, "kv_memory_mb": 64.0,
                                    "kv_dtype": "auto", "enable_prefix_caching": False,
                                    "max_model_len": 512, "max_num_seqs": 256,
                                    "max_num_batched_tokens": 2048, "enforce_eager": False}

@@ -1,0 +1,146 @@
+"""One definition per setting: a dataclass field carries its default, bounds, choices and help.
+
+vLLM's `EngineArgs` and SGLang's `ServerArgs` work this way: the settings classes
+(`raypaged.config.EngineArgs`, `raypaged.serve.config.ServeOptions`) declare each field once with
+`setting(...)`, and everything else is derived by walking the fields:
+
+    setting(...) ──> validate()          the frozen dataclass checks itself in __post_init__
+                 ──> add_cli_args()      argparse flags (--kv-memory-mb, --enforce-eager/--no-...)
+                 ──> from_namespace()    flags back into the dataclass
+                 ──> pydantic_fields()   the Serve YAML / HTTP-edge arguments model
+
+A new setting is one `setting(...)` line plus its test. Stdlib only: core and the router import
+this without torch.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import typing
+from dataclasses import field
+from typing import Any
+
+
+def setting(default: Any, help: str, *, group: str, choices: tuple | None = None,
+            ge: float | None = None, gt: float | None = None, le: float | None = None,
+            cli: bool = True, serve: bool = True) -> Any:
+    """A dataclass field with what every front end needs to know about it.
+
+    `cli=False`: no command-line flag (set in Python or YAML only); `serve=False`: not an argument
+    of the Serve application (the fleet decides it, e.g. the device).
+    """
+    return field(default=default, metadata={
+        "help": help, "group": group, "choices": choices, "ge": ge, "gt": gt, "le": le,
+        "cli": cli, "serve": serve})
+
+
+def settings_of(cls) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
+
+
+def _base_type(cls, f: dataclasses.Field) -> tuple[type, bool]:
+    """(int | float | bool | str, whether None is allowed) from the field's annotation."""
+    hint = typing.get_type_hints(cls)[f.name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    return args[0], type(None) in typing.get_args(hint)
+
+
+def _bounds_text(m: dict, kind: type) -> str:
+    if kind is int and m["ge"] == 1 and m["le"] is None:
+        return "a positive integer"
+    noun = "an integer " if kind is int else ""
+    if m["gt"] is not None and m["le"] is not None:
+        return f"in ({m['gt']:g}, {m['le']:g}]"
+    if m["ge"] is not None and m["le"] is not None:
+        return f"{noun}in [{m['ge']:g}, {m['le']:g}]"
+    if m["gt"] is not None:
+        return f"{noun}> {m['gt']:g}"
+    if m["ge"] is not None:
+        return f"{noun}>= {m['ge']:g}"
+    return "an integer" if kind is int else "a number"
+
+
+def validate(obj) -> None:
+    """Check every setting of a settings dataclass instance; the error names it and the fix."""
+    cls = type(obj)
+    for f in settings_of(cls):
+        value, m = getattr(obj, f.name), f.metadata
+        kind, optional = _base_type(cls, f)
+        if value is None:
+            if optional:
+                continue
+            raise ValueError(f"{f.name} must be set (got None)")
+        if m["choices"] is not None:
+            if value not in m["choices"]:
+                raise ValueError(f"{f.name} must be one of {list(m['choices'])}, got {value!r}")
+            continue
+        if kind is bool:
+            ok = isinstance(value, bool)
+        elif kind is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif kind is float:
+            ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+                  and math.isfinite(value))
+        else:
+            ok = isinstance(value, kind)
+        if ok and kind in (int, float):
+            ok = ((m["ge"] is None or value >= m["ge"]) and (m["gt"] is None or value > m["gt"])
+                  and (m["le"] is None or value <= m["le"]))
+        if not ok:
+            want = _bounds_text(m, kind) if kind in (int, float) else f"a {kind.__name__}"
+            raise ValueError(f"{f.name} must be {want}, got {value!r}")
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_cli_args(parser: argparse.ArgumentParser, cls) -> None:
+    """One flag per setting of `cls` (grouped as declared); defaults shown from the field."""
+    groups = {g.title: g for g in parser._action_groups}  # join groups the caller opened
+    for f in settings_of(cls):
+        m = f.metadata
+        if not m["cli"]:
+            continue
+        if m["group"] not in groups:
+            groups[m["group"]] = parser.add_argument_group(m["group"])
+        g = groups[m["group"]]
+        kind, _ = _base_type(cls, f)
+        help_text = m["help"] + ("" if f.default is None else " (default: %(default)s)")
+        if kind is bool:
+            g.add_argument(flag(f.name), action=argparse.BooleanOptionalAction,
+                           default=f.default, help=help_text)
+        else:
+            g.add_argument(flag(f.name), type=kind, default=f.default, choices=m["choices"],
+                           help=help_text)
+
+
+def from_namespace(cls, ns: argparse.Namespace, **overrides):
+    """The settings of `cls` that have flags, read back from parsed arguments."""
+    values = {f.name: getattr(ns, f.name) for f in settings_of(cls) if f.metadata["cli"]}
+    return cls(**{**values, **overrides})
+
+
+def pydantic_fields(cls, *, serve_only: bool = True) -> dict[str, tuple]:
+    """`{name: (annotation, pydantic.Field)}` for `pydantic.create_model`: types, bounds and
+    choices from the same fields, so YAML arguments are checked like flags."""
+    from typing import Literal, Optional
+
+    from pydantic import Field, StrictBool, StrictInt, StrictStr
+
+    strict = {bool: StrictBool, int: StrictInt, str: StrictStr, float: float}
+    out = {}
+    for f in settings_of(cls):
+        m = f.metadata
+        if serve_only and not m["serve"]:
+            continue
+        kind, optional = _base_type(cls, f)
+        ann = Literal[m["choices"]] if m["choices"] is not None else strict[kind]
+        if optional:
+            ann = Optional[ann]
+        bounds = {k: m[k] for k in ("ge", "gt", "le") if m[k] is not None}
+        if kind is float:
+            bounds["allow_inf_nan"] = False
+        out[f.name] = (ann, Field(f.default, description=m["help"], **bounds))
+    return out
