@@ -4,15 +4,35 @@ Imports are lazy so `import raypaged.core` (or raypaged.kernels) pulls in neithe
 """
 from __future__ import annotations
 
+import importlib.util as _importlib_util
 import os as _os
+import sys as _sys
 
 __version__ = "0.1.0"
 
-# Installed, setuptools maps kernels/ to raypaged.kernels. In a bare source checkout
-# (PYTHONPATH=., as on a GPU box without our install) make the same import work.
-_root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-if _os.path.isfile(_os.path.join(_root, "kernels", "__init__.py")) and _root not in __path__:
-    __path__.append(_root)
+
+class _KernelsFromCheckout:
+    """A regular install maps kernels/ to raypaged.kernels (pyproject's package-dir). In a source
+    checkout (PYTHONPATH=., as on a GPU box without our install, or an editable install)
+    kernels/ sits beside raypaged/: resolve exactly that one name there, and nothing else
+    (benchmarks/ and tests/ are not subpackages)."""
+
+    directory = _os.path.join(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))),
+                              "kernels")
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name != "raypaged.kernels":
+            return None
+        return _importlib_util.spec_from_file_location(
+            name, _os.path.join(cls.directory, "__init__.py"),
+            submodule_search_locations=[cls.directory])
+
+
+if _os.path.isfile(_os.path.join(_KernelsFromCheckout.directory, "__init__.py")):
+    # First: the kernels beside this very raypaged/, even where an editable install of another
+    # checkout is on the path too.
+    _sys.meta_path.insert(0, _KernelsFromCheckout)
 __all__ = ["LLM", "SamplingParams", "EngineArgs", "RequestOutput", "CompletionOutput"]
 
 
@@ -24,7 +44,7 @@ def __getattr__(name: str):
         from raypaged.core.sampling_params import SamplingParams
         return SamplingParams
     if name == "EngineArgs":
-        from raypaged.engine import EngineArgs
+        from raypaged.config import EngineArgs
         return EngineArgs
     if name in ("RequestOutput", "CompletionOutput"):
         from raypaged import outputs

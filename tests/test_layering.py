@@ -3,7 +3,8 @@
 kernels/        -> torch, triton only       (never raypaged.*, never ray)
 raypaged/core   -> stdlib + config          (never torch, ray, triton)
 raypaged/model  -> core, kernels, torch     (never ray)
-only raypaged/serve and raypaged/batch import ray
+raypaged/config, raypaged/settings and raypaged/serve/config (the settings) -> never torch
+only raypaged/serve imports ray
 """
 import ast
 import json
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import importlib, json, pkgutil, sys
 pkg = importlib.import_module({pkg!r})
-for m in pkgutil.walk_packages(pkg.__path__, {pkg!r} + "."):
+for m in pkgutil.walk_packages(getattr(pkg, "__path__", []), {pkg!r} + "."):
     importlib.import_module(m.name)
 print(json.dumps(sorted(sys.modules)))
 """
@@ -49,6 +50,22 @@ def test_model_does_not_import_ray():
     assert "ray" not in top(modules_loaded_by("raypaged.model"))
 
 
+@pytest.mark.parametrize("module", ["raypaged.config", "raypaged.settings", "raypaged.serve.config"])
+def test_settings_load_without_torch(module):
+    """Routers, the controller and `raypaged serve --help` read settings without paying for torch."""
+    mods = modules_loaded_by(module)
+    assert not top(mods) & {"torch", "triton", "ray"}
+
+
+def test_a_source_checkout_resolves_raypaged_kernels_and_nothing_else_beside_it():
+    probe = ("import importlib.util as u, raypaged.kernels as k; print(k.__file__); "
+             "print(u.find_spec('raypaged.benchmarks'), u.find_spec('raypaged.tests'))")
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
+                         text=True, cwd="/", env=env).stdout.split()
+    assert out == [str(ROOT / "kernels" / "__init__.py"), "None", "None"]
+
+
 def imported_names(path: Path) -> set[str]:
     names = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -60,11 +77,11 @@ def imported_names(path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("folder", ["raypaged", "kernels"])
-def test_only_serve_and_batch_import_ray_anywhere_in_the_source(folder):
+def test_only_serve_imports_ray_anywhere_in_the_source(folder):
     offenders = []
     for path in (ROOT / folder).rglob("*.py"):
         rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith(("raypaged/serve/", "raypaged/batch/")):
+        if rel.startswith("raypaged/serve/"):
             continue
         if any(n == "ray" or n.startswith("ray.") for n in imported_names(path)):
             offenders.append(rel)

@@ -1,7 +1,7 @@
 """EngineCore: schedule -> run the model -> apply the sampled tokens. No torch, no ray."""
 from __future__ import annotations
 
-from raypaged.core.contracts import EngineStats, MemoryStats, ModelRunner, RequestDelta
+from raypaged.core.contracts import EngineStats, ModelRunner, RequestDelta
 from raypaged.core.request import Request
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.scheduler import Scheduler
@@ -45,14 +45,12 @@ class EngineCore:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def has_samples(self, request_id: str) -> bool:
+        return self.scheduler.has_samples(request_id)
+
     def stats(self) -> EngineStats:
-        kv = self.scheduler.kv
-        used, cached, free = kv.pool.count_by_state()
-        memory = MemoryStats(
-            num_blocks=kv.pool.num_blocks, block_size=kv.block_size, blocks_used=used,
-            blocks_cached=cached, blocks_free=free, prefix_queries=kv.prefix_queries,
-            prefix_hits=kv.prefix_hits, evictions=kv.pool.num_evictions, cow_copies=kv.cow_copies)
-        return EngineStats(memory=memory, num_running=len(self.scheduler.running),
-                           num_waiting=len(self.scheduler.waiting),
+        return EngineStats(memory=self.scheduler.kv.memory_stats(),
+                           num_running=self.scheduler.num_running,
+                           num_waiting=self.scheduler.num_waiting,
                            num_preemptions=self.scheduler.num_preemptions,
                            num_finished=self.scheduler.num_finished, num_steps=self.num_steps)

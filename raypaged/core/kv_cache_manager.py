@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from raypaged.core.block_pool import Block, BlockPool
+from raypaged.core.contracts import MemoryStats
 from raypaged.core.request import Request
 
 
@@ -22,6 +23,14 @@ class KVCacheManager:
         self.prefix_queries = 0
         self.prefix_hits = 0
         self.cow_copies = 0
+
+    def memory_stats(self) -> MemoryStats:
+        used, cached, free = self.pool.count_by_state()
+        return MemoryStats(
+            num_blocks=self.pool.num_blocks, block_size=self.block_size, blocks_used=used,
+            blocks_cached=cached, blocks_free=free, prefix_queries=self.prefix_queries,
+            prefix_hits=self.prefix_hits, evictions=self.pool.num_evictions,
+            cow_copies=self.cow_copies)
 
     # -- admission ---------------------------------------------------------------------------
     def find_cached_prefix(self, request: Request) -> list[Block]:

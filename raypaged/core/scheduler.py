@@ -84,6 +84,18 @@ class Scheduler:
         if kids is not None and group not in self.requests and not any(k in self.requests for k in kids):
             del self.children[group]
 
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_samples(self, request_id: str) -> bool:
+        """Whether forked samples (n > 1) of this request are still tracked."""
+        return request_id in self.children
+
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 

@@ -31,6 +31,21 @@ WORKER_HEADER = "x-raypaged-worker"
 
 
 @dataclass(frozen=True)
+class Route:
+    """What differs between /v1/completions and /v1/chat/completions once prompts are tokens."""
+
+    id_prefix: str                 # of response ids: "cmpl-..." / "chatcmpl-..."
+    object: str                    # the whole response's "object"
+    chunk_object: str              # each stream chunk's "object"
+    first_delta: dict | None       # sent per choice before any token (chat: the role)
+
+
+COMPLETIONS = Route("cmpl", "text_completion", "text_completion", None)
+CHAT = Route("chatcmpl", "chat.completion", "chat.completion.chunk",
+             {"role": "assistant", "content": ""})
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     name: str            # the served model name clients use
     max_model_len: int
@@ -64,52 +79,48 @@ class OpenAIFrontend:
 
     async def completions(self, body) -> JSONResponse | StreamingResponse:
         arrival = time.monotonic()
-        req: CompletionRequest = parse(CompletionRequest, body)
-        req.check(self.max_n)
-        self._check_model(req.model)
+        req: CompletionRequest = self._parse(CompletionRequest, body)
         prompts = [self._prompt_tokens(p) for p in req.prompts()]
-        for tokens in prompts:
-            self._check_length(tokens, req.max_tokens)
-        params = self._params(req, req.max_tokens, req.logprobs)
-        gens = await self._start("cmpl", prompts, params, req.cache_salt, arrival)
-        header = {WORKER_HEADER: workers_header(gens)}
         chunk = functools.partial(self.shapes.completion_choice, req.logprobs is not None)
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return sse_response(self._events(gens, params.n, chunk, None, include_usage,
-                                     "text_completion"), header)
-        choices = await self._collect(gens, params.n)
-        body = {"id": gens[0].request_id, "object": "text_completion", "created": int(time.time()),
-                "model": self.info.name,
-                "choices": [chunk(i, c, whole=True) for i, c in enumerate(choices)],
-                "usage": usage(gens)}
-        return JSONResponse(body, headers=header)
+        return await self._respond(COMPLETIONS, req, prompts, req.max_tokens, req.logprobs,
+                                   chunk, arrival)
 
     async def chat_completions(self, body) -> JSONResponse | StreamingResponse:
         arrival = time.monotonic()
-        req: ChatCompletionRequest = parse(ChatCompletionRequest, body)
-        req.check(self.max_n)
-        self._check_model(req.model)
-        tokens = self._chat_tokens(req)
-        max_tokens = req.requested_max_tokens()
-        self._check_length(tokens, max_tokens)
-        params = self._params(req, max_tokens, req.requested_logprobs())
-        gens = await self._start("chatcmpl", [tokens], params, req.cache_salt, arrival)
-        header = {WORKER_HEADER: workers_header(gens)}
+        req: ChatCompletionRequest = self._parse(ChatCompletionRequest, body)
         chunk = functools.partial(self.shapes.chat_choice, req.logprobs)
+        return await self._respond(CHAT, req, [self._chat_tokens(req)],
+                                   req.requested_max_tokens(), req.requested_logprobs(), chunk,
+                                   arrival)
+
+    # -- the one request path ----------------------------------------------------------------
+    async def _respond(self, route: Route, req, prompts: list[list[int]], max_tokens: int | None,
+                       logprobs: int | None, chunk: Callable, arrival: float
+                       ) -> JSONResponse | StreamingResponse:
+        for tokens in prompts:
+            self._check_length(tokens, max_tokens)
+        params = self._params(req, max_tokens, logprobs)
+        gens = await self._start(route.id_prefix, prompts, params, req.cache_salt, arrival)
+        header = {WORKER_HEADER: workers_header(gens)}
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            role = {"role": "assistant", "content": ""}
-            return sse_response(self._events(gens, params.n, chunk, role, include_usage,
-                                     "chat.completion.chunk"), header)
+            opts = req.stream_options
+            return sse_response(self._events(
+                gens, params.n, chunk, route, include_usage=bool(opts and opts.include_usage),
+                continuous_usage=bool(opts and opts.continuous_usage_stats)), header)
         choices = await self._collect(gens, params.n)
-        body = {"id": gens[0].request_id, "object": "chat.completion", "created": int(time.time()),
+        body = {"id": gens[0].request_id, "object": route.object, "created": int(time.time()),
                 "model": self.info.name,
                 "choices": [chunk(i, c, whole=True) for i, c in enumerate(choices)],
                 "usage": usage(gens)}
         return JSONResponse(body, headers=header)
 
     # -- validation and tokenization --------------------------------------------------------
+    def _parse(self, model, body):
+        req = parse(model, body)
+        req.check(self.max_n)
+        self._check_model(req.model)
+        return req
+
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.info.name:
             raise APIError(404, f"The model `{model}` does not exist; this server serves "
@@ -185,21 +196,23 @@ class OpenAIFrontend:
                 choices[g * n + out.index].add(out)
         return choices
 
-    async def _events(self, gens: list[Generation], n: int, chunk: Callable, role: dict | None,
-                      include_usage: bool, obj: str) -> AsyncIterator[str]:
-        head = {"id": gens[0].request_id, "object": obj, "created": int(time.time()),
-                "model": self.info.name}
+    async def _events(self, gens: list[Generation], n: int, chunk: Callable, route: Route,
+                      include_usage: bool, continuous_usage: bool) -> AsyncIterator[str]:
+        head = {"id": gens[0].request_id, "object": route.chunk_object,
+                "created": int(time.time()), "model": self.info.name}
         try:
-            if role is not None:
+            if route.first_delta is not None:
                 for i in range(len(gens) * n):
-                    yield sse_data({**head, "choices": [
-                        {"index": i, "delta": role, "logprobs": None, "finish_reason": None}]})
+                    yield sse_data({**head, "choices": [{"index": i, "delta": route.first_delta,
+                                                         "logprobs": None, "finish_reason": None}]})
             async for g, batch in _merge(gens):
                 by_choice: dict[int, Choice] = {}
                 for out in batch:
                     by_choice.setdefault(g * n + out.index, Choice()).add(out)
                 choices = [chunk(i, c) for i, c in sorted(by_choice.items())]
-                yield sse_data({**head, "choices": choices})
+                # vLLM's continuous_usage_stats: the running usage on every chunk
+                extra = {"usage": usage(gens)} if continuous_usage else {}
+                yield sse_data({**head, "choices": choices, **extra})
             if include_usage:
                 yield sse_data({**head, "choices": [], "usage": usage(gens)})
         except (WorkerUnavailable, APIError) as exc:

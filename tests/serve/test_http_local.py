@@ -118,3 +118,18 @@ def test_api_key_guards_the_api_but_not_health_or_metrics():
         asyncio.run(main())
     finally:
         fleet.shutdown()
+
+
+def test_continuous_usage_stats_puts_the_running_usage_on_every_chunk():
+    async def stream(client):
+        body = {**BODY, "stream": True, "stream_options": {"include_usage": True,
+                                                            "continuous_usage_stats": True}}
+        r = await client.post("/v1/completions", json=body)
+        return [json.loads(line[6:]) for line in r.text.splitlines()
+                if line.startswith("data: {")]
+    chunks, _ = run(LocalFleet(), stream)
+    token_chunks = [c for c in chunks if c["choices"]]
+    assert token_chunks and all("usage" in c for c in token_chunks)
+    completion = [c["usage"]["completion_tokens"] for c in token_chunks]
+    assert completion == sorted(completion) and completion[-1] == 8
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 8
