@@ -18,6 +18,3 @@ ray job submit \
   --no-wait \
   -- python -c "import sys; from raypaged.cli import main; sys.exit(main())" \
      serve --workers "${WORKERS:-2}" --host 0.0.0.0 --port 8000
-
-# Offline batch inference drives the same worker actors:
-#   ray job submit --working-dir . -- raypaged batch in.jsonl out.jsonl

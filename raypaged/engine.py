@@ -1,6 +1,6 @@
 """The one way to build an engine: config -> model, KV cache, runner, scheduler, tokenizer.
 
-The offline `LLM`, the worker actor and the batch job all call `build_engine`; `Engine` adds
+The offline `LLM` and the worker actor both call `build_engine`; `Engine` adds
 tokenizer-side work (detokenization, stop strings, extra EOS ids) on top of core's EngineCore.
 """
 from __future__ import annotations

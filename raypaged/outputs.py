@@ -1,4 +1,4 @@
-"""What the engine hands its callers (offline LLM, worker actor, batch job) after each step."""
+"""What the engine hands its callers (offline LLM, worker actor) after each step."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

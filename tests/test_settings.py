@@ -2,6 +2,7 @@
 import argparse
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +74,10 @@ def test_serve_arguments_split_into_options_and_the_engine_settings_that_were_se
     assert EngineArgs(**engine) == dataclasses.replace(EngineArgs(), kv_memory_mb=64.0,
                                                        num_threads=1)
 
+
+
+def test_the_readme_names_every_flag():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    missing = [flag(f.name) for cls in (EngineArgs, ServeOptions) for f in settings_of(cls)
+               if f.metadata["cli"] and flag(f.name) not in readme]
+    assert missing == []

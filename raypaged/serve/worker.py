@@ -1,6 +1,6 @@
 """Worker: one engine (its own block pool, KV cache and prefix cache) behind async streams.
 
-A plain class, usable and tested without Ray; `WorkerActor` (worker_actor.py) is the one-line
+A plain class, usable and tested without Ray; `WorkerActor` (actors.py) is the one-line
 Ray shell. `generate` is an async generator: it yields lists of SequenceOutput deltas (every
 delta ready since the last yield, so a slow reader gets fewer, larger messages) until all n
 samples finish. Leaving the generator early for any reason (the caller cancelled, disconnected,
