@@ -70,13 +70,17 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
     async def chat_completions(request: Request):
         return await answer(request, frontend.chat_completions)
 
-    @app.get("/v1/models")
-    async def models(request: Request):
+    def keyed_json(request: Request, view) -> Response:
+        """A read-only JSON route behind the API key."""
         try:
             authorize(request)
         except APIError as exc:
             return exc.response()
-        return JSONResponse(frontend.models())
+        return JSONResponse(view())
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        return keyed_json(request, frontend.models)
 
     @app.get("/health")
     async def health():
@@ -92,11 +96,7 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
     @app.get("/fleet")
     async def fleet(request: Request):
         """The controller's fleet view as JSON: per worker and in total."""
-        try:
-            authorize(request)
-        except APIError as exc:
-            return exc.response()
-        return JSONResponse(snapshot().to_json())
+        return keyed_json(request, lambda: snapshot().to_json())
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
