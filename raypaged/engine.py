@@ -13,7 +13,7 @@ import torch
 
 from raypaged.config import EngineArgs, KVPlan, KVShape, plan_kv_cache
 from raypaged.core.contracts import EngineStats, RequestDelta
-from raypaged.core.engine_core import EngineCore
+from raypaged.core.engine_core import ERROR, EngineCore
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.scheduler import Scheduler
 from raypaged.detokenizer import IncrementalDetokenizer
@@ -104,6 +104,9 @@ class Engine:
             raise ValueError(f"request_id must be a non-empty string without '#', got {request_id!r}")
         if request_id in self._prompts:
             raise ValueError(f"request id {request_id!r} is already in use")
+        # Re-check here whatever the caller validated: nothing unchecked reaches step().
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
         eos = self.eos_token_ids[0] if self.eos_token_ids else None
         if len(self.eos_token_ids) > 1 and not params.ignore_eos:
             # further EOS ids (Llama 3's <|eot_id|>, say) stop generation like stop tokens
@@ -112,6 +115,7 @@ class Engine:
         vocab = len(self.tokenizer)
         if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        params.check_token_ids(vocab)
         self.core.add_request(request_id, list(prompt_token_ids), params, eos, cache_salt)
         self._prompts[request_id] = (list(prompt_token_ids), params)
         self._track(request_id, request_id, 0)
@@ -133,7 +137,13 @@ class Engine:
             if seq is None:  # a forked sample seen for the first time
                 seq = self._track(d.request_id, d.parent_id, d.sample_index)
             finish, stop_reason = d.finish_reason, d.stop_reason
-            text = seq.detok.add(d.new_token_ids, finished=finish is not None)
+            try:
+                text = seq.detok.add(d.new_token_ids, finished=finish is not None)
+            except Exception as exc:  # noqa: BLE001 - this sample's text failed, not the engine
+                if finish is None:
+                    self.core.abort(d.request_id, ERROR, with_samples=False)
+                text, finish = "", ERROR
+                stop_reason = f"the request failed in the detokenizer: {type(exc).__name__}: {exc}"
             if seq.detok.stop_reason is not None and finish in (None, "length"):
                 if finish is None:  # still running in core: end this sample only
                     self.core.abort(d.request_id, "stop", with_samples=False)

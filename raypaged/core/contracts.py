@@ -124,6 +124,7 @@ class EngineStats:
     num_preemptions: int
     num_finished: int
     num_steps: int
+    num_blocked: int = 0  # waiting for KV blocks or seats at the last schedule (see Scheduler)
 
     @property
     def kv_cache_usage(self) -> float:

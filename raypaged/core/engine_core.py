@@ -1,10 +1,18 @@
 """EngineCore: schedule -> run the model -> apply the sampled tokens. No torch, no ray."""
 from __future__ import annotations
 
-from raypaged.core.contracts import EngineStats, ModelRunner, RequestDelta
+import logging
+
+from raypaged.core.contracts import (EngineStats, ModelRunner, RequestDelta, ScheduledBatch,
+                                     StepResult)
 from raypaged.core.request import Request
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+# finish_reason of a request that made a step fail; its RequestDelta.stop_reason says why.
+ERROR = "error"
 
 
 class EngineCore:
@@ -31,9 +39,44 @@ class EngineCore:
         batch = self.scheduler.schedule()
         if not batch.requests:
             return []
-        result = self.runner.execute(batch)
+        try:
+            result = self.runner.execute(batch)
+        except Exception as exc:  # noqa: BLE001 - find who caused it; the rest go on
+            return self._step_isolating(batch, exc)
         self.num_steps += 1
         return self.scheduler.update(batch, result)
+
+    def _step_isolating(self, batch: ScheduledBatch, exc: Exception) -> list[RequestDelta]:
+        """The batched step raised. Run each request of it alone: those that fail alone caused
+        it and finish with finish_reason "error" (blocks freed); every other request gets this
+        step's tokens as if nothing had happened. Re-running is safe: nothing was committed
+        (update() never ran), K/V rewrites put the same values in the same slots, and
+        copy-on-write copies are idempotent (their sources are shared, so nobody writes them).
+        If two or more requests all fail alone, the engine itself is broken: raise."""
+        sampled, logprobs, culprits = {}, {}, {}
+        for sr in batch.requests:
+            single = ScheduledBatch((sr,), batch.block_copies, batch.finished_request_ids)
+            try:
+                one = self.runner.execute(single)
+            except Exception as single_exc:  # noqa: BLE001
+                culprits[sr.request_id] = f"{type(single_exc).__name__}: {single_exc}"
+                continue
+            sampled.update(one.sampled)
+            logprobs.update(one.logprobs)
+        if len(batch.requests) > 1 and len(culprits) == len(batch.requests):
+            raise exc
+        logger.warning("a step failed; failing only the request(s) that fail alone: %s",
+                       culprits, exc_info=exc)
+        deltas = []
+        for request_id, why in culprits.items():
+            deltas += [RequestDelta(r.request_id, (), finish_reason=ERROR,
+                                    stop_reason=f"the request failed in the engine: {why}",
+                                    parent_id=r.parent_id, sample_index=r.sample_index,
+                                    num_cached_tokens=r.num_cached_tokens)
+                       for r in self.scheduler.abort(request_id, ERROR)]
+        self.num_steps += 1
+        # update() skips the requests aborted above, as it does for any abort during a step.
+        return deltas + self.scheduler.update(batch, StepResult(sampled, logprobs))
 
     def abort(self, request_id: str, reason: str = "abort", with_samples: bool = True
               ) -> list[RequestDelta]:
@@ -52,5 +95,6 @@ class EngineCore:
         return EngineStats(memory=self.scheduler.kv.memory_stats(),
                            num_running=self.scheduler.num_running,
                            num_waiting=self.scheduler.num_waiting,
+                           num_blocked=self.scheduler.num_blocked,
                            num_preemptions=self.scheduler.num_preemptions,
                            num_finished=self.scheduler.num_finished, num_steps=self.num_steps)

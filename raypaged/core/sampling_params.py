@@ -1,7 +1,12 @@
 """Per-request sampling settings, validated once at construction (pure Python)."""
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass, field
+
+# Seeds and top-k travel into int64 tensors: larger values would overflow inside a step.
+INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,12 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         else:
             object.__setattr__(self, "stop", tuple(self.stop or ()))
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in (self.stop_token_ids or ())))
+        try:  # operator.index: ints and numpy ints, never floats or strings
+            ids = tuple(operator.index(t) for t in (self.stop_token_ids or ()))
+        except TypeError:
+            raise ValueError("stop_token_ids must be non-negative integers, got "
+                             f"{self.stop_token_ids!r}") from None
+        object.__setattr__(self, "stop_token_ids", ids)
         if self.top_k == 0:
             object.__setattr__(self, "top_k", -1)
         self._validate()
@@ -41,14 +51,21 @@ class SamplingParams:
         def bad(name: str, value, want: str) -> ValueError:
             return ValueError(f"{name} must be {want}, got {value!r}")
 
-        if not isinstance(self.n, int) or self.n < 1:
+        # NaN compares false both ways and inf passes every lower bound: refuse both first.
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):
+            value = getattr(self, name)
+            if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                    or not math.isfinite(value)):
+                raise bad(name, value, "a finite number")
+        if not _is_int(self.n) or self.n < 1:
             raise bad("n", self.n, "an integer >= 1")
         if self.temperature < 0:
             raise bad("temperature", self.temperature, ">= 0 (0 means greedy)")
         if not 0 < self.top_p <= 1:
             raise bad("top_p", self.top_p, "in (0, 1]")
-        if not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k != -1):
-            raise bad("top_k", self.top_k, "-1 (off) or an integer >= 1")
+        if not _is_int(self.top_k) or (self.top_k < 1 and self.top_k != -1) or self.top_k > INT64_MAX:
+            raise bad("top_k", self.top_k, f"-1 (off) or an integer in [1, {INT64_MAX}]")
         if not 0 <= self.min_p <= 1:
             raise bad("min_p", self.min_p, "in [0, 1]")
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
@@ -67,8 +84,18 @@ class SamplingParams:
             raise bad("repetition_penalty", self.repetition_penalty, "> 0 (1 = off)")
         if any(not s for s in self.stop):
             raise bad("stop", self.stop, "non-empty strings")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise bad("seed", self.seed, "an integer")
+        if self.seed is not None and (not _is_int(self.seed)
+                                      or not INT64_MIN <= self.seed <= INT64_MAX):
+            raise bad("seed", self.seed, f"an integer in [{INT64_MIN}, {INT64_MAX}]")
+        if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
+            raise bad("stop_token_ids", list(self.stop_token_ids), "non-negative integers")
+
+    def check_token_ids(self, vocab_size: int) -> None:
+        """Token ids this request names must exist in the model's vocabulary; an id past it
+        would fail inside a batched step (and take the batch with it) rather than here."""
+        bad = [t for t in self.stop_token_ids if t >= vocab_size]
+        if bad:
+            raise ValueError(f"stop_token_ids must be token ids in [0, {vocab_size}), got {bad[0]}")
 
     @property
     def greedy(self) -> bool:
@@ -77,3 +104,7 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -28,6 +28,10 @@ class Scheduler:
         self.running: list[Request] = []  # in admission order: the last is the newest
         self.requests: dict[str, Request] = {}
         self.children: dict[str, list[str]] = {}  # n > 1: parent id -> forked ids
+        # Waiting requests the last schedule() could not admit for lack of KV blocks or seats
+        # (0 when it stopped only because the step's token budget ran out: those are merely in
+        # line and get in over the next steps). Serving bounds its queue by this.
+        self.num_blocked = 0
         self._left: set[str] = set()  # left the running set since the last batch (runner drops state)
         self._arrivals = itertools.count()
         self.num_preemptions = 0
@@ -121,14 +125,17 @@ class Scheduler:
                 i += 1
 
         seats = len(self.running) + sum(r.sampling.n - 1 for r in self.running if not r.forked)
+        blocked = preempted  # the queue waits for KV blocks or seats, not for this step's budget
         while self.waiting and budget > 0 and not preempted:
             req = self.waiting[0]
             need_seats = 1 if req.forked else req.sampling.n
             if seats + need_seats > self.max_num_seqs:
+                blocked = True
                 break
             hits = self.kv.find_cached_prefix(req) if self.kv.pool.enable_caching else []
             n = min(req.num_tokens - len(hits) * self.block_size, budget)
             if not self.kv.allocate(req, n, hits):
+                blocked = True
                 break  # FCFS: nobody overtakes the head of the queue
             self.waiting.popleft()
             if req.num_preemptions == 0:
@@ -139,6 +146,7 @@ class Scheduler:
             budget -= n
             seats += need_seats
 
+        self.num_blocked = len(self.waiting) if blocked else 0
         batch = ScheduledBatch(
             requests=tuple(self._scheduled(req, n) for req, n in chosen),
             block_copies=self.kv.take_copies(),

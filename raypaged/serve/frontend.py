@@ -80,7 +80,7 @@ class OpenAIFrontend:
     async def completions(self, body) -> JSONResponse | StreamingResponse:
         arrival = time.monotonic()
         req: CompletionRequest = self._parse(CompletionRequest, body)
-        prompts = [self._prompt_tokens(p) for p in req.prompts()]
+        prompts = [await self._prompt_tokens(p) for p in req.prompts()]
         chunk = functools.partial(self.shapes.completion_choice, req.logprobs is not None)
         return await self._respond(COMPLETIONS, req, prompts, req.max_tokens, req.logprobs,
                                    chunk, arrival)
@@ -89,7 +89,7 @@ class OpenAIFrontend:
         arrival = time.monotonic()
         req: ChatCompletionRequest = self._parse(ChatCompletionRequest, body)
         chunk = functools.partial(self.shapes.chat_choice, req.logprobs)
-        return await self._respond(CHAT, req, [self._chat_tokens(req)],
+        return await self._respond(CHAT, req, [await self._chat_tokens(req)],
                                    req.requested_max_tokens(), req.requested_logprobs(), chunk,
                                    arrival)
 
@@ -126,9 +126,11 @@ class OpenAIFrontend:
             raise APIError(404, f"The model `{model}` does not exist; this server serves "
                                 f"`{self.info.name}`", param="model", code="model_not_found")
 
-    def _prompt_tokens(self, prompt: str | list[int]) -> list[int]:
+    # Tokenizing runs in a thread: a multi-MB prompt takes seconds, and the event loop must keep
+    # answering /health and other requests meanwhile (HF's fast tokenizers release the GIL).
+    async def _prompt_tokens(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
-            tokens = self.tokenizer.encode(prompt)
+            tokens = await asyncio.to_thread(self.tokenizer.encode, prompt)
         else:
             tokens = prompt
             bad = [t for t in tokens if not 0 <= t < self.info.vocab_size]
@@ -139,14 +141,15 @@ class OpenAIFrontend:
             raise bad_request("the prompt is empty: give at least one token", "prompt")
         return list(tokens)
 
-    def _chat_tokens(self, req: ChatCompletionRequest) -> list[int]:
+    async def _chat_tokens(self, req: ChatCompletionRequest) -> list[int]:
         try:
-            text = self.tokenizer.apply_chat_template(
-                req.conversation(), tokenize=False, add_generation_prompt=req.add_generation_prompt)
+            text = await asyncio.to_thread(
+                self.tokenizer.apply_chat_template, req.conversation(), tokenize=False,
+                add_generation_prompt=req.add_generation_prompt)
         except Exception as exc:  # noqa: BLE001 - a template that rejects this conversation
             raise bad_request(f"the chat template rejected these messages: {exc}",
                               "messages") from None
-        tokens = self.tokenizer.encode(text, add_special_tokens=False)
+        tokens = await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=False)
         if not tokens:
             raise bad_request("the conversation renders to an empty prompt", "messages")
         return list(tokens)
@@ -163,10 +166,11 @@ class OpenAIFrontend:
                 f"{len(tokens) + max_tokens} ({len(tokens)} in the prompt, {max_tokens} "
                 f"max_tokens): lower max_tokens to at most {limit - len(tokens)}", "max_tokens")
 
-    @staticmethod
-    def _params(req, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def _params(self, req, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         try:
-            return req.sampling_params(max_tokens, logprobs)
+            params = req.sampling_params(max_tokens, logprobs)
+            params.check_token_ids(self.info.vocab_size)  # the engine checks again
+            return params
         except ValueError as exc:
             raise from_value_error(exc) from None
 

@@ -176,6 +176,8 @@ class Generation:
                     batch = await self._stream.__anext__()
                 except StopAsyncIteration:
                     break
+                if isinstance(batch, Rejected):  # this request broke a step: its own input
+                    raise APIError(400, batch.message, code="invalid_request")
                 self._observe(batch)
                 yield batch
         finally:

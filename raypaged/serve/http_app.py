@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 from typing import Callable
 
@@ -19,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from raypaged.serve.errors import APIError, bad_request
 from raypaged.serve.fleet import FleetSnapshot
 from raypaged.serve.frontend import OpenAIFrontend
+from raypaged.serve.json_body import check_content_type, parse_json_body
 from raypaged.serve.metrics import RequestMetrics
 
 logger = logging.getLogger(__name__)
@@ -38,6 +38,7 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
                            code="invalid_api_key")
 
     async def read_json(request: Request):
+        check_content_type(request.headers.get("content-type"))
         declared = request.headers.get("content-length")
         if declared is not None:
             if not declared.isdigit():
@@ -49,10 +50,7 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
             body += piece
             if len(body) > max_request_bytes:
                 raise _too_large(max_request_bytes)
-        try:
-            return json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            raise bad_request("the request body is not valid JSON") from None
+        return parse_json_body(bytes(body))
 
     async def answer(request: Request, handler) -> Response:
         try:

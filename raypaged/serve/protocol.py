@@ -2,12 +2,14 @@
 
 Unknown fields are ignored, as vLLM does; fields we do not implement are refused when set to
 something other than their neutral value, so a client never silently gets different behaviour.
+Types are strict, as OpenAI's schema is: "0.5" is not a number and 1 is not a boolean (an integer
+is a number). Bounds live in SamplingParams, so the offline API refuses the same values.
 """
 from __future__ import annotations
 
 from typing import Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.serve.errors import bad_request
@@ -25,16 +27,16 @@ class _Sampling(BaseModel):
 
     model: StrictStr | None = None
     n: StrictInt = 1
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: StrictFloat | None = None
+    top_p: StrictFloat | None = None
     top_k: StrictInt | None = None
-    min_p: float | None = None
+    min_p: StrictFloat | None = None
     seed: StrictInt | None = None
     stop: StrictStr | list[StrictStr] | None = None
     stop_token_ids: list[StrictInt] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
+    presence_penalty: StrictFloat | None = None
+    frequency_penalty: StrictFloat | None = None
+    repetition_penalty: StrictFloat | None = None
     ignore_eos: StrictBool = False
     min_tokens: StrictInt = 0
     include_stop_str_in_output: StrictBool = False
@@ -42,7 +44,7 @@ class _Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
     cache_salt: StrictStr | None = Field(None, min_length=1)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, StrictFloat] | None = None
 
     def check_common(self, max_n: int) -> None:
         if not 1 <= self.n <= max_n:

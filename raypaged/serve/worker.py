@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator
 
 from raypaged.core.contracts import EngineStats
+from raypaged.core.engine_core import ERROR
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.outputs import SequenceOutput
 from raypaged.serve.engine_loop import EngineLoop
@@ -27,6 +28,7 @@ class Rejected:
 
     message: str
     queue_full: bool = False  # True: try another worker / later; False: the request is invalid
+    # Rejected may also come after outputs: the request made a step fail (its own fault).
 
 
 @dataclass(frozen=True)
@@ -83,9 +85,9 @@ class Worker:
         if request_id in self._streams:
             yield Rejected(f"request id {request_id!r} is already in use")
             return
-        if self._num_queued() >= self.max_queued:
-            yield Rejected(f"worker {self.worker_id} has {self.max_queued} requests queued",
-                           queue_full=True)
+        if self._queue_full():
+            yield Rejected(f"worker {self.worker_id} has {self.max_queued} requests waiting for "
+                           "KV cache space", queue_full=True)
             return
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = queue
@@ -105,6 +107,13 @@ class Worker:
                 for item in batch:
                     if isinstance(item, BaseException):
                         raise WorkerError(f"worker {self.worker_id}: {item!r}") from item
+                failed = next((o for o in batch if o.finish_reason == ERROR), None)
+                if failed is not None:
+                    # This request broke a step (its own input): the engine has already
+                    # dropped it and kept the others. Not a worker fault: never retried.
+                    remaining = 0
+                    yield Rejected(str(failed.stop_reason))
+                    return
                 remaining -= sum(1 for out in batch if out.finish_reason is not None)
                 yield batch
         finally:
@@ -142,10 +151,13 @@ class Worker:
                                     on_outputs=self._deliver, on_crash=self._fail_all)
         return self._loop
 
-    def _num_queued(self) -> int:
-        """Requests held beyond the running ones (an estimate between steps)."""
-        running = self._loop.stats.num_running if self._loop is not None else 0
-        return max(0, len(self._streams) - running)
+    def _queue_full(self) -> bool:
+        """Whether max_queued requests already wait for KV space (as of the last step).
+
+        Requests that arrived since, or wait only for a later step's token budget, do not
+        count: a burst the KV cache can hold is admitted whole, however fast it comes."""
+        blocked = self._loop.stats.num_blocked if self._loop is not None else 0
+        return blocked > 0 and blocked >= self.max_queued
 
     def _deliver(self, outputs: list[SequenceOutput]) -> None:
         for out in outputs:

@@ -42,6 +42,11 @@ class ByteTokenizer:
         return self.encode(text) if tokenize else text
 
 
+# A request seeded with this makes every step it samples in raise, as a request that trips a bug
+# in a real sampler would: for testing that it fails alone.
+POISON_SEED = 666
+
+
 class LetterRunner:
     """Next token: a letter chosen by a hash of the sequence (greedy) or by a seeded RNG."""
 
@@ -51,6 +56,8 @@ class LetterRunner:
     def execute(self, batch: ScheduledBatch) -> StepResult:
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
+        if any(sr.sampling.seed == POISON_SEED and sr.num_samples for sr in batch.requests):
+            raise IndexError("index 99999999 is out of bounds for dimension 1 with size 257")
         sampled, logprobs = {}, {}
         for sr in batch.requests:
             if not sr.num_samples:

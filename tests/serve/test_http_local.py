@@ -74,8 +74,16 @@ def test_a_stream_whose_worker_dies_ends_with_an_error_event_then_done():
     assert all(w.stats().num_active == 0 for w in fleet.workers.values())
 
 
+def full(worker) -> None:
+    """As if max_queued requests were waiting for its KV space (Worker tests cover when)."""
+    worker._queue_full = lambda: True
+
+
 def test_full_queues_everywhere_give_503_with_retry_after():
-    r, metrics = run(LocalFleet(max_queued=0), lambda c: c.post("/v1/completions", json=BODY))
+    fleet = LocalFleet()
+    for w in fleet.workers.values():
+        full(w)
+    r, metrics = run(fleet, lambda c: c.post("/v1/completions", json=BODY))
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
     assert r.json()["error"]["code"] == "queue_full"
     assert metrics.counters["request_errors"] == {"503": 1.0}
@@ -84,7 +92,7 @@ def test_full_queues_everywhere_give_503_with_retry_after():
 def test_one_full_queue_sends_the_request_to_the_other_worker():
     fleet = LocalFleet()
     home = preferred_worker(LocalFleet())
-    fleet.workers[home].max_queued = 0
+    full(fleet.workers[home])
     r, _ = run(fleet, lambda c: c.post("/v1/completions", json=BODY))
     assert r.status_code == 200 and r.headers["x-raypaged-worker"] == other(home)
 
@@ -133,3 +141,35 @@ def test_continuous_usage_stats_puts_the_running_usage_on_every_chunk():
     completion = [c["usage"]["completion_tokens"] for c in token_chunks]
     assert completion == sorted(completion) and completion[-1] == 8
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 8
+
+
+def test_a_poisoned_request_fails_alone_with_400_and_nobody_else_notices():
+    from fake_engine import POISON_SEED
+
+    fleet = LocalFleet(step_delay_s=0.005)
+    good = {**BODY, "max_tokens": 20}
+
+    async def burst(client):
+        home = (await client.post("/v1/completions", json=BODY)).headers["x-raypaged-worker"]
+        streams = [client.post("/v1/completions", json={**good, "stream": True})
+                   for _ in range(3)]
+        plain = [client.post("/v1/completions", json=good) for _ in range(3)]
+        poison = client.post("/v1/completions", json={**BODY, "seed": POISON_SEED})
+        rs = await asyncio.gather(*streams, *plain, poison)
+        after = await client.post("/v1/completions", json=BODY)  # the same prefix: same worker
+        return home, rs, after
+
+    (home, rs, after), metrics = run(fleet, burst)
+    *others, poison = rs
+    assert poison.status_code == 400
+    assert "the request failed in the engine: IndexError" in poison.json()["error"]["message"]
+    for r in others[:3]:
+        chunks = [json.loads(line[6:]) for line in r.text.splitlines()
+                  if line.startswith("data: {")]
+        assert "error" not in r.text and r.text.rstrip().endswith("data: [DONE]")
+        assert sum(len(c["choices"][0]["text"]) for c in chunks if c["choices"]) == 20
+    assert [r.status_code for r in others[3:]] == [200] * 3
+    assert all(r.json()["usage"]["completion_tokens"] == 20 for r in others[3:])
+    # not the worker's fault: never retried elsewhere, and the worker is not avoided after
+    assert not metrics.counters.get("request_retries")
+    assert after.status_code == 200 and after.headers["x-raypaged-worker"] == home

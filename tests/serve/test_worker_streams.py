@@ -91,13 +91,33 @@ def test_an_invalid_request_is_rejected_without_touching_the_engine():
 
 def test_a_full_queue_refuses_with_queue_full():
     async def main():
-        w = Worker(FakeEngine(step_delay_s=0.02), "w", max_queued=1)
-        slow = SamplingParams(max_tokens=100, ignore_eos=True)
-        first = asyncio.create_task(drain(w, "a", slow))
-        await asyncio.sleep(0)  # "a" is registered, not yet running
-        [[item]] = [await drain(w, "b", slow)]
+        # 8 blocks of 16 tokens: "a" (100 + 10 tokens, 7 blocks) runs, "b" waits for its blocks
+        w = Worker(FakeEngine(num_blocks=8, step_delay_s=0.02), "w", max_queued=1)
+        long_prompt, slow = [97] * 100, SamplingParams(max_tokens=10, ignore_eos=True)
+        first = asyncio.create_task(drain(w, "a", slow, prompt=long_prompt))
+        second = asyncio.create_task(drain(w, "b", slow, prompt=long_prompt))
+        while w.stats().engine.num_blocked < 1:
+            await asyncio.sleep(0.005)
+        [[item]] = [await drain(w, "c", slow, prompt=long_prompt)]
         assert isinstance(item, Rejected) and item.queue_full
-        first.cancel()
+        assert "1 requests waiting for KV cache space" in item.message
+        # the two admitted ones finish; once nobody waits, the next is taken again
+        assert (await first)[-1][-1].finish_reason == "length"
+        assert (await second)[-1][-1].finish_reason == "length"
+        assert not isinstance((await drain(w, "d", slow, prompt=long_prompt))[0], Rejected)
+        w.shutdown()
+    run(main())
+
+
+def test_a_burst_the_kv_cache_can_hold_is_admitted_whole_whatever_the_queue_bound():
+    async def main():
+        # 50 requests x 4 blocks fit in 256 blocks; the step budget (2048 tokens) admits them
+        # over two steps, so many wait for the budget, none for KV space
+        w = Worker(FakeEngine(num_blocks=256), "w", max_queued=2)
+        params = SamplingParams(max_tokens=4, ignore_eos=True)
+        results = await asyncio.gather(*(drain(w, f"r{i}", params) for i in range(50)))
+        assert not any(isinstance(b, Rejected) for r in results for b in r)
+        assert all(r[-1][-1].finish_reason == "length" for r in results)
         w.shutdown()
     run(main())
 

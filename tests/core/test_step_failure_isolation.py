@@ -1,0 +1,80 @@
+"""A step that raises fails only the request(s) that cause it; the rest of the batch keeps its
+tokens, its blocks and its place, as if the poison had never been sent."""
+import pytest
+
+from core_engine import make_engine, run_to_completion
+from fake_runner import FakeRunner
+from raypaged.core.engine_core import ERROR
+from raypaged.core.sampling_params import SamplingParams
+
+POISON_SEED = 666
+
+
+class PoisonedRunner(FakeRunner):
+    """Raises (like a sampler indexing past the vocabulary) whenever a poisoned request samples."""
+
+    def __init__(self, *args, broken: bool = False):
+        super().__init__(*args)
+        self.broken = broken  # True: every execution fails (the engine itself is broken)
+        self.calls = 0
+
+    def execute(self, batch):
+        self.calls += 1
+        if self.broken or any(r.sampling.seed == POISON_SEED and r.num_samples
+                              for r in batch.requests):
+            raise IndexError("index 99999999 is out of bounds for dimension 1 with size 1000")
+        return super().execute(batch)
+
+
+def params(seed=None, n=1, max_tokens=12):
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0, seed=seed, n=n)
+
+
+def add_good_requests(engine):
+    engine.add_request("a", list(range(1, 10)), params())
+    engine.add_request("b", list(range(20, 33)), params(n=2))   # forks: shared prompt blocks
+    engine.add_request("c", list(range(40, 46)), params(max_tokens=30))
+
+
+def test_the_poison_fails_alone_and_everyone_else_gets_exactly_the_tokens_of_a_clean_run():
+    clean = make_engine(num_blocks=40)
+    add_good_requests(clean)
+    expected = run_to_completion(clean)
+
+    engine = make_engine(num_blocks=40)
+    engine.runner = PoisonedRunner(40, 4)
+    add_good_requests(engine)
+    engine.add_request("poison", list(range(60, 70)), params(seed=POISON_SEED))
+    deltas = []
+    while engine.has_unfinished():
+        deltas += engine.step()
+
+    failed = [d for d in deltas if d.finish_reason == ERROR]
+    assert [d.request_id for d in failed] == ["poison"]
+    assert failed[0].stop_reason.startswith("the request failed in the engine: IndexError: index")
+    got = {}
+    for d in deltas:
+        got.setdefault(d.request_id, []).extend(d.new_token_ids)
+    assert {k: v for k, v in got.items() if k != "poison"} == expected
+    assert got["poison"] == []
+    assert engine.stats().memory.blocks_used == 0  # the poison's blocks came back too
+
+
+def test_a_poisoned_sample_of_n_fails_with_its_siblings_and_frees_their_blocks():
+    engine = make_engine(num_blocks=40)
+    engine.runner = PoisonedRunner(40, 4)
+    engine.add_request("ok", list(range(1, 10)), params())
+    engine.add_request("poison", list(range(60, 70)), params(seed=POISON_SEED, n=3))
+    out = run_to_completion(engine)
+    assert len(out["ok"]) == 12 and out["poison"] == []
+    assert engine.stats().memory.blocks_used == 0
+
+
+def test_a_broken_engine_is_not_blamed_on_its_requests():
+    engine = make_engine(num_blocks=40)
+    engine.runner = PoisonedRunner(40, 4, broken=True)
+    add_good_requests(engine)
+    with pytest.raises(IndexError):
+        engine.step()
+    # one batched try + one per request alone, then the original error goes up
+    assert engine.runner.calls == 1 + 3
