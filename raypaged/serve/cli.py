@@ -41,8 +41,11 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--workers", type=int, default=1,
                    help="engine workers (one per GPU on a GPU cluster; default: %(default)s)")
     r.add_argument("--cpus-per-worker", type=float,
-                   help="CPUs per worker, and its torch threads (default: CPUs / workers)")
-    r.add_argument("--gpus-per-worker", type=float, help="default: 1 when the cluster has GPUs")
+                   help="CPUs per worker, and its torch threads (default: on a local Ray, its "
+                        "CPUs / workers; joining a cluster, 1)")
+    r.add_argument("--gpus-per-worker", type=float,
+                   help="default: on a local Ray, 1 when this machine has GPUs; joining a "
+                        "cluster, 0 (set it: the cluster may not have its GPU nodes yet)")
     r.add_argument("--router-replicas", type=int, default=1, help="HTTP router replicas")
     r.add_argument("--max-queued-requests", type=int, default=1024,
                    help="per worker, beyond the running ones; then 503 + Retry-After")
@@ -75,6 +78,18 @@ def serve_args_from(ns: argparse.Namespace) -> ServeArgs:
         attention_backend=ns.attention_backend, enforce_eager=ns.enforce_eager)
 
 
+def local_worker_resources(args: ServeArgs, num_cpus: int, num_gpus: int) -> ServeArgs:
+    """Unset per-worker resources when this machine is the whole cluster: one GPU each when it
+    has GPUs, else its CPUs shared evenly (at least one each)."""
+    gpus = args.gpus_per_worker
+    if gpus is None:
+        gpus = 1.0 if num_gpus >= 1 else 0.0
+    cpus = args.cpus_per_worker
+    if cpus is None:
+        cpus = 1.0 if gpus else max(1.0, float(num_cpus // args.workers))
+    return args.model_copy(update={"cpus_per_worker": cpus, "gpus_per_worker": gpus})
+
+
 def run_serve(ns: argparse.Namespace) -> int:
     import ray
     from ray import serve
@@ -89,8 +104,10 @@ def run_serve(ns: argparse.Namespace) -> int:
         from raypaged.engine import plan_for
         from raypaged.engine_cli_args import engine_args_from
         plan_for(engine_args_from(ns))
-        ray.init(num_cpus=ns.num_cpus or os.cpu_count(), include_dashboard=False,
-                 namespace="raypaged")
+        import torch
+        num_cpus = ns.num_cpus or os.cpu_count()
+        args = local_worker_resources(args, num_cpus, torch.cuda.device_count())
+        ray.init(num_cpus=num_cpus, include_dashboard=False, namespace="raypaged")
     else:
         ray.init(address=ns.address, namespace="raypaged")
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM takes the same way out as Ctrl-C

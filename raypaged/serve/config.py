@@ -35,9 +35,9 @@ class RoutingConfig:
 class FleetConfig:
     num_workers: int = 1
     engine: dict = field(default_factory=dict)      # EngineArgs fields (None values left out)
-    cpus_per_worker: float | None = None            # None: the cluster's CPUs shared evenly
+    cpus_per_worker: float | None = None            # None: 1 (local `raypaged serve`: CPUs/workers)
     num_threads: int | None = None                  # torch threads; None: cpus_per_worker
-    gpus_per_worker: float | None = None            # None: 1 when the cluster has GPUs, else 0
+    gpus_per_worker: float | None = None            # None: 0 (local `raypaged serve`: 1 with GPUs)
     max_queued_per_worker: int = 1024               # requests beyond the running ones
     poll_interval_s: float = 0.5
     poll_timeout_s: float = 5.0
