@@ -60,8 +60,11 @@ def test_every_rendered_object_is_valid_against_its_schema(values):
 
 
 @pytest.mark.parametrize("values", VALUE_SETS)
-def test_serve_args_are_valid_for_raypaged_itself(values):
+def test_the_serve_config_is_valid_for_ray_serve_and_raypaged(values):
+    from ray.serve.schema import ServeDeploySchema
+
     (rs,) = by_kind(render_set(values))["RayService"]
+    ServeDeploySchema.model_validate(yaml.safe_load(rs["spec"]["serveConfigV2"]))
     app = serve_app(rs)
     assert app["import_path"] == "raypaged.serve.app:build_app"
     config = ServeArgs(**app["args"]).to_config()  # unknown keys or bad values raise here

