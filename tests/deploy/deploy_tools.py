@@ -1,6 +1,7 @@
 """The real tools the deploy checks run (installed by tests/deploy/tools/install.sh into .tools/)."""
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 from pathlib import Path
 
@@ -26,3 +27,11 @@ def run(name: str, *args: str, check: bool = True, **kw) -> subprocess.Completed
         raise AssertionError(f"{name} {' '.join(args)} exited {done.returncode}:\n"
                              f"{done.stdout}\n{done.stderr}")
     return done
+
+
+def load_definition():
+    """deploy/grafana/dashboard.py, the dashboard's one definition (not a package: loaded by path)."""
+    spec = importlib.util.spec_from_file_location("dashboard", ROOT / "deploy/grafana/dashboard.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,18 +3,10 @@ and that JSON type-checks against Grafana's own dashboard schema (@grafana/schem
 TypeScript compiler: unknown fields and wrong enum values are errors)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 
-from deploy_tools import ROOT, TOOLS
-
-
-def load_definition():
-    spec = importlib.util.spec_from_file_location("dashboard", ROOT / "deploy/grafana/dashboard.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from deploy_tools import ROOT, TOOLS, load_definition
 
 
 def typecheck(dashboard: dict) -> subprocess.CompletedProcess:

@@ -9,10 +9,9 @@ import httpx
 import pytest
 import yaml
 
-from deploy_tools import run
+from deploy_tools import load_definition, run
 from promtool_rules import rules_and_tests
 from served import prometheus, raypaged_serve
-from test_dashboard import load_definition
 
 # Grafana's "All" for the model picker (allValue).
 QUERIES = [q.replace("$model_name", ".*") for q in load_definition().queries()]

