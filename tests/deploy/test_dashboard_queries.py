@@ -1,15 +1,18 @@
 """Every dashboard query against raypaged's real /metrics: a real `raypaged serve` (one small
 worker, real model), scraped by a real Prometheus started with deploy/prometheus.yml, queried
-through its HTTP API; and the same queries through `promtool test rules` over the exposition."""
+through its HTTP API; the same queries through `promtool test rules` over the exposition; and
+the chart's `helm test` script run against the same server."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import httpx
 import pytest
 import yaml
 
-from deploy_tools import load_definition, run
+from deploy_tools import CHART, load_definition, run
 from promtool_rules import rules_and_tests
 from served import prometheus, raypaged_serve
 
@@ -110,3 +113,18 @@ def test_dashboard_queries_pass_promtool_rule_tests_over_the_real_exposition(sta
     assert out.returncode != 0
     assert "DashboardQuery0HasNoData" in out.stdout + out.stderr
     assert "sum(raypaged:worker_up" in out.stdout + out.stderr
+
+
+def test_the_charts_helm_test_passes_against_a_running_raypaged(stack, tmp_path):
+    # Last in this module: its completion changes the counters the tests above compare.
+    url, _, _ = stack
+    out = run("helm", "template", "rel", str(CHART), "--show-only", "templates/tests/test-api.yaml",
+              "--set", "raypaged.workers=1,metrics.serviceMonitor.enabled=true").stdout
+    script = yaml.safe_load(out)["spec"]["containers"][0]["args"][0]
+    host = url.removeprefix("http://")
+    script = script.replace("rel-raypaged-serve-svc:8000", host).replace("rel-raypaged-metrics:8000", host)
+    (tmp_path / "helm_test.py").write_text(script)
+    done = subprocess.run([sys.executable, str(tmp_path / "helm_test.py")], capture_output=True,
+                          text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("ok: ")
