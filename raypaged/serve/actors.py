@@ -59,15 +59,12 @@ def last_error_line(text: str) -> str:
 
 
 def worker_resources(fleet: ServeOptions) -> tuple[float, float]:
-    """(num_cpus, num_gpus) per worker: one GPU each when the cluster has GPUs, else its CPUs
-    shared evenly (at least one each)."""
-    total = ray.cluster_resources()
-    gpus = fleet.gpus_per_worker
-    if gpus is None:
-        gpus = 1.0 if total.get("GPU", 0) >= 1 else 0.0
-    cpus = fleet.cpus_per_worker
-    if cpus is None:
-        cpus = 1.0 if gpus else max(1.0, float(int(total.get("CPU", 1) // fleet.workers)))
+    """(num_cpus, num_gpus) per worker, from the configuration alone: unset is 1 CPU, no GPU.
+
+    Never from a look at the cluster: KubeRay deploys the application as soon as the head is up,
+    before worker pods (and their GPUs) join, so a look then would start GPU-less workers."""
+    cpus = 1.0 if fleet.cpus_per_worker is None else fleet.cpus_per_worker
+    gpus = 0.0 if fleet.gpus_per_worker is None else fleet.gpus_per_worker
     return cpus, gpus
 
 

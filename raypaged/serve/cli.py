@@ -47,6 +47,18 @@ def serve_args_from(ns: argparse.Namespace) -> ServeArgs:
     return ServeArgs(**values)
 
 
+def local_worker_resources(args: ServeArgs, num_cpus: int, num_gpus: int) -> ServeArgs:
+    """Unset per-worker resources when this machine is the whole cluster: one GPU each when it
+    has GPUs, else its CPUs shared evenly (at least one each)."""
+    gpus = args.gpus_per_worker
+    if gpus is None:
+        gpus = 1.0 if num_gpus >= 1 else 0.0
+    cpus = args.cpus_per_worker
+    if cpus is None:
+        cpus = 1.0 if gpus else max(1.0, float(num_cpus // args.workers))
+    return args.model_copy(update={"cpus_per_worker": cpus, "gpus_per_worker": gpus})
+
+
 def run_serve(ns: argparse.Namespace) -> int:
     import ray
     from ray import serve
@@ -60,8 +72,10 @@ def run_serve(ns: argparse.Namespace) -> int:
         # with the engine's reason, instead of in every worker.
         from raypaged.engine import plan_for
         plan_for(from_namespace(EngineArgs, ns))
-        ray.init(num_cpus=ns.num_cpus or os.cpu_count(), include_dashboard=False,
-                 namespace="raypaged")
+        import torch
+        num_cpus = ns.num_cpus or os.cpu_count()
+        args = local_worker_resources(args, num_cpus, torch.cuda.device_count())
+        ray.init(num_cpus=num_cpus, include_dashboard=False, namespace="raypaged")
     else:
         ray.init(address=ns.address, namespace="raypaged")
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM takes the same way out as Ctrl-C

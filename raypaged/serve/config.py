@@ -39,9 +39,11 @@ class ServeOptions:
                             group=FLEET)
     workers: int = setting(1, "engine workers (one per GPU on a GPU cluster)", group=FLEET, ge=1)
     cpus_per_worker: float | None = setting(
-        None, "CPUs per worker, and its torch threads (default: CPUs / workers)", group=FLEET, gt=0)
-    gpus_per_worker: float | None = setting(None, "default: 1 when the cluster has GPUs",
-                                            group=FLEET, ge=0)
+        None, "CPUs per worker, and its torch threads (default: on a local Ray, its CPUs / "
+        "workers; joining a cluster, 1)", group=FLEET, gt=0)
+    gpus_per_worker: float | None = setting(
+        None, "default: on a local Ray, 1 when this machine has GPUs; joining a cluster, 0 (set "
+        "it: the cluster may not have its GPU nodes yet)", group=FLEET, ge=0)
     router_replicas: int = setting(1, "HTTP router replicas", group=FLEET, ge=1)
     max_queued_requests: int = setting(
         1024, "per worker, beyond the running ones; then 503 + Retry-After", group=FLEET, ge=0)

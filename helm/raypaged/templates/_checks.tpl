@@ -1,0 +1,22 @@
+{{/* Combinations values.schema.json cannot express (it checks one value at a time), refused
+     at `helm install/template/lint` with what to change. Included once, from rayservice.yaml. */}}
+{{- define "raypaged.checks" -}}
+{{- $w := .Values.workers -}}
+{{- $a := .Values.raypaged -}}
+{{- if or (gt (int $w.minReplicas) (int $w.replicas)) (gt (int $w.replicas) (int $w.maxReplicas)) -}}
+{{- fail (printf "workers.replicas=%v must lie within workers.minReplicas=%v and workers.maxReplicas=%v (KubeRay would clamp it silently and engine workers would wait for pods that never come)" $w.replicas $w.minReplicas $w.maxReplicas) -}}
+{{- end -}}
+{{- $perPod := floor (divf $w.cpus $a.cpus_per_worker) -}}
+{{- if gt (float64 $a.gpus_per_worker) 0.0 -}}
+{{- $perPod = minf $perPod (floor (divf $w.gpus $a.gpus_per_worker)) -}}
+{{- end -}}
+{{- if gt (float64 $a.workers) (mulf $perPod $w.replicas) -}}
+{{- fail (printf "raypaged.workers=%v engine workers need %v CPU and %v GPU each, but %v worker pods of %v CPU and %v GPU hold only %v: raise workers.replicas, workers.cpus or workers.gpus, or lower raypaged.workers" $a.workers $a.cpus_per_worker $a.gpus_per_worker $w.replicas $w.cpus $w.gpus (mulf $perPod $w.replicas)) -}}
+{{- end -}}
+{{- if and (hasKey $a "kv_memory_fraction") (eq (float64 $a.gpus_per_worker) 0.0) -}}
+{{- fail "raypaged.kv_memory_fraction sizes the KV cache from free GPU memory, but gpus_per_worker is 0: on CPU set raypaged.kv_memory_mb instead" -}}
+{{- end -}}
+{{- if and .Values.model.persistentVolumeClaim .Values.model.hostPath -}}
+{{- fail "set one of model.persistentVolumeClaim and model.hostPath, not both" -}}
+{{- end -}}
+{{- end -}}

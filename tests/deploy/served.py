@@ -1,0 +1,92 @@
+"""A real `raypaged serve` (its own local Ray, 127.0.0.1 only) and a real Prometheus scraping it."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import yaml
+
+from deploy_tools import ROOT, tool
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM (raypaged removes what it started), then SIGKILL to the process group."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _wait(url: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not up after {timeout_s} s:\n{log.read_text()[-3000:]}")
+
+
+@contextmanager
+def raypaged_serve(tmp: Path, *flags: str):
+    """Yields the base URL of a `raypaged serve` on 127.0.0.1 with one small worker."""
+    port = free_port()
+    log = tmp / "raypaged.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAYPAGED_API_KEY")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-c", "import sys; from raypaged.cli import main; sys.exit(main())",
+           "serve", "--host", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
+           "--workers", "1", "--cpus-per-worker", "1", "--kv-memory-mb", "16",
+           "--max-model-len", "512", *flags]
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
+                            cwd=tmp, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait(f"{url}/health", proc, log, timeout_s=300)
+        yield url
+    finally:
+        _stop(proc)
+
+
+@contextmanager
+def prometheus(tmp: Path, target: str, scrape_interval: str = "1s"):
+    """Prometheus from the distribution's package, run with deploy/prometheus.yml retargeted at
+    `target` (host:port), on 127.0.0.1, with a throwaway data folder. `timeout` bounds its life
+    even if this process dies."""
+    config = yaml.safe_load((ROOT / "deploy/prometheus.yml").read_text())
+    config["global"]["scrape_interval"] = scrape_interval
+    (job,) = config["scrape_configs"]
+    job["static_configs"][0]["targets"] = [target]
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    log = tmp / "prometheus.log"
+    proc = subprocess.Popen(
+        ["timeout", "900", tool("prometheus"), f"--config.file={tmp / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait(f"{url}/-/ready", proc, log, timeout_s=60)
+        yield url
+    finally:
+        _stop(proc)
