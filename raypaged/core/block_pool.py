@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from raypaged.core.block_hash import BlockHash
+from raypaged.core.cache_summary import CacheSummary
 
 
 class Block:
@@ -83,6 +84,7 @@ class BlockPool:
         self.cached: dict[BlockHash, Block] = {}
         self.enable_caching = enable_caching
         self.num_evictions = 0
+        self.summary = CacheSummary()  # what `cached` holds, for routers (see cache_summary)
 
     @property
     def num_blocks(self) -> int:
@@ -133,11 +135,13 @@ class BlockPool:
             return
         block.block_hash = block_hash
         self.cached[block_hash] = block
+        self.summary.add(block_hash)
 
     def _unregister(self, block: Block) -> None:
         assert block.block_hash is not None
         if self.cached.get(block.block_hash) is block:
             del self.cached[block.block_hash]
+            self.summary.remove(block.block_hash)
         block.block_hash = None
 
     def count_by_state(self) -> tuple[int, int, int]:

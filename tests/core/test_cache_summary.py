@@ -1,0 +1,74 @@
+"""A worker's published cache summary matches its block pool, step after step, through prefix
+hits, evictions, preemptions and aborts; readers catch up by deltas (or a full copy when they
+fell behind the log) and answer "how many leading blocks of this prompt are cached here"."""
+import random
+
+import pytest
+
+from core_engine import make_engine
+from raypaged.core.block_hash import hash_block_tokens
+from raypaged.core.cache_summary import CacheSummary, CacheView, block_key
+from raypaged.core.sampling_params import SamplingParams
+
+
+def pool_keys(engine) -> set[int]:
+    return {block_key(h) for h in engine.scheduler.kv.pool.cached}
+
+
+@pytest.mark.parametrize("log_size", [65536, 7])  # 7: readers often fall behind the log
+def test_a_view_synced_by_deltas_equals_the_pool_after_every_step(log_size):
+    rng = random.Random(log_size)
+    engine = make_engine(num_blocks=16, block_size=4, max_num_batched_tokens=64)
+    pool = engine.scheduler.kv.pool
+    pool.summary = CacheSummary(log_size)
+    view, fulls = CacheView(), 0
+    prefixes = [[rng.randrange(1, 900) for _ in range(12)] for _ in range(4)]
+    for i in range(60):
+        prompt = rng.choice(prefixes) + [rng.randrange(1, 900) for _ in range(rng.randrange(1, 9))]
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=rng.randrange(1, 24),
+                                                           ignore_eos=True, temperature=0))
+        if rng.random() < 0.1:
+            engine.abort(f"r{rng.randrange(i + 1)}")
+        for _ in range(rng.randrange(1, 3)):
+            engine.step()
+            delta = pool.summary.delta_since(view.version)
+            fulls += delta.full
+            view.apply(delta)
+            assert view.keys == pool_keys(engine) and view.version == pool.summary.version
+    stats = engine.stats()
+    assert stats.num_preemptions > 0 and stats.memory.evictions > 0  # the run exercised both
+    assert (fulls > 1) == (log_size == 7)
+
+
+def test_cached_prefix_blocks_is_the_prefix_hit_the_worker_would_give():
+    engine = make_engine(num_blocks=32, block_size=4)
+    shared = list(range(100, 120))  # 5 full blocks
+    engine.add_request("a", shared + [1, 2, 3], SamplingParams(max_tokens=1, temperature=0))
+    while engine.has_unfinished():
+        engine.step()
+    view = CacheView()
+    view.apply(engine.scheduler.kv.pool.summary.delta_since(view.version))
+    probe = shared[:12] + [7, 7, 7, 7, 7]  # 3 shared blocks, then a different one
+    keys = [block_key(h) for h in hash_block_tokens(probe, 4)]
+    assert view.cached_prefix_blocks(keys) == 3
+    assert view.cached_prefix_blocks([block_key(h) for h in hash_block_tokens(shared, 4)]) == 5
+    salted = [block_key(h) for h in hash_block_tokens(shared, 4, cache_salt="tenant-b")]
+    assert view.cached_prefix_blocks(salted) == 0
+    engine.add_request("b", probe, SamplingParams(max_tokens=1, temperature=0))
+    [delta] = engine.step()
+    assert delta.num_cached_tokens == 3 * 4
+
+
+def test_a_delta_nets_out_a_key_added_and_removed_meanwhile():
+    summary = CacheSummary()
+    summary.add(b"a" * 16)
+    start = summary.version
+    summary.add(b"b" * 16)
+    summary.remove(b"b" * 16)
+    summary.remove(b"a" * 16)
+    summary.add(b"c" * 16)
+    delta = summary.delta_since(start)
+    assert (delta.added, delta.removed, delta.full) == ((block_key(b"c" * 16),),
+                                                        (block_key(b"a" * 16),), False)
+    assert summary.delta_since(summary.version).added == ()
+    assert summary.delta_since(summary.version + 5).full  # a reader from another incarnation
