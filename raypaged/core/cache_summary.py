@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import itertools
 from dataclasses import dataclass
+from typing import Sequence
 
 from raypaged.core.block_hash import BlockHash
 
@@ -88,7 +89,7 @@ class CacheView:
             self.keys.update(delta.added)
         self.version = delta.version
 
-    def cached_prefix_blocks(self, keys: list[int]) -> int:
+    def cached_prefix_blocks(self, keys: Sequence[int]) -> int:
         """How many of the leading blocks (given by their keys, in order) this cache holds."""
         for i, key in enumerate(keys):
             if key not in self.keys:
