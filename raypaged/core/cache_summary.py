@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import threading
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -40,16 +41,38 @@ class SummaryDelta:
 
 
 class CacheSummary:
+    """The writer's side. Thread-safe: a worker's step thread writes while its event loop
+    answers the controller's polls."""
+
     def __init__(self, log_size: int = DEFAULT_LOG_SIZE) -> None:
         self.keys: set[int] = set()
         self.version = 0
         self._log: collections.deque[tuple[int, bool]] = collections.deque(maxlen=log_size)
+        self._lock = threading.Lock()
 
     def add(self, block_hash: BlockHash) -> None:
-        self._change(block_key(block_hash), True)
+        with self._lock:
+            self._change(block_key(block_hash), True)
 
     def remove(self, block_hash: BlockHash) -> None:
-        self._change(block_key(block_hash), False)
+        with self._lock:
+            self._change(block_key(block_hash), False)
+
+    def mirror(self, delta: SummaryDelta) -> None:
+        """Apply another summary's delta as changes of this one (the controller keeps a mirror
+        of each worker's summary and serves routers their own deltas of it)."""
+        with self._lock:
+            if delta.full:
+                new = set(delta.added)
+                for key in self.keys - new:
+                    self._change(key, False)
+                added = new - self.keys
+            else:
+                for key in delta.removed:
+                    self._change(key, False)
+                added = delta.added
+            for key in added:
+                self._change(key, True)
 
     def _change(self, key: int, present: bool) -> None:
         if (key in self.keys) == present:
@@ -60,6 +83,10 @@ class CacheSummary:
 
     def delta_since(self, version: int) -> SummaryDelta:
         """What a reader at `version` needs to reach this version (empty if it is there)."""
+        with self._lock:
+            return self._delta_since(version)
+
+    def _delta_since(self, version: int) -> SummaryDelta:
         behind = self.version - version
         if behind < 0 or behind > len(self._log):  # unknown or forgotten history: start over
             return SummaryDelta(self.version, tuple(self.keys), full=True)

@@ -125,6 +125,7 @@ class EngineStats:
     num_finished: int
     num_steps: int
     num_blocked: int = 0  # waiting for KV blocks or seats at the last schedule (see Scheduler)
+    num_queued_tokens: int = 0  # tokens admitted but not computed yet: the work queued here
 
     @property
     def kv_cache_usage(self) -> float:

@@ -96,6 +96,13 @@ class Scheduler:
     def num_waiting(self) -> int:
         return len(self.waiting)
 
+    @property
+    def num_queued_tokens(self) -> int:
+        """Tokens of waiting and running requests not computed yet (prompts, chunks, and the one
+        token each decode feeds next): the work this engine has queued, for routers."""
+        return sum(r.num_tokens - r.num_computed_tokens
+                   for queue in (self.waiting, self.running) for r in queue)
+
     def has_samples(self, request_id: str) -> bool:
         """Whether forked samples (n > 1) of this request are still tracked."""
         return request_id in self.children

@@ -72,3 +72,25 @@ def test_a_delta_nets_out_a_key_added_and_removed_meanwhile():
                                                         (block_key(b"a" * 16),), False)
     assert summary.delta_since(summary.version).added == ()
     assert summary.delta_since(summary.version + 5).full  # a reader from another incarnation
+
+
+def test_a_mirror_serves_its_readers_the_same_set_by_its_own_versions():
+    worker, mirror = CacheSummary(), CacheSummary()
+    seen, router = -1, CacheView()
+    for i in range(30):
+        worker.add(bytes([i]) * 16)
+        if i % 3 == 0:
+            worker.remove(bytes([i // 2]) * 16)
+        if i % 4 == 0:  # the controller polls the worker, a router polls the controller
+            delta = worker.delta_since(seen)
+            mirror.mirror(delta)
+            seen = delta.version
+            router.apply(mirror.delta_since(router.version))
+            assert router.keys == mirror.keys == worker.keys
+    restarted = CacheSummary()  # a new incarnation: its versions start again at 0
+    restarted.add(b"z" * 16)
+    delta = restarted.delta_since(seen)
+    assert delta.full
+    mirror.mirror(delta)
+    router.apply(mirror.delta_since(router.version))
+    assert router.keys == {block_key(b"z" * 16)} and not router.version < mirror.version

@@ -180,3 +180,17 @@ def test_generation_stops_at_max_model_len():
     eng.add_request("r", list(range(5)), SamplingParams(temperature=0, max_tokens=None))
     out = run_to_completion(eng)
     assert len(out["r"]) == 7
+
+
+def test_queued_tokens_count_what_is_admitted_but_not_computed():
+    from core_engine import make_engine
+    from raypaged.core.sampling_params import SamplingParams
+
+    engine = make_engine(num_blocks=64, block_size=4, max_num_batched_tokens=10)
+    engine.add_request("a", list(range(1, 13)), SamplingParams(max_tokens=3, temperature=0))
+    engine.add_request("b", list(range(20, 26)), SamplingParams(max_tokens=3, temperature=0))
+    assert engine.stats().num_queued_tokens == 12 + 6
+    engine.step()  # 10 tokens of "a" (the budget)
+    assert engine.stats().num_queued_tokens == 2 + 6
+    engine.step()  # the rest of "a" (2, it samples) and 6 of "b" (it samples)
+    assert engine.stats().num_queued_tokens == 1 + 1  # each feeds its sampled token next
