@@ -170,6 +170,9 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
 
+    def cache_summary(self):
+        return self.core.cache_summary()
+
     def stats(self) -> EngineStats:
         return self.core.stats()
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 
+from raypaged.core.cache_summary import CacheSummary
 from raypaged.core.contracts import (EngineStats, ModelRunner, RequestDelta, ScheduledBatch,
                                      StepResult)
 from raypaged.core.request import Request
@@ -90,6 +91,10 @@ class EngineCore:
 
     def has_samples(self, request_id: str) -> bool:
         return self.scheduler.has_samples(request_id)
+
+    def cache_summary(self) -> CacheSummary:
+        """What the prefix cache holds, for routers (see core/cache_summary.py)."""
+        return self.scheduler.kv.pool.summary
 
     def stats(self) -> EngineStats:
         return EngineStats(memory=self.scheduler.kv.memory_stats(),

@@ -42,9 +42,9 @@ class WorkerActor(Worker):
         super().__init__(build_engine_from(engine_kwargs, engine_factory), worker_id, max_queued)
 
 
-async def probe_worker(handle) -> WorkerStats:
+async def probe_worker(handle, cache_since: int) -> WorkerStats:
     try:
-        return await handle.stats.remote()
+        return await handle.stats.remote(cache_since)
     except ActorUnavailableError as exc:
         raise WorkerDown(RESTARTING) from exc
     except ActorDiedError as exc:

@@ -75,7 +75,10 @@ def run_serve(ns: argparse.Namespace) -> int:
         import torch
         num_cpus = ns.num_cpus or os.cpu_count()
         args = local_worker_resources(args, num_cpus, torch.cuda.device_count())
-        ray.init(num_cpus=num_cpus, include_dashboard=False, namespace="raypaged")
+        # address="local": always a new cluster of our own, even where another one (`ray start`)
+        # already runs on this machine and ray.init() alone would join it
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                 namespace="raypaged")
     else:
         ray.init(address=ns.address, namespace="raypaged")
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM takes the same way out as Ctrl-C

@@ -47,13 +47,17 @@ class ServeOptions:
     router_replicas: int = setting(1, "HTTP router replicas", group=FLEET, ge=1)
     max_queued_requests: int = setting(
         1024, "per worker, beyond the running ones; then 503 + Retry-After", group=FLEET, ge=0)
-    routing: str = setting("prefix", "prefix: rendezvous hashing on the prompt's first blocks",
-                           group=ROUTING, choices=("prefix", "round_robin"))
+    routing: str = setting(
+        "hash", "hash: rendezvous hashing on the prompt's first blocks under a load bound; "
+        "cache_aware: the worker where the request adds the least prefill, from each worker's "
+        "published cache summary and queue; round_robin: for comparison",
+        group=ROUTING, choices=("hash", "cache_aware", "round_robin"))
     route_prefix_blocks: int = setting(DEFAULT_ROUTE_PREFIX_BLOCKS,
                                        "prompt blocks hashed into the routing key",
                                        group=ROUTING, ge=1)
     route_load_factor: float = setting(
-        1.25, "a worker above this x the mean load passes a request on", group=ROUTING, ge=1)
+        1.25, "a worker above this x the mean requests in flight passes a request on",
+        group=ROUTING, ge=1)
     api_key: str | None = setting(
         None, "require 'Authorization: Bearer KEY' (default: $RAYPAGED_API_KEY; /health and "
         "/metrics stay open)", group=SERVER)

@@ -8,6 +8,11 @@ application. Each poll round asks every worker for `stats()` concurrently, with 
     timeout                    -> unresponsive (keeps its last stats; routers skip it)
     WorkerDown(state)          -> restarting / dead (routers skip it until it answers again)
 
+Each poll also brings the worker's prefix-cache changes since the last one; the controller keeps
+a mirror of every worker's cache summary, and routers catch up with it by deltas
+(`cache_deltas`), so the cache-aware router knows which blocks each worker holds without ever
+calling a worker itself.
+
 Routers push their request metrics here so /metrics on any replica shows the whole fleet.
 """
 from __future__ import annotations
@@ -18,6 +23,7 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Sequence
 
+from raypaged.core.cache_summary import CacheSummary, SummaryDelta
 from raypaged.serve.fleet import (DEAD, READY, STARTING, UNRESPONSIVE, FleetSnapshot,
                                   WorkerView)
 from raypaged.serve.worker import WorkerStats
@@ -34,7 +40,8 @@ class WorkerDown(Exception):
         self.cause = cause  # why, when known (the error that killed a worker's constructor)
 
 
-Probe = Callable[[Any], Awaitable[WorkerStats]]
+# probe(handle, cache_since): the worker's stats, with its cache changes since that version
+Probe = Callable[[Any, int], Awaitable[WorkerStats]]
 
 
 class Controller:
@@ -48,10 +55,17 @@ class Controller:
         self._version = 0
         self._router_metrics: dict[str, dict] = {}
         self._poller: asyncio.Task | None = None
+        self._caches = {wid: CacheSummary() for wid, _ in workers}  # mirrors, for routers
+        self._cache_from: dict[str, tuple[str, int]] = {}  # worker -> (incarnation, version)
 
     async def snapshot(self) -> FleetSnapshot:
         self._ensure_polling()
         return FleetSnapshot(self._version, tuple(self._views.values()), dict(self._router_metrics))
+
+    async def cache_deltas(self, versions: dict[str, int]) -> dict[str, SummaryDelta]:
+        """For a router whose copies are at `versions` (worker id -> version; -1: none yet)."""
+        return {wid: summary.delta_since(versions.get(wid, -1))
+                for wid, summary in self._caches.items()}
 
     async def report_router_metrics(self, replica_id: str, metrics: dict) -> None:
         self._ensure_polling()
@@ -69,8 +83,10 @@ class Controller:
 
     async def _poll(self, view: WorkerView) -> WorkerView:
         now = time.time()
+        incarnation, version = self._cache_from.get(view.worker_id, ("", -1))
         try:
-            stats = await asyncio.wait_for(self._probe(view.handle), self.poll_timeout_s)
+            stats = await asyncio.wait_for(self._probe(view.handle, version),
+                                           self.poll_timeout_s)
         except asyncio.TimeoutError:
             state = STARTING if view.state == STARTING else UNRESPONSIVE
             return _moved(view, state, now)
@@ -80,9 +96,22 @@ class Controller:
             logger.warning("polling worker %s failed: %r", view.worker_id, exc)
             return dataclasses.replace(_moved(view, DEAD, now), error=repr(exc))
         restarted = view.stats is not None and stats.incarnation != view.stats.incarnation
+        if stats.cache is not None:
+            self._mirror_cache(view.worker_id, incarnation, stats)
+            stats = dataclasses.replace(stats, cache=None)  # routers get it by cache_deltas
         view = _moved(view, READY, now)
         return dataclasses.replace(view, stats=stats, restarts=view.restarts + restarted,
                                    error=None)
+
+    def _mirror_cache(self, worker_id: str, incarnation: str, stats: WorkerStats) -> None:
+        delta = stats.cache
+        if stats.incarnation != incarnation and not delta.full:
+            # A restarted process counts versions afresh: a delta against our old version
+            # would apply to the wrong base. Ask for everything next time.
+            self._cache_from[worker_id] = (stats.incarnation, -1)
+            return
+        self._caches[worker_id].mirror(delta)
+        self._cache_from[worker_id] = (stats.incarnation, delta.version)
 
     def _ensure_polling(self) -> None:
         if self._poller is None or self._poller.done():

@@ -42,6 +42,9 @@ class FleetSnapshot:
     workers: tuple[WorkerView, ...] = ()
     # router replica id -> its request metrics (RequestMetrics.snapshot()), for /metrics
     router_metrics: dict = field(default_factory=dict)
+    # worker id -> CacheView of its prefix cache: kept by each router's fleet client (the
+    # controller sends deltas), attached to the snapshot it hands out; not sent by the controller
+    caches: dict = field(default_factory=dict, compare=False)
 
     def ready(self) -> list[WorkerView]:
         return [w for w in self.workers if w.ready]

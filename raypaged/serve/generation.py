@@ -19,6 +19,7 @@ from typing import AsyncIterator, Protocol
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.outputs import SequenceOutput
 from raypaged.serve.errors import APIError
+from raypaged.serve.cost_routing import WorkerLoad
 from raypaged.serve.fleet import FleetSnapshot, WorkerView
 from raypaged.serve.metrics import RequestMetrics
 from raypaged.serve.routing import Router
@@ -51,9 +52,10 @@ class Dispatcher:
         self._snapshot_version = -1
         self._ours_at_snapshot: dict[str, int] = {}
 
-    def candidates(self, exclude: set[str]) -> tuple[FleetSnapshot, dict[str, float]]:
+    def candidates(self, exclude: set[str]) -> tuple[FleetSnapshot, dict[str, WorkerLoad]]:
         """Ready workers and their load: this replica's own requests, counted exactly, plus the
-        other replicas' as the last snapshot saw them (its load minus what was ours then).
+        other replicas' as the last snapshot saw them (its load minus what was ours then); the
+        tokens queued there and its prefix cache, as of the snapshot.
 
         The snapshot alone lags by up to a poll and a refresh: a burst would all see the same
         stale loads, and requests finished since would still count and push work away."""
@@ -67,7 +69,9 @@ class Dispatcher:
             if w.worker_id in exclude or self._suspect_until.get(w.worker_id, 0) >= now:
                 continue
             others = max(0, w.load - self._ours_at_snapshot.get(w.worker_id, 0))
-            loads[w.worker_id] = others + self.inflight[w.worker_id]
+            loads[w.worker_id] = WorkerLoad(others + self.inflight[w.worker_id],
+                                            w.stats.engine.num_queued_tokens,
+                                            snap.caches.get(w.worker_id))
         return snap, loads
 
     def mark_suspect(self, worker_id: str) -> None:

@@ -8,6 +8,7 @@ leaving one early cancels the actor task, which aborts the request and frees its
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Awaitable, Callable
@@ -15,6 +16,7 @@ from typing import Awaitable, Callable
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
+from raypaged.core.cache_summary import CacheView
 from raypaged.serve.fleet import FleetSnapshot, WorkerView
 from raypaged.serve.generation import WorkerUnavailable
 from raypaged.serve.metrics import RequestMetrics
@@ -31,6 +33,7 @@ class RayFleetClient:
         self.metrics = metrics
         self.refresh_s, self.push_metrics_s = refresh_s, push_metrics_s
         self._snapshot = FleetSnapshot()
+        self._caches: dict[str, CacheView] = {}
         self._task: asyncio.Task | None = None
 
     def snapshot(self) -> FleetSnapshot:
@@ -58,7 +61,11 @@ class RayFleetClient:
         if self._controller is None:
             self._controller = await self._resolve()
         try:
-            self._snapshot = await self._controller.snapshot.remote()
+            snapshot = await self._controller.snapshot.remote()
+            versions = {wid: view.version for wid, view in self._caches.items()}
+            for wid, delta in (await self._controller.cache_deltas.remote(versions)).items():
+                self._caches.setdefault(wid, CacheView()).apply(delta)
+            self._snapshot = dataclasses.replace(snapshot, caches=dict(self._caches))
         except RayActorError:
             self._controller = None  # recreated by Serve: resolve it again next time
             raise

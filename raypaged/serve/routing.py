@@ -21,6 +21,7 @@ from typing import Mapping, Sequence
 
 from raypaged.core.block_hash import BlockHash, hash_block, hash_block_tokens, salt_key
 from raypaged.serve.config import ServeOptions
+from raypaged.serve.cost_routing import WorkerLoad, prompt_block_keys, rank_by_cost
 
 AFFINITY, LOAD_BOUND, ROUND_ROBIN = "affinity", "load_bound", "round_robin"
 
@@ -56,9 +57,9 @@ class Router:
         self._turn = itertools.count()
 
     def rank(self, token_ids: Sequence[int], cache_salt: str | None,
-             loads: Mapping[str, float]) -> tuple[list[str], str]:
-        """(workers in the order to try, reason for the first) over the workers in `loads`."""
-        worker_ids = sorted(loads)
+             workers: Mapping[str, WorkerLoad]) -> tuple[list[str], str]:
+        """(workers in the order to try, reason for the first) over the workers given."""
+        worker_ids = sorted(workers)
         if not worker_ids:
             return [], ""
         if self.config.routing == "round_robin":
@@ -66,6 +67,11 @@ class Router:
             return worker_ids[start:] + worker_ids[:start], ROUND_ROBIN
         key = routing_key(token_ids, self.block_size, self.config.route_prefix_blocks, cache_salt)
         order = rendezvous_order(key, worker_ids)
+        if self.config.routing == "cache_aware":
+            keys = prompt_block_keys(token_ids, self.block_size, cache_salt)
+            return rank_by_cost(len(token_ids), keys, self.block_size, workers, order,
+                                self.config.route_load_factor)
+        loads = {w: load.requests for w, load in workers.items()}
         pick = bounded_choice(order, loads, self.config.route_load_factor)
         reason = AFFINITY if pick == 0 else LOAD_BOUND
         return [order[pick], *order[:pick], *order[pick + 1:]], reason

@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import AsyncIterator
 
+from raypaged.core.cache_summary import SummaryDelta
 from raypaged.core.contracts import EngineStats
 from raypaged.core.engine_core import ERROR
 from raypaged.core.sampling_params import SamplingParams
@@ -54,6 +55,7 @@ class WorkerStats:
     num_active: int           # requests inside generate(): the routing load
     graph_steps: int = 0      # model steps replayed from a CUDA graph
     eager_steps: int = 0      # model steps run eagerly
+    cache: SummaryDelta | None = None  # prefix-cache changes since the version asked for
 
     @property
     def kv_cache_usage(self) -> float:
@@ -126,8 +128,11 @@ class Worker:
         await self._engine_loop().call(lambda e: e.abort(request_id))
 
     # -- what the controller and router read -----------------------------------------------
-    def stats(self) -> WorkerStats:
+    def stats(self, cache_since: int | None = None) -> WorkerStats:
+        """The engine's latest stats; with `cache_since`, also what its prefix cache gained and
+        lost since that summary version (the controller mirrors it for routers)."""
         engine_stats = self._loop.stats if self._loop is not None else self.engine.stats()
+        cache = None if cache_since is None else self.engine.cache_summary().delta_since(cache_since)
         runner = getattr(self.engine, "runner", None)  # counters are plain ints: safe to read
         return WorkerStats(
             worker_id=self.worker_id, incarnation=self.incarnation, pid=os.getpid(),
@@ -135,7 +140,7 @@ class Worker:
             block_size=self.engine.block_size, budget=self.budget, engine=engine_stats,
             num_active=len(self._streams),
             graph_steps=getattr(runner, "num_graph_steps", 0),
-            eager_steps=getattr(runner, "num_eager_steps", engine_stats.num_steps))
+            eager_steps=getattr(runner, "num_eager_steps", engine_stats.num_steps), cache=cache)
 
     def get_tokenizer(self):
         return self.engine.tokenizer

@@ -119,6 +119,9 @@ class FakeEngine:
     def stats(self):
         return self.core.stats()
 
+    def cache_summary(self):
+        return self.core.cache_summary()
+
     def _output(self, d) -> SequenceOutput:
         rid = d.parent_id or d.request_id
         params, num_prompt = self._meta[rid]

@@ -7,6 +7,7 @@ import itertools
 import httpx
 
 from fake_engine import FakeEngine
+from raypaged.core.cache_summary import CacheView
 from raypaged.serve.config import ServeOptions
 from raypaged.serve.fleet import READY, FleetSnapshot, WorkerView
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
@@ -28,8 +29,13 @@ class LocalFleet:
 
     def snapshot(self) -> FleetSnapshot:
         """A fresh view every time (the Ray fleet's is refreshed in the background)."""
+        caches = {}
+        for wid, w in self.workers.items():
+            caches[wid] = CacheView()
+            caches[wid].apply(w.engine.cache_summary().delta_since(-1))
         return FleetSnapshot(next(self._versions), tuple(WorkerView(wid, READY, w, w.stats())
-                                      for wid, w in self.workers.items()))
+                                                         for wid, w in self.workers.items()),
+                             caches=caches)
 
     async def stream(self, view, request_id, token_ids, params, cache_salt):
         mode = self.failing.get(view.worker_id)
@@ -51,11 +57,12 @@ class LocalFleet:
             w.shutdown()
 
 
-def local_app(fleet: LocalFleet, api_key: str | None = None, max_request_bytes: int = 1 << 20):
+def local_app(fleet: LocalFleet, api_key: str | None = None, max_request_bytes: int = 1 << 20,
+              options: ServeOptions = ServeOptions()):
     metrics = RequestMetrics()
     engine = next(iter(fleet.workers.values())).engine
     info = ModelInfo("fake-model", engine.max_model_len, len(engine.tokenizer), 0)
-    dispatcher = Dispatcher(fleet, Router(ServeOptions(), engine.block_size), metrics)
+    dispatcher = Dispatcher(fleet, Router(options, engine.block_size), metrics)
     frontend = OpenAIFrontend(dispatcher, engine.tokenizer, info)
     app = build_http_app(frontend, fleet.snapshot, metrics,
                          lambda: render(fleet.snapshot(), metrics.snapshot(), info.name),

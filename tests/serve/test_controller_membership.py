@@ -38,7 +38,7 @@ class ManualController(Controller):
 
 def make():
     a, b = FakeWorker("worker-0"), FakeWorker("worker-1")
-    controller = ManualController([("worker-0", a), ("worker-1", b)], lambda h: h.probe(),
+    controller = ManualController([("worker-0", a), ("worker-1", b)], lambda h, since: h.probe(),
                             poll_interval_s=60, poll_timeout_s=0.05)
     return controller, a, b
 
@@ -113,7 +113,7 @@ def test_router_metrics_reported_to_the_controller_are_in_the_snapshot():
 def test_the_controller_polls_by_itself_once_asked_for_a_snapshot():
     async def main():
         a = FakeWorker("worker-0")
-        c = Controller([("worker-0", a)], lambda h: h.probe(), poll_interval_s=0.01,
+        c = Controller([("worker-0", a)], lambda h, since: h.probe(), poll_interval_s=0.01,
                        poll_timeout_s=0.05)
         assert (await c.snapshot()).ready() == []
         for _ in range(100):

@@ -58,3 +58,99 @@ def test_equal_costs_fall_back_to_rendezvous_order():
 def test_a_cold_prompt_skips_its_rendezvous_first_when_that_one_is_full():
     workers = {"w2": WorkerLoad(4), "w0": WorkerLoad(0), "w1": WorkerLoad(0)}
     assert rank(workers) == (["w0", "w2", "w1"], COLD)
+
+
+# -- through the fleet: worker summary -> controller mirror -> router views -------------------
+import asyncio  # noqa: E402
+import dataclasses  # noqa: E402
+
+from fake_engine import FakeEngine  # noqa: E402
+from local_fleet import LocalFleet, client_for, local_app  # noqa: E402
+from raypaged.core.cache_summary import block_key  # noqa: E402
+from raypaged.core.sampling_params import SamplingParams  # noqa: E402
+from raypaged.serve.config import ServeOptions  # noqa: E402
+from raypaged.serve.controller import Controller  # noqa: E402
+from raypaged.serve.generation import Dispatcher  # noqa: E402
+from raypaged.serve.metrics import RequestMetrics  # noqa: E402
+from raypaged.serve.routing import Router  # noqa: E402
+from raypaged.serve.worker import Worker  # noqa: E402
+
+
+async def run_request(worker, rid, prompt):
+    async for _ in worker.generate(rid, prompt, SamplingParams(max_tokens=2, ignore_eos=True)):
+        pass
+
+
+def pool_keys(worker) -> set[int]:
+    return {block_key(h) for h in worker.engine.core.scheduler.kv.pool.cached}
+
+
+def test_the_controller_mirrors_each_workers_cache_and_routers_catch_up_by_deltas():
+    async def main():
+        workers = {"worker-0": Worker(FakeEngine(), "worker-0")}
+
+        async def probe(worker, since):
+            return worker.stats(since)
+        controller = Controller(list(workers.items()), probe, poll_interval_s=60)
+        controller._ensure_polling = lambda: None  # poll only when the test says so
+        router = {}
+        w = workers["worker-0"]
+        for i in range(3):
+            await run_request(w, f"r{i}", [97 + i] * 40)
+            await controller.poll_once()
+            for wid, delta in (await controller.cache_deltas(
+                    {k: v.version for k, v in router.items()})).items():
+                router.setdefault(wid, CacheView()).apply(delta)
+            assert router["worker-0"].keys == pool_keys(w) and len(pool_keys(w)) >= 2 * (i + 1)
+            assert (await controller.snapshot()).workers[0].stats.cache is None  # not re-sent
+        # the worker restarts: a new process whose versions start again
+        workers["worker-0"].shutdown()
+        fresh = Worker(FakeEngine(), "worker-0")
+        controller._views["worker-0"] = dataclasses.replace(controller._views["worker-0"],
+                                                             handle=fresh)
+        await run_request(fresh, "s", [120] * 40)
+        for _ in range(2):  # a partial delta from the new process is refused, then a full one
+            await controller.poll_once()
+        for wid, delta in (await controller.cache_deltas(
+                {k: v.version for k, v in router.items()})).items():
+            router[wid].apply(delta)
+        assert router["worker-0"].keys == pool_keys(fresh)
+        fresh.shutdown()
+    asyncio.run(main())
+
+
+def test_cache_aware_routing_sends_a_shared_prefix_where_it_is_cached():
+    fleet = LocalFleet(n=3)
+    app, metrics = local_app(fleet, options=ServeOptions(routing="cache_aware"))
+    system = "You are a helpful assistant. " * 6  # ~174 bytes: ten full blocks of 16
+    bodies = [{"model": "fake-model", "prompt": system + f"question {i}?", "max_tokens": 2,
+               "ignore_eos": True} for i in range(6)]
+
+    async def main():
+        async with client_for(app) as client:
+            first = await client.post("/v1/completions", json=bodies[0])
+            rest = [await client.post("/v1/completions", json=b) for b in bodies[1:]]
+        return first, rest
+    try:
+        first, rest = asyncio.run(main())
+    finally:
+        fleet.shutdown()
+    home = first.headers["x-raypaged-worker"]
+    assert [r.headers["x-raypaged-worker"] for r in rest] == [home] * 5
+    assert metrics.counters["routing_decisions"] == {"cold_prefix": 1.0, "cache_hit": 5.0}
+    assert all(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 160 for r in rest)
+
+
+def test_two_router_replicas_with_the_same_snapshot_choose_alike():
+    fleet = LocalFleet(n=4)
+    try:
+        asyncio.run(run_request(fleet.workers["worker-2"], "warm", list(b"x" * 80)))
+        snap_loads = Dispatcher(fleet, None, RequestMetrics()).candidates(set())[1]
+        routers = [Router(ServeOptions(routing="cache_aware"), 16) for _ in range(2)]
+        for prompt in (list(b"x" * 70), list(b"y" * 70), list(b"x" * 33 + b"z" * 40)):
+            a, b = (r.rank(prompt, None, snap_loads) for r in routers)
+            assert a == b
+        order, reason = routers[0].rank(list(b"x" * 70), None, snap_loads)
+        assert (order[0], reason) == ("worker-2", CACHED)
+    finally:
+        fleet.shutdown()

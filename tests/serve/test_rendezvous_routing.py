@@ -5,6 +5,7 @@ import collections
 
 from raypaged.core.block_hash import hash_block_tokens
 from raypaged.serve.config import ServeOptions
+from raypaged.serve.cost_routing import WorkerLoad
 from raypaged.serve.routing import (AFFINITY, LOAD_BOUND, ROUND_ROBIN, Router, bounded_choice,
                                     rendezvous_order, routing_key)
 
@@ -13,6 +14,10 @@ WORKERS = ["worker-0", "worker-1", "worker-2", "worker-3"]
 
 def idle(ids=WORKERS):
     return {w: 0 for w in ids}
+
+
+def in_flight(loads: dict[str, int]) -> dict[str, WorkerLoad]:
+    return {w: WorkerLoad(n) for w, n in loads.items()}
 
 
 def test_key_is_the_cores_chain_hash_at_the_configured_depth():
@@ -54,12 +59,12 @@ def test_load_bound_passes_the_request_on_above_factor_times_mean():
 
 
 def test_a_hot_key_fills_its_worker_up_to_the_bound_then_spills_in_its_own_order():
-    router = Router(ServeOptions(routing="prefix", route_prefix_blocks=4, route_load_factor=1.25), block_size=16)
+    router = Router(ServeOptions(routing="hash", route_prefix_blocks=4, route_load_factor=1.25), block_size=16)
     tokens = list(range(80))
     loads = idle(["worker-0", "worker-1"])
     picks = []
     for _ in range(6):
-        order, reason = router.rank(tokens, None, loads)
+        order, reason = router.rank(tokens, None, in_flight(loads))
         picks.append((order[0], reason))
         loads[order[0]] += 1
     preferred = picks[0][0]
@@ -69,18 +74,18 @@ def test_a_hot_key_fills_its_worker_up_to_the_bound_then_spills_in_its_own_order
 
 
 def test_the_ranking_lists_every_candidate_once_choice_first():
-    router = Router(ServeOptions(routing="prefix", route_prefix_blocks=4, route_load_factor=1.25), block_size=16)
+    router = Router(ServeOptions(routing="hash", route_prefix_blocks=4, route_load_factor=1.25), block_size=16)
     loads = {"worker-0": 9, "worker-1": 0, "worker-2": 0}
-    order, reason = router.rank(list(range(70)), None, loads)
+    order, reason = router.rank(list(range(70)), None, in_flight(loads))
     assert sorted(order) == sorted(loads) and reason in (AFFINITY, LOAD_BOUND)
     assert order[0] != "worker-0"  # far above the mean
 
 
 def test_round_robin_cycles_and_ignores_the_prompt():
     router = Router(ServeOptions(routing="round_robin"), block_size=16)
-    firsts = [router.rank([1] * 40, None, idle(WORKERS[:3]))[0][0] for _ in range(6)]
+    firsts = [router.rank([1] * 40, None, in_flight(idle(WORKERS[:3])))[0][0] for _ in range(6)]
     assert firsts == ["worker-0", "worker-1", "worker-2"] * 2
-    assert router.rank([1], None, idle())[1] == ROUND_ROBIN
+    assert router.rank([1], None, in_flight(idle()))[1] == ROUND_ROBIN
 
 
 def test_no_candidates_gives_an_empty_ranking():

@@ -18,7 +18,7 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_defaults_bind_localhost_and_route_by_prefix():
     ns = parse()
-    assert (ns.host, ns.port, ns.workers, ns.routing) == ("127.0.0.1", 8000, 1, "prefix")
+    assert (ns.host, ns.port, ns.workers, ns.routing) == ("127.0.0.1", 8000, 1, "hash")
     options, _ = serve_args_from(ns).split()
     assert options.route_load_factor == 1.25 and options.workers == 1
 
