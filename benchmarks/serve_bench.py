@@ -7,16 +7,14 @@ Against a running server:
 Comparison (the default): launches `raypaged serve` itself, one configuration after another, on
 the seeded shared-prefix workload at a fixed offered load (Poisson, 1 request/s: latency is
 compared at equal load, not at saturation), and prints one table:
-    prefix       --workers 2 --routing prefix
+    hash         --workers 2 --routing hash
+    cache_aware  --workers 2 --routing cache_aware
     round_robin  --workers 2 --routing round_robin
     single       --workers 1 with the fleet's whole KV budget (the hit-rate yardstick)
-    python benchmarks/serve_bench.py [--modes prefix,round_robin,single]
+    python benchmarks/serve_bench.py [--modes hash,cache_aware,round_robin,single]
                                      [--sweep-prefix-blocks 1,2,4,8]
 
-Datasets (seeded, prompts sent as token ids so lengths are exact; outputs use ignore_eos):
-    random             input and output lengths drawn from ranges
-    prefix_repetition  --num-prefixes shared prefixes x suffixes; every prompt also starts with a
-                       --common-prefix-len head shared by all (a chat template's system prompt)
+Datasets: benchmarks/serve_datasets.py (seeded, token ids; outputs use ignore_eos).
 
 Per request: TTFT (send -> first token chunk), ITL (gaps between chunks), TPOT ((e2e - TTFT) /
 (output tokens - 1)), E2E. Per run: mean/p50/p90/p99 of each, request and output-token
@@ -46,27 +44,8 @@ import httpx  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
+from benchmarks.serve_datasets import DATASETS, make_dataset  # noqa: E402
 
-VOCAB = (100, 10_000)  # token ids drawn from here: inside every Llama-family vocabulary
-
-
-# -- datasets --------------------------------------------------------------------------------
-def random_dataset(n: int, input_len: tuple[int, int], output_len: int, seed: int):
-    rng = random.Random(seed)
-    return [([rng.randrange(*VOCAB) for _ in range(rng.randint(*input_len))], output_len)
-            for _ in range(n)]
-
-
-def prefix_repetition_dataset(n: int, num_prefixes: int, prefix_len: int, suffix_len: int,
-                              common_len: int, output_len: int, seed: int):
-    rng = random.Random(seed)
-    common = [rng.randrange(*VOCAB) for _ in range(common_len)]
-    prefixes = [common + [rng.randrange(*VOCAB) for _ in range(prefix_len)]
-                for _ in range(num_prefixes)]
-    reqs = [(prefixes[i % num_prefixes] + [rng.randrange(*VOCAB) for _ in range(suffix_len)],
-             output_len) for i in range(n)]
-    rng.shuffle(reqs)
-    return reqs
 
 
 # -- one request -----------------------------------------------------------------------------
@@ -122,14 +101,16 @@ async def run_load(url: str, model: str, reqs, max_concurrency: int | None,
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         await one_request(client, url, model, [7] * 8, 2)  # warm-up
 
-        async def limited(prompt, out):
+        async def limited(prompt, out, after):
+            if after is not None:  # the next turn of a conversation waits for the last one
+                await tasks[after]
             async with sem:
                 return await one_request(client, url, model, prompt, out)
 
         start = time.perf_counter()
         tasks = []
-        for prompt, out in reqs:
-            tasks.append(asyncio.create_task(limited(prompt, out)))
+        for prompt, out, after in reqs:
+            tasks.append(asyncio.create_task(limited(prompt, out, after)))
             if request_rate != float("inf"):
                 await asyncio.sleep(rng.expovariate(request_rate))  # Poisson arrivals
         results = await asyncio.gather(*tasks)
@@ -224,15 +205,15 @@ def mode_flags(mode: str, ns, prefix_blocks: int) -> list[str]:
     common = ["--max-model-len", str(ns.max_model_len),
               "--route-prefix-blocks", str(prefix_blocks),
               "--route-load-factor", str(ns.route_load_factor)]
-    if mode == "prefix_sweep":
-        mode = "prefix"
+    if mode == "hash_sweep":
+        mode = "hash"
     if mode == "single":  # one worker with the fleet's whole budget and CPUs
         return ["--workers", "1", "--kv-context-len", str(2 * ns.kv_tokens), *common]
     return ["--workers", "2", "--routing", mode, "--kv-context-len", str(ns.kv_tokens), *common]
 
 
 # -- main ------------------------------------------------------------------------------------
-COLUMNS = ["mode", "prefix_blocks", "requests", "failed", "request_throughput",
+COLUMNS = ["mode", "load", "prefix_blocks", "requests", "failed", "request_throughput",
            "output_throughput", "mean_ttft_ms", "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
            "mean_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2e_ms", "p99_e2e_ms",
            "prefix_hit_rate", "max_worker_share_over_mean"]
@@ -241,17 +222,21 @@ COLUMNS = ["mode", "prefix_blocks", "requests", "failed", "request_throughput",
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", help="benchmark this server instead of launching raypaged serve")
-    p.add_argument("--modes", default="prefix,round_robin,single")
+    p.add_argument("--modes", default="hash,cache_aware,round_robin,single")
     p.add_argument("--sweep-prefix-blocks", default="",
-                   help="comma list: run the prefix mode once per --route-prefix-blocks value")
+                   help="comma list: run the hash mode once per --route-prefix-blocks value")
     p.add_argument("--route-prefix-blocks", type=int, default=4)
     p.add_argument("--route-load-factor", type=float, default=1.25)
-    p.add_argument("--dataset", choices=["random", "prefix_repetition"],
-                   default="prefix_repetition")
+    p.add_argument("--dataset", choices=DATASETS, default="prefix_repetition")
+    p.add_argument("--turns", type=int, default=4, help="multi_turn: turns per conversation")
     p.add_argument("--num-prompts", type=int, default=96)
     p.add_argument("--max-concurrency", type=int, default=16)
     p.add_argument("--request-rate", type=float, default=1.0,
                    help="Poisson arrivals per second (inf: all at once, up to max-concurrency)")
+    p.add_argument("--loads", default="",
+                   help="comma list of fractions of saturation (e.g. 0.5,0.8): first measure "
+                        "the fleet's saturation (round robin, all at once), then run every mode "
+                        "at each fraction of it instead of --request-rate")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--input-len", type=int, nargs=2, default=(64, 512), help="random dataset")
     p.add_argument("--output-len", type=int, default=16)
@@ -269,30 +254,36 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     ns = parse_args(argv)
-    if ns.dataset == "random":
-        reqs = random_dataset(ns.num_prompts, tuple(ns.input_len), ns.output_len, ns.seed)
-    else:
-        reqs = prefix_repetition_dataset(ns.num_prompts, ns.num_prefixes, ns.prefix_len,
-                                         ns.suffix_len, ns.common_prefix_len, ns.output_len,
-                                         ns.seed)
+    reqs = make_dataset(ns)
     runs = []
     if ns.url:
         runs.append({"mode": "url", **bench_url(ns.url, reqs, ns)})
     else:
         plan = [(m, ns.route_prefix_blocks) for m in ns.modes.split(",") if m]
-        plan += [("prefix_sweep", int(b)) for b in ns.sweep_prefix_blocks.split(",") if b]
-        for mode, blocks in plan:
-            log = Path(tempfile.gettempdir()) / f"{ns.name}_{mode}_{blocks}.log"
-            print(f"-- {mode} (route-prefix-blocks {blocks}): launching raypaged serve", flush=True)
-            proc, url = launch(mode_flags(mode, ns, blocks), log)
-            try:
-                runs.append({"mode": mode, "prefix_blocks": blocks, **bench_url(url, reqs, ns)})
-            finally:
-                stop(proc)
-            print(table(runs[-1:], COLUMNS), flush=True)
+        plan += [("hash_sweep", int(b)) for b in ns.sweep_prefix_blocks.split(",") if b]
+        rates = [(None, ns.request_rate)]
+        if ns.loads:
+            saturated = launch_and_bench("round_robin", ns.route_prefix_blocks, reqs,
+                                         argparse.Namespace(**{**vars(ns), "request_rate":
+                                                               float("inf")}))
+            ns.saturation_rps = saturated["request_throughput"]
+            print(f"-- saturation: {ns.saturation_rps:.3f} requests/s", flush=True)
+            rates = [(float(f), float(f) * ns.saturation_rps) for f in ns.loads.split(",")]
+        for load, rate in rates:
+            for mode, blocks in plan:
+                run_ns = argparse.Namespace(**{**vars(ns), "request_rate": rate})
+                runs.append({"mode": mode, "prefix_blocks": blocks, "load": load,
+                             "request_rate": rate,
+                             **launch_and_bench(mode, blocks, reqs, run_ns)})
+                print(table(runs[-1:], COLUMNS), flush=True)
     print()
     print(table(runs, COLUMNS))
-    summary = targets(runs)
+    summary = {"checks": {}, "lines": []}
+    for load in dict.fromkeys(r.get("load") for r in runs):
+        part = targets([r for r in runs if r.get("load") == load])
+        tag = "" if load is None else f"load {load}: "
+        summary["checks"].update({f"{tag}{k}": v for k, v in part["checks"].items()})
+        summary["lines"] += [tag + line for line in part["lines"]]
     for line in summary["lines"]:
         print(line)
     workload = {k: v for k, v in vars(ns).items() if k not in ("url", "name")}
@@ -303,23 +294,43 @@ def main(argv=None) -> int:
     return 0
 
 
+def launch_and_bench(mode: str, blocks: int, reqs, ns) -> dict:
+    log = Path(tempfile.gettempdir()) / f"{ns.name}_{mode}_{blocks}.log"
+    print(f"-- {mode} (route-prefix-blocks {blocks}, {ns.request_rate} req/s): launching "
+          "raypaged serve", flush=True)
+    proc, url = launch(mode_flags(mode, ns, blocks), log)
+    try:
+        return bench_url(url, reqs, ns)
+    finally:
+        stop(proc)
+
+
 def targets(runs: list[dict]) -> dict:
     """The issue's targets on the shared-prefix workload, where the runs to compare exist."""
     by = {r["mode"]: r for r in runs}
     checks, lines = {}, []
-    if "prefix" in by and "single" in by and by["single"]["prefix_hit_rate"]:
-        ratio = by["prefix"]["prefix_hit_rate"] / by["single"]["prefix_hit_rate"]
-        checks["hit_rate_vs_single"] = ratio
-        lines.append(f"hit rate, prefix routing / single worker: {ratio:.2f} (target >= 0.9)")
-    if "prefix" in by and "round_robin" in by and by["prefix"]["mean_ttft_ms"]:
-        ratio = by["round_robin"]["mean_ttft_ms"] / by["prefix"]["mean_ttft_ms"]
-        checks["ttft_round_robin_over_prefix"] = ratio
-        lines.append(f"mean TTFT, round robin / prefix routing: {ratio:.2f}x (target >= 1.5)")
-    if "prefix" in by:
-        share = by["prefix"]["max_worker_share_over_mean"]
-        checks["prefix_max_worker_share_over_mean"] = share
-        lines.append(f"requests per worker with prefix routing, max / mean: {share:.2f} "
-                     f"(target <= 1.25): {by['prefix']['requests_per_worker']}")
+    for policy in ("hash", "cache_aware"):
+        if policy not in by:
+            continue
+        mine = by[policy]
+        if "single" in by and by["single"]["prefix_hit_rate"]:
+            ratio = mine["prefix_hit_rate"] / by["single"]["prefix_hit_rate"]
+            checks[f"{policy}_hit_rate_vs_single"] = ratio
+            lines.append(f"hit rate, {policy} / single worker: {ratio:.2f} (target >= 0.95)")
+        if "round_robin" in by and mine["mean_ttft_ms"] and mine["mean_e2e_ms"]:
+            rr = by["round_robin"]
+            for key, target in (("mean_ttft_ms", 2.0), ("mean_e2e_ms", 1.2), ("p99_ttft_ms", 1.0)):
+                ratio = rr[key] / mine[key]
+                checks[f"{policy}_{key}_round_robin_over"] = ratio
+                lines.append(f"{key}, round robin / {policy}: {ratio:.2f}x (target >= {target}: "
+                             f"{'met' if ratio >= target else 'MISSED'})")
+            ratio = mine["output_throughput"] / rr["output_throughput"]
+            checks[f"{policy}_throughput_over_round_robin"] = ratio
+            lines.append(f"output throughput, {policy} / round robin: {ratio:.2f}x (target >= 1.0)")
+        share = mine["max_worker_share_over_mean"]
+        checks[f"{policy}_max_worker_share_over_mean"] = share
+        lines.append(f"requests per worker with {policy}, max / mean: {share:.2f}: "
+                     f"{mine['requests_per_worker']}")
     return {"checks": checks, "lines": lines}
 
 
@@ -328,7 +339,7 @@ def plot(runs: list[dict], path: Path) -> None:
     if plt is None:
         return
     labels = [r["mode"] + (f"\n{r['prefix_blocks']} blk" if r.get("prefix_blocks") else "")
-              for r in runs]
+              + (f"\nload {r['load']}" if r.get("load") else "") for r in runs]
     panels = [("mean_ttft_ms", "mean TTFT (ms)"), ("p99_ttft_ms", "p99 TTFT (ms)"),
               ("prefix_hit_rate", "fleet prefix-cache hit rate"),
               ("output_throughput", "output tokens/s")]
@@ -337,7 +348,7 @@ def plot(runs: list[dict], path: Path) -> None:
         ax.bar(labels, [r[key] for r in runs], color="#4c72b0")
         ax.set_title(title, fontsize=10)
         ax.tick_params(axis="x", labelsize=8)
-    fig.suptitle("raypaged serve: prefix routing vs round robin (shared-prefix workload)")
+    fig.suptitle("raypaged serve: routing policies on one workload")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
