@@ -24,10 +24,8 @@ from raypaged.outputs import SequenceOutput
 from raypaged.serve.errors import APIError, bad_request, from_validation_error, from_value_error
 from raypaged.serve.generation import Dispatcher, Generation, WorkerUnavailable
 from raypaged.serve.protocol import ChatCompletionRequest, CompletionRequest
-from raypaged.serve.responses import (Choice, Shapes, sse_data, sse_response, usage,
-                                      workers_header)
-
-WORKER_HEADER = "x-raypaged-worker"
+from raypaged.serve.responses import (WORKER_HEADER, Choice, Shapes, sse_data, sse_response,
+                                      usage, workers_header)
 
 
 @dataclass(frozen=True)
@@ -101,13 +99,14 @@ class OpenAIFrontend:
             self._check_length(tokens, max_tokens)
         params = self._params(req, max_tokens, logprobs)
         gens = await self._start(route.id_prefix, prompts, params, req.cache_salt, arrival)
-        header = {WORKER_HEADER: workers_header(gens)}
-        if req.stream:
+        if req.stream:  # the header goes out first: it names the workers streaming now
             opts = req.stream_options
             return sse_response(self._events(
                 gens, params.n, chunk, route, include_usage=bool(opts and opts.include_usage),
-                continuous_usage=bool(opts and opts.continuous_usage_stats)), header)
+                continuous_usage=bool(opts and opts.continuous_usage_stats)),
+                {WORKER_HEADER: workers_header(gens)})
         choices = await self._collect(gens, params.n)
+        header = {WORKER_HEADER: workers_header(gens)}  # after a failover: who finished it
         body = {"id": gens[0].request_id, "object": route.object, "created": int(time.time()),
                 "model": self.info.name,
                 "choices": [chunk(i, c, whole=True) for i, c in enumerate(choices)],

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from raypaged.core.contracts import EngineStats
+from raypaged.core.contracts import Continuation, EngineStats
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.outputs import SequenceOutput
 from raypaged.serve.engine_loop import EngineLoop
@@ -77,7 +77,8 @@ class Worker:
 
     # -- requests --------------------------------------------------------------------------
     async def generate(self, request_id: str, prompt_token_ids: list[int],
-                       params: SamplingParams, cache_salt: str | None = None
+                       params: SamplingParams, cache_salt: str | None = None,
+                       continuation: Continuation | None = None
                        ) -> AsyncIterator[list[SequenceOutput] | Rejected]:
         loop = self._engine_loop()
         if request_id in self._streams:
@@ -93,7 +94,7 @@ class Worker:
         try:
             try:
                 await loop.call(lambda e: e.add_request(request_id, list(prompt_token_ids), params,
-                                                        cache_salt=cache_salt))
+                                                        cache_salt, continuation))
             except ValueError as exc:
                 remaining = 0
                 yield Rejected(str(exc))

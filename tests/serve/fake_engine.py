@@ -94,10 +94,15 @@ class FakeEngine:
         self._meta: dict[str, tuple[SamplingParams, int]] = {}
         self._text: dict[tuple[str, int], str] = {}
 
-    def add_request(self, request_id, prompt_token_ids, params, cache_salt=None):
+    def add_request(self, request_id, prompt_token_ids, params, cache_salt=None,
+                    continuation=None):
         self.core.add_request(request_id, prompt_token_ids, params, eos_token_id=EOS,
-                              cache_salt=cache_salt)
+                              cache_salt=cache_salt, continuation=continuation)
         self._meta[request_id] = (params, len(prompt_token_ids))
+        if continuation is not None:  # the text the client has: bytes decode one to one
+            key = (request_id, continuation.sample_index)
+            self._text[key] = self.tokenizer.decode(continuation.output_token_ids)
+            assert len(self._text[key]) == continuation.text_chars
 
     def step(self) -> list[SequenceOutput]:
         return [self._output(d) for d in self.core.step()]
