@@ -107,9 +107,8 @@ class FakeEngine:
     def step(self) -> list[SequenceOutput]:
         return [self._output(d) for d in self.core.step()]
 
-    def abort(self, request_id):
-        for d in self.core.abort(request_id):
-            self._output(d)
+    def abort(self, request_id) -> list[SequenceOutput]:
+        return [self._output(d) for d in self.core.abort(request_id)]
 
     def has_unfinished(self):
         return self.core.has_unfinished()
@@ -142,3 +141,10 @@ def build_fake_engine(engine_kwargs: dict) -> FakeEngine:
     return FakeEngine(max_model_len=engine_kwargs.get("max_model_len") or 256,
                       block_size=engine_kwargs.get("block_size", 16),
                       step_delay_s=engine_kwargs.get("step_delay_s", 0.0))
+
+
+def build_slow_fake_engine(engine_kwargs: dict) -> FakeEngine:
+    """The fake engine at 20 ms a step, so requests are still running when a test breaks a
+    worker (serving arguments carry no step delay: this factory is the way in)."""
+    return FakeEngine(max_model_len=engine_kwargs.get("max_model_len") or 256,
+                      block_size=engine_kwargs.get("block_size", 16), step_delay_s=0.02)
