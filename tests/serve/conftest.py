@@ -54,3 +54,17 @@ def async_client(app):
 @pytest.fixture(scope="session")
 def model_name(app) -> str:
     return httpx.get(f"{app.url}/v1/models", headers=app.headers).json()["data"][0]["id"]
+
+
+@pytest.fixture(scope="module")
+def fake_fleet(ray_serve) -> ServedApp:
+    """Two workers on the fake engine at 20 ms a step, ours to break (one test module at a time:
+    with the shared app they fill the cluster's 4 CPUs)."""
+    from ray import serve
+
+    served = deploy("raypaged-fake", "/fake", ray_serve, None, workers=2, cpus_per_worker=1,
+                    max_model_len=256,
+                    engine_factory="tests.serve.fake_engine:build_slow_fake_engine")
+    served.wait_ready(2)
+    yield served
+    serve.delete(served.name)

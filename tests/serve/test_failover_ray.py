@@ -13,10 +13,7 @@ import time
 import httpx
 import pytest
 
-from serve_testing import deploy
-
 N_REQUESTS = 30
-
 
 def body(i: int) -> dict:
     kind = i % 3
@@ -27,7 +24,6 @@ def body(i: int) -> dict:
     if kind == 1:
         return {**b, "temperature": 1.0, "seed": i, "n": 2}
     return {**b, "temperature": 1.0, "seed": i, "stream": True}
-
 
 async def one(client: httpx.AsyncClient, url: str, i: int) -> tuple[int, dict[int, str], str]:
     """(status, choice index -> text, the error events' text if any)."""
@@ -50,7 +46,6 @@ async def one(client: httpx.AsyncClient, url: str, i: int) -> tuple[int, dict[in
                 texts[c["index"]] = texts.get(c["index"], "") + c["text"]
     return r.status_code, texts, errors
 
-
 async def load(url: str, during=None):
     async with httpx.AsyncClient(timeout=60) as client:
         tasks = [asyncio.create_task(one(client, f"{url}/v1/completions", i))
@@ -59,25 +54,11 @@ async def load(url: str, during=None):
             await during()
         return await asyncio.gather(*tasks)
 
-
 @pytest.fixture(scope="module")
-def fleet_app(ray_serve):
-    from ray import serve
-
-    served = deploy("raypaged-failover", "/failover", ray_serve, None, workers=2,
-                    cpus_per_worker=1, max_model_len=256,
-                    engine_factory="tests.serve.fake_engine:build_slow_fake_engine")
-    served.wait_ready(2)
-    yield served
-    serve.delete(served.name)
-
-
-@pytest.fixture(scope="module")
-def undisturbed(fleet_app):
-    results = asyncio.run(load(fleet_app.url))
+def undisturbed(fake_fleet):
+    results = asyncio.run(load(fake_fleet.url))
     assert all(status == 200 and not errors for status, _, errors in results)
     return [texts for _, texts, _ in results]
-
 
 def retries(app) -> float:
     """Failovers so far, summed over router replicas (the router ships them every second)."""
@@ -87,64 +68,59 @@ def retries(app) -> float:
     return sum(s.value for f in text_string_to_metric_families(text)
                if f.name == "raypaged:request_retries" for s in f.samples)
 
-
 def wait_for_retries(app, above: float) -> float:
     deadline = time.monotonic() + 5
     while (now := retries(app)) <= above and time.monotonic() < deadline:
         time.sleep(0.2)
     return now
 
-
 def pids(app) -> dict[str, int]:
     return {w["worker_id"]: w["pid"] for w in app.fleet()["workers"] if "pid" in w}
-
 
 def busiest(app) -> str:
     return max(app.fleet()["workers"], key=lambda w: w.get("load", 0))["worker_id"]
 
-
-def test_sigkill_of_a_worker_under_load_fails_no_request(fleet_app, undisturbed):
-    restarts = {w["worker_id"]: w["restarts"] for w in fleet_app.fleet()["workers"]}
-    before = retries(fleet_app)
+def test_sigkill_of_a_worker_under_load_fails_no_request(fake_fleet, undisturbed):
+    restarts = {w["worker_id"]: w["restarts"] for w in fake_fleet.fleet()["workers"]}
+    before = retries(fake_fleet)
     box = {}
 
     async def kill():
         await asyncio.sleep(0.8)  # every request is routed and streaming
-        box["victim"] = victim = busiest(fleet_app)
-        os.kill(pids(fleet_app)[victim], signal.SIGKILL)
+        box["victim"] = victim = busiest(fake_fleet)
+        os.kill(pids(fake_fleet)[victim], signal.SIGKILL)
 
-    results = asyncio.run(load(fleet_app.url, kill))
+    results = asyncio.run(load(fake_fleet.url, kill))
     assert [(s, e) for s, _, e in results] == [(200, "")] * N_REQUESTS
     assert [texts for _, texts, _ in results] == undisturbed
-    assert wait_for_retries(fleet_app, before) >= before + 5  # requests really were cut off
-    fleet = fleet_app.wait_ready(2, timeout=60)  # the killed worker restarts and rejoins
+    assert wait_for_retries(fake_fleet, before) >= before + 5  # requests really were cut off
+    fleet = fake_fleet.wait_ready(2, timeout=60)  # the killed worker restarts and rejoins
     victim = box["victim"]
     assert {w["worker_id"]: w["restarts"] for w in fleet["workers"]}[victim] == restarts[victim] + 1
 
-
 def test_sigstop_of_a_worker_under_load_fails_no_request_and_it_is_marked_unresponsive(
-        fleet_app, undisturbed):
-    before = retries(fleet_app)
+        fake_fleet, undisturbed):
+    before = retries(fake_fleet)
     box = {}
 
     async def freeze():
         await asyncio.sleep(0.8)
-        box["victim"] = victim = busiest(fleet_app)
-        box["pid"] = pids(fleet_app)[victim]
+        box["victim"] = victim = busiest(fake_fleet)
+        box["pid"] = pids(fake_fleet)[victim]
         os.kill(box["pid"], signal.SIGSTOP)
         box["frozen_at"] = time.monotonic()
 
     try:
         started = time.monotonic()
-        results = asyncio.run(load(fleet_app.url, freeze))
+        results = asyncio.run(load(fake_fleet.url, freeze))
         took = time.monotonic() - started
-        state = {w["worker_id"]: w["state"] for w in fleet_app.fleet()["workers"]}
+        state = {w["worker_id"]: w["state"] for w in fake_fleet.fleet()["workers"]}
     finally:
         if "pid" in box:
             os.kill(box["pid"], signal.SIGCONT)
     assert [(s, e) for s, _, e in results] == [(200, "")] * N_REQUESTS
     assert [texts for _, texts, _ in results] == undisturbed
     assert state[box["victim"]] == "unresponsive"
-    assert wait_for_retries(fleet_app, before) >= before + 5
+    assert wait_for_retries(fake_fleet, before) >= before + 5
     assert took < 20
-    fleet_app.wait_ready(2, timeout=30)  # thawed, it answers again and is re-admitted
+    fake_fleet.wait_ready(2, timeout=30)  # thawed, it answers again and is re-admitted
