@@ -15,6 +15,7 @@ import pytest
 
 N_REQUESTS = 30
 
+
 def body(i: int) -> dict:
     kind = i % 3
     b = {"prompt": f"request {i}: a prompt that fills a block or two", "max_tokens": 80,
