@@ -47,7 +47,17 @@ def serve_args_from(ns: argparse.Namespace) -> ServeArgs:
     return ServeArgs(**values)
 
 
+# Ray binds its servers (GCS, raylets, every worker's gRPC port, agents, metrics exporters) to
+# the node's IP, which on Linux is the machine's outward address; with this variable (meant for
+# macOS and Windows laptops) the node IP is the loopback, and every one of them binds 127.0.0.1.
+# A cluster this command starts is its own alone, so nothing of it needs to be reachable; set
+# the variable to 1 to opt out, or start Ray yourself and pass --address (README, Security).
+LOOPBACK_RAY = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
 def run_serve(ns: argparse.Namespace) -> int:
+    if not ns.address:  # read by ray when it is imported: set it first
+        os.environ.setdefault(*LOOPBACK_RAY)
     import ray
     from ray import serve
 
