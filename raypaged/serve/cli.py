@@ -70,8 +70,10 @@ def run_serve(ns: argparse.Namespace) -> int:
         # with the engine's reason, instead of in every worker.
         from raypaged.engine import plan_for
         plan_for(from_namespace(EngineArgs, ns))
-        ray.init(num_cpus=ns.num_cpus or os.cpu_count(), include_dashboard=False,
-                 namespace="raypaged")
+        # address="local": a new cluster of our own, never one that `ray start` left in
+        # /tmp/ray/ray_current_cluster (another user's, on a shared machine)
+        ray.init(address="local", num_cpus=ns.num_cpus or os.cpu_count(),
+                 include_dashboard=False, namespace="raypaged")
     else:
         ray.init(address=ns.address, namespace="raypaged")
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM takes the same way out as Ctrl-C

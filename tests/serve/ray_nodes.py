@@ -26,11 +26,15 @@ def node_env() -> dict:
 
 
 class Node:
-    def __init__(self, ip: str, num_cpus: int, head_address: str | None = None):
+    def __init__(self, ip: str, num_cpus: int, temp_dir: str, head_address: str | None = None):
+        """temp_dir: the cluster's own (short: Ray puts sockets in it), so that `ray start
+        --head` writes its address file there, not to /tmp/ray/ray_current_cluster, where
+        every later `ray.init()` on the machine would find it."""
         self.ip = ip
         self.log = tempfile.NamedTemporaryFile("w+", suffix=f"-ray-{ip}.log", delete=False)
         args = [RAY, "start", "--block", f"--node-ip-address={ip}", f"--num-cpus={num_cpus}",
-                "--disable-usage-stats", f"--dashboard-agent-listen-port={free_port()}"]
+                f"--temp-dir={temp_dir}", "--disable-usage-stats",
+                f"--dashboard-agent-listen-port={free_port()}"]
         if head_address is None:
             self.port = free_port()
             self.address = f"{ip}:{self.port}"

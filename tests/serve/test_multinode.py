@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -25,7 +27,8 @@ MAX_TOKENS = 24
 def cluster_app(default_model_dir):
     """The head (1 CPU) and `raypaged serve` with 2 workers: the router, controller and worker-0
     land on the head; the second node joins afterwards and gets worker-1 alone."""
-    head = Node("127.0.0.2", num_cpus=1)
+    temp_dir = tempfile.mkdtemp(prefix="rpmn-", dir="/tmp")
+    head = Node("127.0.0.2", num_cpus=1, temp_dir=temp_dir)
     nodes, serve_proc = [head], None
     try:
         head.wait_started()
@@ -39,7 +42,8 @@ def cluster_app(default_model_dir):
             stderr=subprocess.STDOUT, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: health(url), 240, serve_proc)
-        nodes.append(Node("127.0.0.3", num_cpus=1, head_address=head.address))
+        nodes.append(Node("127.0.0.3", num_cpus=1, temp_dir=temp_dir,
+                          head_address=head.address))
         nodes[1].wait_started()
         wait_for(lambda: states(url) == {"worker-0": "ready", "worker-1": "ready"}, 240,
                  serve_proc)
@@ -53,6 +57,7 @@ def cluster_app(default_model_dir):
                 os.killpg(serve_proc.pid, signal.SIGKILL)
         for node in reversed(nodes):
             node.stop()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def wait_for(condition, timeout: float, proc: subprocess.Popen) -> None:
