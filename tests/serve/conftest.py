@@ -21,7 +21,8 @@ def ray_serve():
 
     # 4 logical CPUs on 2 cores: the shared app's 2 workers take 1 each, and a test may deploy
     # a small extra application beside it.
-    ray.init(num_cpus=4, include_dashboard=False, namespace="raypaged-tests",
+    # address="local": our own cluster, never one another process left in ray_current_cluster
+    ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="raypaged-tests",
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}}, log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
