@@ -1,10 +1,11 @@
 """Chaos benchmark: steady mixed load on `raypaged serve` while the fleet is broken on purpose.
 
-    python benchmarks/chaos.py [--workers 2] [--concurrency 6] [--phase-s 25]
+    python benchmarks/chaos.py [--workers 2] [--concurrency 6] [--phase-s 20]
 
 Launches `raypaged serve` (default model, small KV budget), keeps --concurrency clients sending
-greedy requests (alternately streaming and not, `max_tokens` 24, ignore_eos) and, one phase
-after another, with --phase-s of load between them:
+greedy requests (alternately streaming and not, `max_tokens` 24, ignore_eos; after a failure a
+client waits 1 s, as Retry-After says) and, one phase after another, with --phase-s of load
+between them:
     kill_worker        SIGKILL of the busiest worker's process (Ray restarts it)
     freeze_worker      SIGSTOP of the busiest worker for 10 s, then SIGCONT
     poison             the issue's poison requests (stop token id out of the vocabulary, huge
@@ -12,10 +13,11 @@ after another, with --phase-s of load between them:
     kill_controller    SIGKILL of the fleet controller actor (its workers go with it)
 and prints and writes (benchmarks/results/chaos.json, .png): requests sent, completed, failed by
 status, lost (a 200 with fewer tokens than asked, or a stream without [DONE]), hung (no answer
-in 120 s), collateral failures of the poison phase (load requests failing while only poison
-was in the air), each phase's recovery time (fault -> the fleet's workers all ready again, and
--> the first load request that started after the fault completing), preemptions, and the
-status codes of the malformed and poison requests. Bounded: ~4 phases x (phase-s + recovery).
+in 120 s), per phase the load requests in the air that completed and that failed, collateral
+failures of the poison phase (load requests failing while only poison was in the air), each
+phase's recovery time (fault -> the fleet noticed it and has all its workers ready again;
+fault -> the first load request started after it completing), preemptions, and the status
+codes of the malformed and poison replies. Bounded: ~4 phases x (phase-s + recovery).
 """
 from __future__ import annotations
 
@@ -111,7 +113,10 @@ class Load:
             async def loop():
                 while not self._stop.is_set():
                     self._count += 1
-                    self.outcomes.append(await one(client, self.url, self._count))
+                    outcome = await one(client, self.url, self._count)
+                    self.outcomes.append(outcome)
+                    if not outcome.ok:  # as a client honouring Retry-After (1 s) would
+                        await asyncio.sleep(1.0)
             await asyncio.gather(*(loop() for _ in range(self.concurrency)))
 
     def stop(self) -> None:
@@ -156,7 +161,13 @@ def preemptions(url: str) -> float:
 
 
 async def wait_all_ready(url: str, n: int, since: float, limit_s: float) -> float | None:
-    """Seconds from `since` until n workers are ready again (None: not within limit_s)."""
+    """Seconds from `since` until n workers are ready again, after the fleet has noticed the
+    fault (None: not within limit_s). A fault the fleet never notices within 10 s counts as
+    recovered when noticed-or-not is decided: at 10 s."""
+    while time.monotonic() - since < 10:
+        if sum(w["state"] == "ready" for w in await asyncio.to_thread(fleet, url)) < n:
+            break
+        await asyncio.sleep(0.1)
     while time.monotonic() - since < limit_s:
         if sum(w["state"] == "ready" for w in await asyncio.to_thread(fleet, url)) >= n:
             return time.monotonic() - since
@@ -232,8 +243,12 @@ def summarize(res: dict, t0: float) -> dict:
     collateral = [o for o in outs if not o.ok and o.status != "hung"
                   and o.started < window[1] and o.ended > window[0]]
     phases = [{**p, "at_s": round(p["at"] - t0, 1)} for p in res["phases"]]
-    for p in phases:
+    ends = [p["at"] for p in res["phases"][1:]] + [float("inf")]
+    for p, start, end in zip(phases, [p["at"] for p in res["phases"]], ends):
         del p["at"]
+        # load requests that were in the air during this phase and failed
+        p["failed"] = sum(not o.ok for o in outs if o.ended >= start and o.started < end)
+        p["completed"] = sum(o.ok for o in outs if o.ended >= start and o.started < end)
     return {
         "sent": len(outs), "completed": sum(o.ok for o in outs), "failed_by_status": failed,
         "lost": sum(o.status == "200" and not o.ok for o in outs),
@@ -268,7 +283,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=6)
-    p.add_argument("--phase-s", type=float, default=25.0, help="load between faults")
+    p.add_argument("--phase-s", type=float, default=20.0, help="load between faults")
     p.add_argument("--recovery-limit-s", type=float, default=120.0)
     p.add_argument("--name", default="chaos")
     ns = p.parse_args(argv)
@@ -284,8 +299,8 @@ def main(argv=None) -> int:
     cols = ["sent", "completed", "failed_by_status", "lost", "hung",
             "collateral_poison_failures", "preemptions"]
     print(table([{**summary, "failed_by_status": json.dumps(summary["failed_by_status"])}], cols))
-    print(table(summary["phases"], ["phase", "target", "at_s", "fleet_ready_s",
-                                    "first_ok_request_s"]))
+    print(table(summary["phases"], ["phase", "target", "at_s", "completed", "failed",
+                                    "fleet_ready_s", "first_ok_request_s"]))
     print("malformed / poison replies by status:", json.dumps(summary["raw_requests"]))
     path = write(ns.name, {"workload": vars(ns), **summary})
     plot(res, t0, summary, plot_path(ns.name))
