@@ -41,6 +41,15 @@ class IncrementalDetokenizer:
         self.emitted = end
         return delta
 
+    def resume(self, token_ids: Sequence[int], text_chars: int) -> None:
+        """Carry on a sample begun elsewhere: replay its tokens (the text is a function of the
+        tokens alone), of which the first `text_chars` characters were already shown."""
+        self.add(token_ids)
+        if not 0 <= text_chars <= len(self.text) or self.stop_reason is not None:
+            raise ValueError(f"continuation text_chars={text_chars} does not fit the "
+                             f"{len(self.text)} characters its tokens decode to")
+        self.emitted = text_chars
+
     def _decode_tail(self) -> None:
         dec = self.tokenizer.decode
         prefix = dec(self.ids[self.prefix_offset:self.read_offset], skip_special_tokens=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from raypaged.config import EngineArgs, KVPlan, KVShape, plan_kv_cache
-from raypaged.core.contracts import EngineStats, RequestDelta
+from raypaged.core.contracts import Continuation, EngineStats, RequestDelta
 from raypaged.core.engine_core import ERROR, EngineCore
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.scheduler import Scheduler
@@ -98,8 +98,9 @@ class Engine:
         self._prompts: dict[str, tuple[list[int], SamplingParams]] = {}  # for forked samples
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    cache_salt: str | None = None) -> None:
-        """Queue a request; raises ValueError with the reason when it can never be served."""
+                    cache_salt: str | None = None, continuation: Continuation | None = None) -> None:
+        """Queue a request; raises ValueError with the reason when it can never be served.
+        A continuation resumes one sample begun on another engine (serving's failover)."""
         if not isinstance(request_id, str) or not request_id or "#" in request_id:
             raise ValueError(f"request_id must be a non-empty string without '#', got {request_id!r}")
         if request_id in self._prompts:
@@ -116,9 +117,19 @@ class Engine:
         if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         params.check_token_ids(vocab)
-        self.core.add_request(request_id, list(prompt_token_ids), params, eos, cache_salt)
+        if continuation is not None and any(
+                not isinstance(t, int) or not 0 <= t < vocab for t in continuation.output_token_ids):
+            raise ValueError(f"continuation token ids must be integers in [0, {vocab})")
+        self.core.add_request(request_id, list(prompt_token_ids), params, eos, cache_salt,
+                              continuation)
         self._prompts[request_id] = (list(prompt_token_ids), params)
-        self._track(request_id, request_id, 0)
+        seq = self._track(request_id, request_id, continuation.sample_index if continuation else 0)
+        if continuation is not None:
+            try:
+                seq.detok.resume(continuation.output_token_ids, continuation.text_chars)
+            except ValueError:
+                self.abort(request_id)
+                raise
 
     def _track(self, seq_id: str, request_id: str, index: int) -> _Sequence:
         prompt, params = self._prompts[request_id]

@@ -4,8 +4,8 @@ from __future__ import annotations
 import logging
 
 from raypaged.core.cache_summary import CacheSummary
-from raypaged.core.contracts import (EngineStats, ModelRunner, RequestDelta, ScheduledBatch,
-                                     StepResult)
+from raypaged.core.contracts import (Continuation, EngineStats, ModelRunner, RequestDelta,
+                                     ScheduledBatch, StepResult)
 from raypaged.core.request import Request
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.scheduler import Scheduler
@@ -23,8 +23,10 @@ class EngineCore:
         self.num_steps = 0
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-                    eos_token_id: int | None = None, cache_salt: str | None = None) -> None:
-        """Queue a request; raises ValueError (nothing queued) if it can never be served."""
+                    eos_token_id: int | None = None, cache_salt: str | None = None,
+                    continuation: Continuation | None = None) -> None:
+        """Queue a request; raises ValueError (nothing queued) if it can never be served.
+        With a continuation, one sample (n = 1) resumes after the outputs it already has."""
         max_model_len = self.scheduler.max_model_len
         if len(prompt_token_ids) >= max_model_len:
             raise ValueError(
@@ -33,8 +35,13 @@ class EngineCore:
         if any(not isinstance(t, int) or t < 0 for t in prompt_token_ids):
             raise ValueError("prompt token ids must be non-negative integers")
         max_tokens = sampling.max_tokens or max_model_len - len(prompt_token_ids)
+        outputs, index = (), 0
+        if continuation is not None:
+            outputs, index = continuation.output_token_ids, continuation.sample_index
+            _check_continuation(continuation, sampling, max_tokens)
         self.scheduler.add(Request(request_id, prompt_token_ids, sampling, max_tokens,
-                                   eos_token_id, cache_salt))
+                                   eos_token_id, cache_salt, sample_index=index,
+                                   output_token_ids=outputs))
 
     def step(self) -> list[RequestDelta]:
         batch = self.scheduler.schedule()
@@ -104,3 +111,15 @@ class EngineCore:
                            num_queued_tokens=self.scheduler.num_queued_tokens,
                            num_preemptions=self.scheduler.num_preemptions,
                            num_finished=self.scheduler.num_finished, num_steps=self.num_steps)
+
+
+def _check_continuation(c: Continuation, sampling: SamplingParams, max_tokens: int) -> None:
+    if sampling.n != 1:
+        raise ValueError(f"a continuation carries one sample: n must be 1, got {sampling.n}")
+    if not isinstance(c.sample_index, int) or c.sample_index < 0:
+        raise ValueError(f"continuation sample_index must be an integer >= 0, got {c.sample_index!r}")
+    if any(not isinstance(t, int) or t < 0 for t in c.output_token_ids):
+        raise ValueError("continuation output token ids must be non-negative integers")
+    if len(c.output_token_ids) >= max_tokens:
+        raise ValueError(f"the continuation already has {len(c.output_token_ids)} output tokens, "
+                         f"max_tokens is {max_tokens}: nothing is left to generate")

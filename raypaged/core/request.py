@@ -9,6 +9,7 @@ There is no prefill/decode flag. `num_computed_tokens` catches up with `num_toke
 from __future__ import annotations
 
 import enum
+from typing import Sequence
 
 from raypaged.core.block_hash import BlockHash, hash_block, salt_key
 from raypaged.core.sampling_params import SamplingParams
@@ -24,13 +25,15 @@ class RequestStatus(enum.Enum):
 class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                  max_tokens: int, eos_token_id: int | None = None, cache_salt: str | None = None,
-                 parent_id: str | None = None, sample_index: int = 0, arrival: int = 0) -> None:
+                 parent_id: str | None = None, sample_index: int = 0, arrival: int = 0,
+                 output_token_ids: Sequence[int] = ()) -> None:
         if not prompt_token_ids:
             raise ValueError("the prompt is empty: give at least one token")
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
-        self.all_token_ids = list(prompt_token_ids)
-        self.output_token_ids: list[int] = []
+        # Outputs given at construction continue a sample begun elsewhere (a Continuation).
+        self.output_token_ids: list[int] = list(output_token_ids)
+        self.all_token_ids = self.prompt_token_ids + self.output_token_ids
         self.sampling = sampling
         self.max_tokens = max_tokens          # resolved: never None here
         self.eos_token_id = eos_token_id

@@ -12,10 +12,12 @@ import re
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
-from raypaged.serve.config import POLL_INTERVAL_S, POLL_TIMEOUT_S, ServeArgs, ServeOptions
+from raypaged.config import EngineArgs
+from raypaged.serve.config import (POLL_INTERVAL_S, POLL_TIMEOUT_S, STEP_STALL_S, ServeArgs,
+                                   ServeOptions)
 from raypaged.serve.controller import Controller, WorkerDown
-from raypaged.serve.fleet import DEAD, RESTARTING
-from raypaged.serve.worker import Worker, WorkerStats
+from raypaged.serve.fleet import DEAD, RESTARTING, UNRESPONSIVE
+from raypaged.serve.worker import Health, Worker, WorkerStats
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +34,20 @@ def build_engine_from(engine_kwargs: dict, factory: str | None):
     return build_engine(EngineArgs(**engine_kwargs))
 
 
-@ray.remote
+CONTROL = "control"  # the worker's concurrency group for the controller's calls
+CONTROL_CONCURRENCY = 8
+# generate() calls a worker admits beyond the streams it can hold (queued + running): enough
+# that a burst over its queue bound is answered "queue full" at once instead of waiting in Ray.
+GENERATE_HEADROOM = 64
+
+
+@ray.remote(concurrency_groups={CONTROL: CONTROL_CONCURRENCY})
 class WorkerActor(Worker):
+    """Concurrency, explicitly: generate() streams share the default group (max_concurrency,
+    set by the controller from the queue bound and max_num_seqs); stats, health and abort have
+    their own group, so a worker holding its full load of streams still answers the controller
+    at once, and only a frozen one stays silent."""
+
     def __init__(self, engine_kwargs: dict, worker_id: str, max_queued: int,
                  engine_factory: str | None = None):
         if engine_kwargs.get("num_threads"):
@@ -41,9 +55,32 @@ class WorkerActor(Worker):
             torch.set_num_threads(engine_kwargs["num_threads"])
         super().__init__(build_engine_from(engine_kwargs, engine_factory), worker_id, max_queued)
 
+    @ray.method(concurrency_group=CONTROL)
+    def stats(self, cache_since: int | None = None) -> WorkerStats:
+        return super().stats(cache_since)
+
+    @ray.method(concurrency_group=CONTROL)
+    def health(self) -> Health:
+        return super().health()
+
+    @ray.method(concurrency_group=CONTROL)
+    def abort(self, request_id: str) -> None:
+        super().abort(request_id)
+
+
+def worker_max_concurrency(max_queued: int, engine: dict) -> int:
+    """generate() calls one worker runs at once: every stream it may hold, plus headroom."""
+    return max_queued + EngineArgs(**engine).max_num_seqs + GENERATE_HEADROOM
+
 
 async def probe_worker(handle, cache_since: int) -> WorkerStats:
+    """Liveness first (a hung engine step counts as unresponsive), then the stats, with the
+    prefix cache's changes since `cache_since`."""
     try:
+        health = await handle.health.remote()
+        if health.stalled_s > STEP_STALL_S:
+            raise WorkerDown(UNRESPONSIVE, f"no engine step has finished for "
+                                           f"{health.stalled_s:.0f} s")
         return await handle.stats.remote(cache_since)
     except ActorUnavailableError as exc:
         raise WorkerDown(RESTARTING) from exc
@@ -81,6 +118,7 @@ class ControllerActor(Controller):
             handle = WorkerActor.options(
                 num_cpus=cpus, num_gpus=gpus, max_restarts=-1, max_task_retries=0,
                 scheduling_strategy="SPREAD",
+                max_concurrency=worker_max_concurrency(fleet.max_queued_requests, engine),
             ).remote(engine, worker_id, fleet.max_queued_requests, fleet.engine_factory)
             workers.append((worker_id, handle))
         logger.info("started %d workers (%s CPU, %s GPU each)", fleet.workers, cpus, gpus)

@@ -59,7 +59,17 @@ def local_worker_resources(args: ServeArgs, num_cpus: int, num_gpus: int) -> Ser
     return args.model_copy(update={"cpus_per_worker": cpus, "gpus_per_worker": gpus})
 
 
+# Ray binds its servers (GCS, raylets, every worker's gRPC port, agents, metrics exporters) to
+# the node's IP, which on Linux is the machine's outward address; with this variable (meant for
+# macOS and Windows laptops) the node IP is the loopback, and every one of them binds 127.0.0.1.
+# A cluster this command starts is its own alone, so nothing of it needs to be reachable; set
+# the variable to 1 to opt out, or start Ray yourself and pass --address (README, Security).
+LOOPBACK_RAY = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
 def run_serve(ns: argparse.Namespace) -> int:
+    if not ns.address:  # read by ray when it is imported: set it first
+        os.environ.setdefault(*LOOPBACK_RAY)
     import ray
     from ray import serve
 
@@ -75,8 +85,8 @@ def run_serve(ns: argparse.Namespace) -> int:
         import torch
         num_cpus = ns.num_cpus or os.cpu_count()
         args = local_worker_resources(args, num_cpus, torch.cuda.device_count())
-        # address="local": always a new cluster of our own, even where another one (`ray start`)
-        # already runs on this machine and ray.init() alone would join it
+        # address="local": a new cluster of our own, never one that `ray start` left in
+        # /tmp/ray/ray_current_cluster (another user's, on a shared machine)
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
                  namespace="raypaged")
     else:

@@ -21,11 +21,15 @@ from raypaged.settings import pydantic_fields, setting, validate
 DEFAULT_ROUTE_PREFIX_BLOCKS = 4
 
 # Fixed by the code, not settings: the largest n per request, how often routers refresh the
-# fleet snapshot, how often the controller polls workers and how long it waits for an answer.
+# fleet snapshot, how often the controller probes workers and how long it waits for an answer
+# (health and stats are control calls with their own concurrency group, so a loaded worker
+# still answers at once: silence for this long means frozen), and how long an engine step may
+# run before the worker counts as hung (a long prefill on a CPU takes seconds, not this).
 MAX_N = 16
 SNAPSHOT_INTERVAL_S = 0.25
 POLL_INTERVAL_S = 0.5
-POLL_TIMEOUT_S = 5.0
+POLL_TIMEOUT_S = 2.0
+STEP_STALL_S = 30.0
 ROUTER_MAX_ONGOING_REQUESTS = 2048
 
 FLEET = "Ray and the fleet"

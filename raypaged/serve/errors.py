@@ -14,17 +14,21 @@ TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_fo
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, retry_after: int | None = None):
+                 code: str | None = None, retry_after: int | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.retry_after = retry_after
+        self.headers = headers or {}  # e.g. the worker that refused the request
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": TYPES.get(self.status, "error"),
                           "param": self.param, "code": self.code or self.status}}
 
     def response(self) -> JSONResponse:
-        headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
+        headers = dict(self.headers)
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(self.retry_after)
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
     def sse(self) -> str:

@@ -4,8 +4,9 @@
          ─> SamplingParams ─> Generation.start() per prompt (routing, first batch)
          ─> JSON (collect) or SSE (chunks as batches arrive, then usage, then [DONE])
 
-Every problem found before the first batch is an APIError with its status; after the stream has
-started, a lost worker ends it with an error event and [DONE].
+Every problem found before the first batch is an APIError with its status. A lost worker is
+failed over inside Generation; only when that gives up (an APIError) does a stream under way
+end with an error event and [DONE].
 """
 from __future__ import annotations
 
@@ -22,12 +23,10 @@ from starlette.responses import JSONResponse, StreamingResponse
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.outputs import SequenceOutput
 from raypaged.serve.errors import APIError, bad_request, from_validation_error, from_value_error
-from raypaged.serve.generation import Dispatcher, Generation, WorkerUnavailable
+from raypaged.serve.generation import Dispatcher, Generation
 from raypaged.serve.protocol import ChatCompletionRequest, CompletionRequest
-from raypaged.serve.responses import (Choice, Shapes, sse_data, sse_response, usage,
-                                      workers_header)
-
-WORKER_HEADER = "x-raypaged-worker"
+from raypaged.serve.responses import (WORKER_HEADER, Choice, Shapes, sse_data, sse_response,
+                                      usage, workers_header)
 
 
 @dataclass(frozen=True)
@@ -101,13 +100,14 @@ class OpenAIFrontend:
             self._check_length(tokens, max_tokens)
         params = self._params(req, max_tokens, logprobs)
         gens = await self._start(route.id_prefix, prompts, params, req.cache_salt, arrival)
-        header = {WORKER_HEADER: workers_header(gens)}
-        if req.stream:
+        if req.stream:  # the header goes out first: it names the workers streaming now
             opts = req.stream_options
             return sse_response(self._events(
                 gens, params.n, chunk, route, include_usage=bool(opts and opts.include_usage),
-                continuous_usage=bool(opts and opts.continuous_usage_stats)), header)
+                continuous_usage=bool(opts and opts.continuous_usage_stats)),
+                {WORKER_HEADER: workers_header(gens)})
         choices = await self._collect(gens, params.n)
+        header = {WORKER_HEADER: workers_header(gens)}  # after a failover: who finished it
         body = {"id": gens[0].request_id, "object": route.object, "created": int(time.time()),
                 "model": self.info.name,
                 "choices": [chunk(i, c, whole=True) for i, c in enumerate(choices)],
@@ -188,10 +188,8 @@ class OpenAIFrontend:
         return gens
 
     async def _collect(self, gens: list[Generation], n: int) -> list[Choice]:
-        try:
+        try:  # a lost worker is failed over inside Generation; what comes out is an APIError
             outputs = await asyncio.gather(*(g.collect() for g in gens))
-        except WorkerUnavailable:
-            raise APIError(503, "the worker serving this request failed", retry_after=1) from None
         finally:
             await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)
         choices = [Choice() for _ in range(len(gens) * n)]
@@ -219,10 +217,8 @@ class OpenAIFrontend:
                 yield sse_data({**head, "choices": choices, **extra})
             if include_usage:
                 yield sse_data({**head, "choices": [], "usage": usage(gens)})
-        except (WorkerUnavailable, APIError) as exc:
-            err = exc if isinstance(exc, APIError) else APIError(
-                503, f"the worker serving this stream failed: {exc}", code="worker_unavailable")
-            yield err.sse()
+        except APIError as exc:  # e.g. every worker tried was lost: 503 worker_unavailable
+            yield exc.sse()
         finally:
             await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)
         yield "data: [DONE]\n\n"

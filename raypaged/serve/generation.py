@@ -1,31 +1,43 @@
-"""Generation: one engine request (one prompt, n samples) from routing to its last token.
+"""Generation: one engine request (one prompt, n samples) from routing to its last token, on
+as many workers as it takes.
 
-    start():   rank the ready workers -> open a stream on the first -> wait for its first batch
-               worker gone before the first batch    -> retry once on the next worker
+    start():   rank the ready workers -> open a stream (a "leg") on the first -> wait for its
+               first batch
+               worker gone before the first batch    -> the next worker
                worker's queue full                   -> next worker; all full -> 503 Retry-After
                worker refuses the request (invalid)  -> 400
-    batches(): the first batch, then the rest; a worker lost now raises WorkerUnavailable
-    collect(): everything, for non-streaming responses: a worker lost mid-way is retried once
-               from scratch (the client has seen nothing yet)
+    batches(): the first batch, then the rest as they come. A leg whose worker dies (the stream
+               raises), restarts or stops answering (the controller's snapshot says it is no
+               longer ready) is failed over: nothing of it seen yet -> the same request again
+               elsewhere; else each unfinished sample goes on elsewhere as a Continuation of
+               the tokens the client already has, so the text goes on with no gap and no
+               repeat. After MAX_FAILOVERS lost workers the request ends with a 503.
+    collect(): every batch, for non-streaming responses.
 
 Router-side request metrics (TTFT, inter-token latency, ...) are recorded here as batches pass.
 """
 from __future__ import annotations
 
+import asyncio
 import collections
+import dataclasses
 import time
 from typing import AsyncIterator, Protocol
 
+from raypaged.core.contracts import Continuation
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.outputs import SequenceOutput
 from raypaged.serve.errors import APIError
 from raypaged.serve.cost_routing import WorkerLoad
 from raypaged.serve.fleet import FleetSnapshot, WorkerView
 from raypaged.serve.metrics import RequestMetrics
+from raypaged.serve.responses import WORKER_HEADER
 from raypaged.serve.routing import Router
 from raypaged.serve.worker import Rejected
 
-MAX_ATTEMPTS = 2  # the first try and one retry on another worker
+MAX_FAILOVERS = 2   # workers lost while serving one request before it gives up
+WATCH_S = 0.25      # how often a waiting generation checks its workers are still in the fleet
+_END = object()     # a leg's stream ended
 
 
 class WorkerUnavailable(Exception):
@@ -36,7 +48,8 @@ class FleetClient(Protocol):
     def snapshot(self) -> FleetSnapshot: ...
 
     def stream(self, view: WorkerView, request_id: str, token_ids: list[int],
-               params: SamplingParams, cache_salt: str | None
+               params: SamplingParams, cache_salt: str | None,
+               continuation: Continuation | None = None
                ) -> AsyncIterator[list[SequenceOutput] | Rejected]: ...
 
 
@@ -79,6 +92,29 @@ class Dispatcher:
         self._suspect_until[worker_id] = time.monotonic() + self.suspect_s
 
 
+@dataclasses.dataclass
+class _Sample:
+    """What the client has of one of the n samples."""
+
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    text_chars: int = 0
+    finish_reason: str | None = None
+    last_token_at: float | None = None
+
+
+@dataclasses.dataclass(eq=False)
+class _Leg:
+    """One stream on one worker, serving some of the request's samples."""
+
+    worker_id: str
+    incarnation: str | None          # the worker process it was opened on
+    indexes: tuple[int, ...]         # the samples it serves
+    resumed: bool                    # a Continuation (its prompt-cache figure is not the prompt's)
+    stream: AsyncIterator | None = None
+    pump: asyncio.Task | None = None
+    closed: bool = False
+
+
 class Generation:
     def __init__(self, dispatcher: Dispatcher, request_id: str, token_ids: list[int],
                  params: SamplingParams, cache_salt: str | None, arrival: float):
@@ -86,141 +122,243 @@ class Generation:
         self.request_id, self.token_ids, self.params = request_id, token_ids, params
         self.cache_salt = cache_salt
         self.arrival = arrival
-        self.worker_id: str | None = None
+        self.worker_id: str | None = None   # the worker that served (or finished) it last
         self.num_cached_tokens = 0
         self.num_output_tokens = 0
-        self.finish_reasons: dict[int, str] = {}
-        self._opens = 0                 # streams opened (the first try and retries)
-        self._failures = 0              # workers lost while serving this request
+        self.samples = [_Sample() for _ in range(params.n)]
+        self._legs: list[_Leg] = []
+        self._opens = 0                 # streams opened (the first and every failover)
+        self._failovers = 0             # workers lost while serving this request
         self._excluded: set[str] = set()
-        self._stream: AsyncIterator | None = None
-        self._first: list[SequenceOutput] | None = None
+        self._queue: asyncio.Queue = asyncio.Queue()  # (leg, batch | exception | _END)
+        self._pending: collections.deque = collections.deque()  # first batches not yet yielded
         self._first_token_at: float | None = None
         self._last_token_at: float | None = None
         self._routed = False
+        self._watched_at = time.monotonic()
+
+    @property
+    def finish_reasons(self) -> dict[int, str]:
+        return {i: s.finish_reason for i, s in enumerate(self.samples) if s.finish_reason}
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
+        await self._open(tuple(range(self.params.n)), None)
+
+    async def _open(self, indexes: tuple[int, ...], continuation: Continuation | None) -> None:
+        """Open a leg on the best worker that takes it; its first batch goes to _pending."""
+        tokens = self.token_ids
+        params = self.params
+        if continuation is not None:  # route by everything the new worker will have to hold
+            tokens = tokens + list(continuation.output_token_ids)
+            params = dataclasses.replace(params, n=1)
         queue_full = False
         while True:
             snap, loads = self.d.candidates(self._excluded)
             if not loads:
                 break
-            order, reason = self.d.router.rank(self.token_ids, self.cache_salt, loads)
+            order, reason = self.d.router.rank(tokens, self.cache_salt, loads)
             if not self._routed:
                 self.d.metrics.inc("routing_decisions", reason)
                 self._routed = True
             for worker_id in order:
+                view = snap.worker(worker_id)
+                leg = _Leg(worker_id, view.stats.incarnation if view.stats else None, indexes,
+                           continuation is not None)
                 try:
-                    first = await self._open(snap.worker(worker_id))
+                    first = await self._first(leg, view, params, continuation)
                 except WorkerUnavailable:
-                    self._worker_failed(worker_id)
+                    self._worker_lost(worker_id)
                     break  # rank again without it
                 if isinstance(first, Rejected):
-                    await self.close()
                     if not first.queue_full:
-                        raise APIError(400, first.message, code="invalid_request")
+                        raise self._error(400, first.message, code="invalid_request")
                     queue_full = True
                     self._excluded.add(worker_id)
                     continue
-                self._first = first
                 return
             else:
                 break  # every ready worker refused: all queues full
         if queue_full:
-            raise APIError(503, "every worker's queue is full; retry later", code="queue_full",
-                           retry_after=1)
-        raise APIError(503, "no worker is ready to serve requests", code="no_workers",
-                       retry_after=1)
+            raise self._error(503, "every worker's queue is full; retry later", code="queue_full",
+                              retry_after=1)
+        raise self._error(503, "no worker is ready to serve requests", code="no_workers",
+                          retry_after=1)
 
-    def _worker_failed(self, worker_id: str) -> None:
-        self._excluded.add(worker_id)
-        self.d.mark_suspect(worker_id)
-        self._failures += 1
-        if self._failures >= MAX_ATTEMPTS:
-            raise APIError(503, "the worker serving this request failed, and so did the retry",
-                           code="worker_unavailable", retry_after=1)
-        self.d.metrics.inc("request_retries")
+    def _error(self, status: int, message: str, **kw) -> APIError:
+        """An APIError naming the last worker chosen for this request, if any was."""
+        headers = {WORKER_HEADER: self.worker_id} if self.worker_id else None
+        return APIError(status, message, headers=headers, **kw)
 
-    async def _open(self, view: WorkerView):
+    async def _first(self, leg: _Leg, view: WorkerView, params: SamplingParams,
+                     continuation: Continuation | None):
         self._opens += 1
-        rid = self.request_id if self._opens == 1 else f"{self.request_id}-retry{self._opens - 1}"
-        self.worker_id = view.worker_id
-        self.d.inflight[view.worker_id] += 1
-        self._stream = self.d.fleet.stream(view, rid, self.token_ids, self.params, self.cache_salt)
+        rid = self.request_id if self._opens == 1 else f"{self.request_id}-{self._opens - 1}"
+        self.worker_id = leg.worker_id
+        self.d.inflight[leg.worker_id] += 1
+        leg.stream = self.d.fleet.stream(view, rid, self.token_ids, params, self.cache_salt,
+                                         continuation)
+        self._legs.append(leg)
         try:
-            item = await self._stream.__anext__()
+            item = await self._watched(leg, leg.stream.__anext__())
         except StopAsyncIteration:
-            await self.close()
+            await self._close_leg(leg)
             raise WorkerUnavailable("the worker ended the stream without output") from None
         except BaseException:
-            await self.close()
+            await self._close_leg(leg)
             raise
-        if not isinstance(item, Rejected):
-            self._observe(item)
+        if isinstance(item, Rejected):
+            await self._close_leg(leg)
+            return item
+        self._observe(leg, item)
+        self._pending.append(item)
+        leg.pump = asyncio.get_running_loop().create_task(self._pump(leg))
         return item
 
+    async def _watched(self, leg: _Leg, awaitable):
+        """Await the leg's first batch; WorkerUnavailable if its worker leaves the fleet first
+        (a worker frozen just before the request arrived never answers at all)."""
+        task = asyncio.ensure_future(awaitable)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=WATCH_S)
+                if done:
+                    return task.result()
+                if self._is_lost(leg, self.d.fleet.snapshot()):
+                    raise WorkerUnavailable(f"{leg.worker_id} left the fleet")
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    async def _pump(self, leg: _Leg) -> None:
+        try:
+            async for batch in leg.stream:
+                self._queue.put_nowait((leg, batch))
+            self._queue.put_nowait((leg, _END))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - handed to the reader
+            self._queue.put_nowait((leg, exc))
+
+    async def _close_leg(self, leg: _Leg) -> None:
+        """Leave the worker, cancelling its stream if unfinished; safe to call twice."""
+        if leg.closed:
+            return
+        leg.closed = True
+        self.d.inflight[leg.worker_id] -= 1
+        if leg.pump is not None and not leg.pump.done():
+            leg.pump.cancel()  # inside the stream: its cleanup cancels the worker's task
+            await asyncio.gather(leg.pump, return_exceptions=True)
+        elif leg.stream is not None:
+            await leg.stream.aclose()
+
     async def close(self) -> None:
-        """Leave the worker (cancelling its stream if unfinished); safe to call twice."""
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            self.d.inflight[self.worker_id] -= 1
-            await stream.aclose()
+        """Leave every worker (cancelling unfinished streams); safe to call twice."""
+        for leg in self._legs:
+            await self._close_leg(leg)
+
+    def _worker_lost(self, worker_id: str) -> None:
+        self._excluded.add(worker_id)
+        self.d.mark_suspect(worker_id)
+        self._failovers += 1
+        if self._failovers > MAX_FAILOVERS:
+            raise self._error(503, f"{self._failovers} workers failed while serving this "
+                              "request", code="worker_unavailable", retry_after=1)
+        self.d.metrics.inc("request_retries")
+
+    async def _fail_over(self, leg: _Leg) -> None:
+        """Carry the leg's unfinished samples on elsewhere from what the client already has."""
+        await self._close_leg(leg)
+        self._worker_lost(leg.worker_id)
+        todo = [i for i in leg.indexes if self.samples[i].finish_reason is None]
+        if not leg.resumed and not any(self.samples[i].token_ids for i in leg.indexes):
+            await self._open(leg.indexes, None)  # nothing of it seen: the same request again
+            return
+        await asyncio.gather(*(self._open((i,), Continuation(
+            i, tuple(self.samples[i].token_ids), self.samples[i].text_chars)) for i in todo))
+
+    @staticmethod
+    def _is_lost(leg: _Leg, snap: FleetSnapshot) -> bool:
+        """The fleet no longer counts the leg's worker as ready, or it is a new process."""
+        view = snap.worker(leg.worker_id)
+        return view is None or not view.ready or (
+            leg.incarnation is not None and view.stats is not None
+            and view.stats.incarnation != leg.incarnation)
+
+    async def _watch(self) -> None:
+        """Fail over every open leg whose worker was lost without its stream saying so."""
+        self._watched_at = time.monotonic()
+        snap = self.d.fleet.snapshot()
+        for leg in [g for g in self._legs if not g.closed and self._is_lost(g, snap)]:
+            await self._fail_over(leg)
 
     # -- consuming -------------------------------------------------------------------------
     async def batches(self) -> AsyncIterator[list[SequenceOutput]]:
-        """The first batch (received by start) and every later one; WorkerUnavailable if the
-        worker is lost on the way."""
-        first, self._first = self._first, None
+        """Every batch of outputs, failing over lost workers on the way."""
+        completed = False
         try:
-            if first is not None:
-                yield first
-            while self._stream is not None and len(self.finish_reasons) < self.params.n:
-                try:
-                    batch = await self._stream.__anext__()
-                except StopAsyncIteration:
+            while True:
+                while self._pending:
+                    yield self._pending.popleft()
+                if all(s.finish_reason is not None for s in self.samples):
                     break
-                if isinstance(batch, Rejected):  # this request broke a step: its own input
-                    raise APIError(400, batch.message, code="invalid_request")
-                self._observe(batch)
-                yield batch
+                if time.monotonic() - self._watched_at >= WATCH_S:
+                    await self._watch()
+                    continue
+                try:
+                    leg, item = await asyncio.wait_for(self._queue.get(), WATCH_S)
+                except asyncio.TimeoutError:
+                    continue
+                if leg.closed:
+                    continue  # left over from a leg already failed over
+                if item is _END and all(self.samples[i].finish_reason for i in leg.indexes):
+                    await self._close_leg(leg)
+                elif isinstance(item, WorkerUnavailable) or item is _END:
+                    # _END with samples unfinished: the worker stopped short (it was restarted)
+                    await self._fail_over(leg)
+                elif isinstance(item, BaseException):
+                    raise item
+                elif isinstance(item, Rejected):  # the request broke a step: its own input
+                    raise self._error(400, item.message, code="invalid_request")
+                else:
+                    self._observe(leg, item)
+                    yield item
+            completed = True
+        except (GeneratorExit, asyncio.CancelledError):
+            self._record_finished()  # the client left: an abort, and its latency counts
+            raise
         finally:
             await self.close()
-        self._record_finished()
+        if completed:
+            self._record_finished()
 
     async def collect(self) -> list[SequenceOutput]:
-        """Every output; the client has seen nothing yet, so a lost worker means start over."""
-        while True:
-            outputs: list[SequenceOutput] = []
-            try:
-                async for batch in self.batches():
-                    outputs.extend(batch)
-                return outputs
-            except WorkerUnavailable:
-                self._worker_failed(self.worker_id)
-                self.finish_reasons.clear()
-                self.num_output_tokens = 0
-                self._first_token_at = None
-                await self.start()
+        return [out async for batch in self.batches() for out in batch]
 
     # -- metrics ---------------------------------------------------------------------------
-    def _observe(self, batch: list[SequenceOutput]) -> None:
+    def _observe(self, leg: _Leg, batch: list[SequenceOutput]) -> None:
         now = time.monotonic()
-        new_tokens = sum(len(o.new_token_ids) for o in batch)
         for out in batch:
-            self.num_cached_tokens = max(self.num_cached_tokens, out.num_cached_tokens)
+            sample = self.samples[out.index]
+            if not leg.resumed:
+                self.num_cached_tokens = max(self.num_cached_tokens, out.num_cached_tokens)
+            if out.new_token_ids:
+                if sample.last_token_at is not None:  # this sample's gap, per token it brought
+                    gap = (now - sample.last_token_at) / len(out.new_token_ids)
+                    for _ in out.new_token_ids:
+                        self.d.metrics.observe("inter_token_latency_seconds", gap)
+                sample.last_token_at = now
+                sample.token_ids.extend(out.new_token_ids)
+                self.num_output_tokens += len(out.new_token_ids)
+                if self._first_token_at is None:
+                    self._first_token_at = now
+                    self.d.metrics.observe("time_to_first_token_seconds", now - self.arrival)
+                self._last_token_at = now
+            sample.text_chars += len(out.new_text)
             if out.finish_reason is not None:
-                self.finish_reasons[out.index] = out.finish_reason
-        if new_tokens:
-            if self._first_token_at is None:
-                self._first_token_at = now
-                self.d.metrics.observe("time_to_first_token_seconds", now - self.arrival)
-            else:
-                gap = (now - self._last_token_at) / new_tokens
-                for _ in range(new_tokens):
-                    self.d.metrics.observe("inter_token_latency_seconds", gap)
-            self._last_token_at = now
-        self.num_output_tokens += new_tokens
+                sample.finish_reason = out.finish_reason
+                self.worker_id = leg.worker_id
 
     def _record_finished(self) -> None:
         m = self.d.metrics

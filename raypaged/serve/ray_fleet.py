@@ -85,8 +85,9 @@ class RayFleetClient:
                 logger.warning("fleet refresh failed: %r", exc)
             await asyncio.sleep(self.refresh_s)
 
-    async def stream(self, view: WorkerView, request_id: str, token_ids, params, cache_salt):
-        gen = view.handle.generate.remote(request_id, token_ids, params, cache_salt)
+    async def stream(self, view: WorkerView, request_id: str, token_ids, params, cache_salt,
+                     continuation=None):
+        gen = view.handle.generate.remote(request_id, token_ids, params, cache_salt, continuation)
         complete = False
         try:
             async for ref in gen:

@@ -9,6 +9,10 @@ from starlette.responses import StreamingResponse
 
 from raypaged.outputs import SequenceOutput
 
+# On every reply where a worker was chosen: the one(s) that finished the request (after a
+# failover, the last), or that refused it.
+WORKER_HEADER = "x-raypaged-worker"
+
 
 class Choice:
     """The accumulated output of one sample (all of it, or one stream chunk's worth)."""

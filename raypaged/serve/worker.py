@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator
 
 from raypaged.core.cache_summary import SummaryDelta
-from raypaged.core.contracts import EngineStats
+from raypaged.core.contracts import Continuation, EngineStats
 from raypaged.core.engine_core import ERROR
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.outputs import SequenceOutput
@@ -62,6 +62,14 @@ class WorkerStats:
         return self.engine.kv_cache_usage
 
 
+@dataclass(frozen=True)
+class Health:
+    """The answer to the controller's liveness probe."""
+
+    incarnation: str
+    stalled_s: float  # how long the engine has had work but finished no step (0: progressing)
+
+
 class WorkerError(RuntimeError):
     """The engine failed while running this request (the worker itself is still alive)."""
 
@@ -77,11 +85,15 @@ class Worker:
         self.budget = KVBudget(plan.kv_budget_bytes, plan.bytes_per_token, plan.bytes_per_block,
                                plan.num_blocks, plan.num_tokens, plan.max_seqs_at_max_model_len)
         self._loop: EngineLoop | None = None  # started on first use: it needs the event loop
+        self._event_loop: asyncio.AbstractEventLoop | None = None  # generate's
         self._streams: dict[str, asyncio.Queue] = {}
+        self._seen_stats = None           # the step loop's last published stats, and since when
+        self._seen_at = time.monotonic()
 
     # -- requests --------------------------------------------------------------------------
     async def generate(self, request_id: str, prompt_token_ids: list[int],
-                       params: SamplingParams, cache_salt: str | None = None
+                       params: SamplingParams, cache_salt: str | None = None,
+                       continuation: Continuation | None = None
                        ) -> AsyncIterator[list[SequenceOutput] | Rejected]:
         loop = self._engine_loop()
         if request_id in self._streams:
@@ -97,7 +109,7 @@ class Worker:
         try:
             try:
                 await loop.call(lambda e: e.add_request(request_id, list(prompt_token_ids), params,
-                                                        cache_salt=cache_salt))
+                                                        cache_salt, continuation))
             except ValueError as exc:
                 remaining = 0
                 yield Rejected(str(exc))
@@ -124,8 +136,18 @@ class Worker:
                 # FIFO inbox: runs after the add_request above even if that is still queued.
                 loop.call_nowait(lambda e: e.abort(request_id))
 
-    async def abort(self, request_id: str) -> None:
-        await self._engine_loop().call(lambda e: e.abort(request_id))
+    def abort(self, request_id: str) -> None:
+        """A control call: it may run on another thread than generate (its own Ray concurrency
+        group), so it hands the abort to generate's event loop; the request's stream ends with
+        finish_reason "abort"."""
+        if self._event_loop is not None:
+            self._event_loop.call_soon_threadsafe(self._abort_now, request_id)
+
+    def _abort_now(self, request_id: str) -> None:
+        def deliver(fut: asyncio.Future) -> None:
+            if not fut.cancelled() and fut.exception() is None:
+                self._deliver(fut.result() or [])
+        self._engine_loop().call(lambda e: e.abort(request_id)).add_done_callback(deliver)
 
     # -- what the controller and router read -----------------------------------------------
     def stats(self, cache_since: int | None = None) -> WorkerStats:
@@ -142,6 +164,17 @@ class Worker:
             graph_steps=getattr(runner, "num_graph_steps", 0),
             eager_steps=getattr(runner, "num_eager_steps", engine_stats.num_steps), cache=cache)
 
+    def health(self) -> Health:
+        """Answered while the process lives; `stalled_s` tells a hung engine step from a busy
+        one: the step thread publishes new stats after every step, so stats that stay the same
+        object while requests wait mean no step has finished since."""
+        now = time.monotonic()
+        stats = self._loop.stats if self._loop is not None else None
+        if stats is not self._seen_stats:
+            self._seen_stats, self._seen_at = stats, now
+        busy = stats is not None and (stats.num_running or stats.num_waiting)
+        return Health(self.incarnation, now - self._seen_at if busy else 0.0)
+
     def get_tokenizer(self):
         return self.engine.tokenizer
 
@@ -152,6 +185,7 @@ class Worker:
     # -- internals -------------------------------------------------------------------------
     def _engine_loop(self) -> EngineLoop:
         if self._loop is None:
+            self._event_loop = asyncio.get_running_loop()
             self._loop = EngineLoop(self.engine, asyncio.get_running_loop(),
                                     on_outputs=self._deliver, on_crash=self._fail_all)
         return self._loop

@@ -21,6 +21,7 @@ def ray_serve():
 
     # 4 logical CPUs on 2 cores: the shared app's 2 workers take 1 each, and a test may deploy
     # a small extra application beside it.
+    # address="local": our own cluster, never one another process left in ray_current_cluster
     ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="raypaged-tests",
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}}, log_to_driver=False)
     port = free_port()
@@ -54,3 +55,17 @@ def async_client(app):
 @pytest.fixture(scope="session")
 def model_name(app) -> str:
     return httpx.get(f"{app.url}/v1/models", headers=app.headers).json()["data"][0]["id"]
+
+
+@pytest.fixture(scope="module")
+def fake_fleet(ray_serve) -> ServedApp:
+    """Two workers on the fake engine at 20 ms a step, ours to break (one test module at a time:
+    with the shared app they fill the cluster's 4 CPUs)."""
+    from ray import serve
+
+    served = deploy("raypaged-fake", "/fake", ray_serve, None, workers=2, cpus_per_worker=1,
+                    max_model_len=256,
+                    engine_factory="tests.serve.fake_engine:build_slow_fake_engine")
+    served.wait_ready(2)
+    yield served
+    serve.delete(served.name)

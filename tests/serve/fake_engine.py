@@ -101,17 +101,21 @@ class FakeEngine:
         self._meta: dict[str, tuple[SamplingParams, int]] = {}
         self._text: dict[tuple[str, int], str] = {}
 
-    def add_request(self, request_id, prompt_token_ids, params, cache_salt=None):
+    def add_request(self, request_id, prompt_token_ids, params, cache_salt=None,
+                    continuation=None):
         self.core.add_request(request_id, prompt_token_ids, params, eos_token_id=EOS,
-                              cache_salt=cache_salt)
+                              cache_salt=cache_salt, continuation=continuation)
         self._meta[request_id] = (params, len(prompt_token_ids))
+        if continuation is not None:  # the text the client has: bytes decode one to one
+            key = (request_id, continuation.sample_index)
+            self._text[key] = self.tokenizer.decode(continuation.output_token_ids)
+            assert len(self._text[key]) == continuation.text_chars
 
     def step(self) -> list[SequenceOutput]:
         return [self._output(d) for d in self.core.step()]
 
-    def abort(self, request_id):
-        for d in self.core.abort(request_id):
-            self._output(d)
+    def abort(self, request_id) -> list[SequenceOutput]:
+        return [self._output(d) for d in self.core.abort(request_id)]
 
     def has_unfinished(self):
         return self.core.has_unfinished()
@@ -147,3 +151,10 @@ def build_fake_engine(engine_kwargs: dict) -> FakeEngine:
     return FakeEngine(max_model_len=engine_kwargs.get("max_model_len") or 256,
                       block_size=engine_kwargs.get("block_size", 16),
                       step_delay_s=engine_kwargs.get("step_delay_s", 0.0))
+
+
+def build_slow_fake_engine(engine_kwargs: dict) -> FakeEngine:
+    """The fake engine at 20 ms a step, so requests are still running when a test breaks a
+    worker (serving arguments carry no step delay: this factory is the way in)."""
+    return FakeEngine(max_model_len=engine_kwargs.get("max_model_len") or 256,
+                      block_size=engine_kwargs.get("block_size", 16), step_delay_s=0.02)

@@ -2,6 +2,7 @@
 workers that fail on command."""
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 import httpx
@@ -9,7 +10,7 @@ import httpx
 from fake_engine import FakeEngine
 from raypaged.core.cache_summary import CacheView
 from raypaged.serve.config import ServeOptions
-from raypaged.serve.fleet import READY, FleetSnapshot, WorkerView
+from raypaged.serve.fleet import READY, UNRESPONSIVE, FleetSnapshot, WorkerView
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
 from raypaged.serve.generation import Dispatcher, WorkerUnavailable
 from raypaged.serve.http_app import build_http_app
@@ -18,13 +19,15 @@ from raypaged.serve.routing import Router
 from raypaged.serve.worker import Worker
 
 BEFORE_FIRST, MID_STREAM = "before_first", "mid_stream"
+FROZEN, FROZEN_MID_STREAM = "frozen", "frozen_mid_stream"  # hang; the snapshot says unresponsive
 
 
 class LocalFleet:
     def __init__(self, n: int = 2, max_queued: int = 1024, step_delay_s: float = 0.0):
         self.workers = {f"worker-{i}": Worker(FakeEngine(step_delay_s=step_delay_s), f"worker-{i}",
                                               max_queued) for i in range(n)}
-        self.failing: dict[str, str] = {}  # worker id -> BEFORE_FIRST | MID_STREAM
+        self.failing: dict[str, str] = {}  # worker id -> one of the modes above
+        self.frozen: set[str] = set()  # workers the snapshot reports as unresponsive
         self._versions = itertools.count()
 
     def snapshot(self) -> FleetSnapshot:
@@ -33,15 +36,17 @@ class LocalFleet:
         for wid, w in self.workers.items():
             caches[wid] = CacheView()
             caches[wid].apply(w.engine.cache_summary().delta_since(-1))
-        return FleetSnapshot(next(self._versions), tuple(WorkerView(wid, READY, w, w.stats())
-                                                         for wid, w in self.workers.items()),
-                             caches=caches)
+        return FleetSnapshot(next(self._versions), tuple(
+            WorkerView(wid, UNRESPONSIVE if wid in self.frozen else READY, w, w.stats())
+            for wid, w in self.workers.items()), caches=caches)
 
-    async def stream(self, view, request_id, token_ids, params, cache_salt):
+    async def stream(self, view, request_id, token_ids, params, cache_salt, continuation=None):
         mode = self.failing.get(view.worker_id)
         if mode == BEFORE_FIRST:
             raise WorkerUnavailable(f"{view.worker_id} is gone")
-        gen = view.handle.generate(request_id, token_ids, params, cache_salt)
+        if mode == FROZEN:
+            await self._freeze(view.worker_id)
+        gen = view.handle.generate(request_id, token_ids, params, cache_salt, continuation)
         try:
             count = 0
             async for item in gen:
@@ -49,8 +54,15 @@ class LocalFleet:
                 count += 1
                 if mode == MID_STREAM and count >= 2:
                     raise WorkerUnavailable(f"{view.worker_id} died mid-stream")
+                if mode == FROZEN_MID_STREAM and count >= 2:
+                    await self._freeze(view.worker_id)
         finally:
             await gen.aclose()
+
+    async def _freeze(self, worker_id: str) -> None:
+        """Never answer again; the controller's probe notices (the snapshot turns)."""
+        self.frozen.add(worker_id)
+        await asyncio.Event().wait()
 
     def shutdown(self) -> None:
         for w in self.workers.values():

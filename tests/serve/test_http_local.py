@@ -8,6 +8,7 @@ import json
 import pytest
 
 from local_fleet import BEFORE_FIRST, MID_STREAM, LocalFleet, client_for, local_app
+from raypaged.serve.generation import MAX_FAILOVERS
 
 BODY = {"model": "fake-model", "prompt": "a prompt long enough for a block or two of bytes",
         "max_tokens": 8, "ignore_eos": True}
@@ -45,27 +46,19 @@ def test_a_worker_gone_before_the_first_token_is_retried_on_the_next_one():
     assert metrics.counters["request_retries"] == {"": 1.0}
 
 
-def test_a_retry_is_attempted_once_then_503():
-    fleet = LocalFleet(n=3)
+def test_a_request_gives_up_with_503_after_max_failovers():
+    fleet = LocalFleet(n=MAX_FAILOVERS + 1)
     fleet.failing.update({w: BEFORE_FIRST for w in fleet.workers})
-    r, _ = run(fleet, lambda c: c.post("/v1/completions", json=BODY))
+    r, metrics = run(fleet, lambda c: c.post("/v1/completions", json=BODY))
     assert r.status_code == 503 and r.headers["retry-after"]
     assert r.json()["error"]["code"] == "worker_unavailable"
+    assert r.headers["x-raypaged-worker"] in fleet.workers  # the last worker it tried
+    assert metrics.counters["request_retries"] == {"": float(MAX_FAILOVERS)}
 
 
-def test_a_non_streaming_request_whose_worker_dies_mid_way_is_redone_elsewhere():
-    home = preferred_worker(LocalFleet())
-    fleet = LocalFleet()
-    fleet.failing[home] = MID_STREAM
-    r, _ = run(fleet, lambda c: c.post("/v1/completions", json=BODY))
-    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
-    assert len(r.json()["choices"][0]["text"]) == 8
-
-
-def test_a_stream_whose_worker_dies_ends_with_an_error_event_then_done():
-    home = preferred_worker(LocalFleet(step_delay_s=0.01))
-    fleet = LocalFleet(step_delay_s=0.01)
-    fleet.failing[home] = MID_STREAM
+def test_a_stream_whose_every_worker_dies_ends_with_an_error_event_then_done():
+    fleet = LocalFleet(n=MAX_FAILOVERS + 1, step_delay_s=0.01)
+    fleet.failing.update({w: MID_STREAM for w in fleet.workers})
     r, _ = run(fleet, lambda c: c.post("/v1/completions", json={**BODY, "stream": True}))
     events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"

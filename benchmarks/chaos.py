@@ -1,0 +1,312 @@
+"""Chaos benchmark: steady mixed load on `raypaged serve` while the fleet is broken on purpose.
+
+    python benchmarks/chaos.py [--workers 2] [--concurrency 6] [--phase-s 20]
+
+Launches `raypaged serve` (default model, small KV budget), keeps --concurrency clients sending
+greedy requests (alternately streaming and not, `max_tokens` 24, ignore_eos; after a failure a
+client waits 1 s, as Retry-After says) and, one phase after another, with --phase-s of load
+between them:
+    kill_worker        SIGKILL of the busiest worker's process (Ray restarts it)
+    freeze_worker      SIGSTOP of the busiest worker for 10 s, then SIGCONT
+    poison             the issue's poison requests (stop token id out of the vocabulary, huge
+                       top_k) and malformed ones, sent beside the load
+    kill_controller    SIGKILL of the fleet controller actor (its workers go with it)
+and prints and writes (benchmarks/results/chaos.json, .png): requests sent, completed, failed by
+status, lost (a 200 with fewer tokens than asked, or a stream without [DONE]), hung (no answer
+in 120 s), per phase the load requests in the air that completed and that failed, collateral
+failures of the poison phase (load requests failing while only poison was in the air), each
+phase's recovery time (fault -> the fleet noticed it and has all its workers ready again;
+fault -> the first load request started after it completing), preemptions, and the status
+codes of the malformed and poison replies. Bounded: ~4 phases x (phase-s + recovery).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
+from benchmarks.serve_bench import launch, stop  # noqa: E402
+
+MAX_TOKENS = 24
+CLIENT_TIMEOUT_S = 120
+POISON = [
+    {"prompt": "hi", "max_tokens": 2, "min_tokens": 1, "stop_token_ids": [99999999]},
+    {"prompt": "hi", "max_tokens": 2, "top_k": 100000000000000000000},
+    {"prompt": "hi", "max_tokens": 2, "top_k": 2 ** 63},
+]
+MALFORMED = [
+    "{not json", "[]", "null", '{"prompt": 5}', '{"prompt": "hi", "max_tokens": -1}',
+    '{"prompt": "hi", "temperature": NaN}', '{"prompt": "hi", "temperature": Infinity}',
+    '{"prompt": "hi", "temperature": 1e400}', '{"prompt": "hi", "n": 0}',
+    '{"prompt": "hi", "top_p": 2}', '{"prompt": [[-1]]}', '{"prompt": "\\ud800"}',
+    '{"prompt": "hi", "stop_token_ids": [-5]}', '{"prompt": "hi", "repetition_penalty": 1e400}',
+    '{"prompt": "hi", "logprobs": 99}', '{"model": "nope", "prompt": "hi"}',
+    '{"prompt": "hi", "max_tokens": 100000000}', '{"prompt": "hi", "stream": "yes"}',
+    "[" * 100000 + "]" * 100000,
+]
+
+
+@dataclass
+class Outcome:
+    started: float
+    ended: float
+    stream: bool
+    status: str          # HTTP status; "stream error: <code>" for an error event; "hung"
+    tokens: int
+    done: bool           # a stream ended with [DONE]
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "200" and self.tokens == MAX_TOKENS and (self.done or not self.stream)
+
+
+async def one(client: httpx.AsyncClient, url: str, i: int) -> Outcome:
+    stream = bool(i % 2)
+    body = {"prompt": f"Chaos request {i}: list some birds.", "max_tokens": MAX_TOKENS,
+            "ignore_eos": True, "temperature": 0}
+    started = time.monotonic()
+    try:
+        if not stream:
+            r = await client.post(f"{url}/v1/completions", json=body)
+            tokens = r.json()["usage"]["completion_tokens"] if r.status_code == 200 else 0
+            return Outcome(started, time.monotonic(), False, str(r.status_code), tokens, False)
+        body.update(stream=True, stream_options={"include_usage": True})
+        tokens, done = 0, False
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+            status = str(r.status_code)
+            async for line in r.aiter_lines():
+                done |= line == "data: [DONE]"
+                if line.startswith("data: {"):
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        status = f"stream error: {event['error'].get('code')}"
+                    tokens = (event.get("usage") or {}).get("completion_tokens", tokens)
+        return Outcome(started, time.monotonic(), True, status, tokens, done)
+    except httpx.TimeoutException:
+        return Outcome(started, time.monotonic(), stream, "hung", 0, False)
+    except httpx.HTTPError as exc:
+        return Outcome(started, time.monotonic(), stream, type(exc).__name__, 0, False)
+
+
+class Load:
+    def __init__(self, url: str, concurrency: int):
+        self.url, self.concurrency = url, concurrency
+        self.outcomes: list[Outcome] = []
+        self._stop = asyncio.Event()
+        self._count = 0
+
+    async def run(self) -> None:
+        async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as client:
+            async def loop():
+                while not self._stop.is_set():
+                    self._count += 1
+                    outcome = await one(client, self.url, self._count)
+                    self.outcomes.append(outcome)
+                    if not outcome.ok:  # as a client honouring Retry-After (1 s) would
+                        await asyncio.sleep(1.0)
+            await asyncio.gather(*(loop() for _ in range(self.concurrency)))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def descendants(root: int) -> dict[int, str]:
+    """pid -> process name (comm) of every process under root."""
+    children: dict[int, list[int]] = {}
+    names = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            names[int(d)] = stat[stat.index("(") + 1:stat.rindex(")")]
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(d))
+    out, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        out[pid] = names.get(pid, "")
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def fleet(url: str) -> list[dict]:
+    try:
+        return httpx.get(f"{url}/fleet", timeout=5).json()["workers"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return []
+
+
+def preemptions(url: str) -> float:
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return 0.0
+    return sum(s.value for f in text_string_to_metric_families(text)
+               if f.name == "raypaged:num_preemptions" for s in f.samples)
+
+
+async def wait_all_ready(url: str, n: int, since: float, limit_s: float) -> float | None:
+    """Seconds from `since` until n workers are ready again, after the fleet has noticed the
+    fault (None: not within limit_s). A fault the fleet never notices within 10 s counts as
+    recovered when noticed-or-not is decided: at 10 s."""
+    while time.monotonic() - since < 10:
+        if sum(w["state"] == "ready" for w in await asyncio.to_thread(fleet, url)) < n:
+            break
+        await asyncio.sleep(0.1)
+    while time.monotonic() - since < limit_s:
+        if sum(w["state"] == "ready" for w in await asyncio.to_thread(fleet, url)) >= n:
+            return time.monotonic() - since
+        await asyncio.sleep(0.25)
+    return None
+
+
+def busiest(url: str) -> dict:
+    return max(fleet(url), key=lambda w: w.get("load", 0))
+
+
+async def send_raw(url: str) -> dict:
+    """Malformed and poison requests; status code -> count for each kind."""
+    counts: dict[str, dict[str, int]] = {"malformed": {}, "poison": {}}
+    async with httpx.AsyncClient(timeout=60) as client:
+        for raw in MALFORMED:
+            r = await client.post(f"{url}/v1/completions", content=raw.encode(),
+                                  headers={"content-type": "application/json"})
+            counts["malformed"][str(r.status_code)] = counts["malformed"].get(str(r.status_code), 0) + 1
+        for body in POISON * 3:
+            r = await client.post(f"{url}/v1/completions", json=body)
+            counts["poison"][str(r.status_code)] = counts["poison"].get(str(r.status_code), 0) + 1
+    return counts
+
+
+async def scenario(proc, url: str, ns) -> dict:
+    load = Load(url, ns.concurrency)
+    runner = asyncio.create_task(load.run())
+    phases, raw_counts = [], {}
+    first_preemptions = await asyncio.to_thread(preemptions, url)
+    await asyncio.sleep(ns.phase_s)
+    for name in ("kill_worker", "freeze_worker", "poison", "kill_controller"):
+        at = time.monotonic()
+        detail = ""
+        if name == "kill_worker":
+            victim = busiest(url)
+            os.kill(victim["pid"], signal.SIGKILL)
+            detail = victim["worker_id"]
+        elif name == "freeze_worker":
+            victim = busiest(url)
+            os.kill(victim["pid"], signal.SIGSTOP)
+            detail = victim["worker_id"]
+            await asyncio.sleep(10)
+            os.kill(victim["pid"], signal.SIGCONT)
+        elif name == "poison":
+            raw_counts = await send_raw(url)
+        else:
+            controllers = [p for p, n in descendants(proc.pid).items()
+                           if n.startswith("ray::Controller")]
+            for pid in controllers:
+                os.kill(pid, signal.SIGKILL)
+            detail = f"{len(controllers)} process(es)"
+        ready_s = await wait_all_ready(url, ns.workers, at, ns.recovery_limit_s)
+        await asyncio.sleep(ns.phase_s)
+        after = [o for o in load.outcomes if o.started >= at and o.ok]
+        phases.append({"phase": name, "target": detail, "at": at,
+                       "fleet_ready_s": ready_s,
+                       "first_ok_request_s": min((o.ended - at for o in after), default=None)})
+    load.stop()
+    await asyncio.wait_for(runner, CLIENT_TIMEOUT_S + 30)
+    return {"outcomes": load.outcomes, "phases": phases, "raw": raw_counts,
+            "preemptions": await asyncio.to_thread(preemptions, url) - first_preemptions}
+
+
+def summarize(res: dict, t0: float) -> dict:
+    outs: list[Outcome] = res["outcomes"]
+    failed: dict[str, int] = {}
+    for o in outs:
+        if o.status not in ("200", "hung"):
+            failed[o.status] = failed.get(o.status, 0) + 1
+    poison = next(p for p in res["phases"] if p["phase"] == "poison")
+    window = (poison["at"], poison["at"] + 15)  # only poison in the air
+    collateral = [o for o in outs if not o.ok and o.status != "hung"
+                  and o.started < window[1] and o.ended > window[0]]
+    phases = [{**p, "at_s": round(p["at"] - t0, 1)} for p in res["phases"]]
+    ends = [p["at"] for p in res["phases"][1:]] + [float("inf")]
+    for p, start, end in zip(phases, [p["at"] for p in res["phases"]], ends):
+        del p["at"]
+        # load requests that were in the air during this phase and failed
+        p["failed"] = sum(not o.ok for o in outs if o.ended >= start and o.started < end)
+        p["completed"] = sum(o.ok for o in outs if o.ended >= start and o.started < end)
+    return {
+        "sent": len(outs), "completed": sum(o.ok for o in outs), "failed_by_status": failed,
+        "lost": sum(o.status == "200" and not o.ok for o in outs),
+        "hung": sum(o.status == "hung" for o in outs), "collateral_poison_failures": len(collateral),
+        "preemptions": res["preemptions"], "phases": phases, "raw_requests": res["raw"]}
+
+
+def plot(res: dict, t0: float, summary: dict, path: Path) -> None:
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(10, 3.6))
+    outs = res["outcomes"]
+    ax.scatter([o.ended - t0 for o in outs if o.ok], [o.ended - o.started for o in outs if o.ok],
+               s=8, color="#4c72b0", label="completed")
+    bad = [o for o in outs if not o.ok]
+    ax.scatter([o.ended - t0 for o in bad], [o.ended - o.started for o in bad], s=20,
+               color="#c44e52", marker="x", label="failed / lost / hung")
+    for p in summary["phases"]:
+        ax.axvline(p["at_s"], color="grey", linestyle="--")
+        ax.text(p["at_s"], ax.get_ylim()[1] * 0.95, p["phase"], rotation=90, fontsize=8,
+                va="top")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("request latency (s)")
+    ax.legend(fontsize=8)
+    ax.set_title("raypaged serve under chaos: each request's latency by when it finished")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--concurrency", type=int, default=6)
+    p.add_argument("--phase-s", type=float, default=20.0, help="load between faults")
+    p.add_argument("--recovery-limit-s", type=float, default=120.0)
+    p.add_argument("--name", default="chaos")
+    ns = p.parse_args(argv)
+    log = Path(tempfile.gettempdir()) / f"{ns.name}_serve.log"
+    flags = ["--workers", str(ns.workers), "--kv-memory-mb", "64", "--max-model-len", "512"]
+    proc, url = launch(flags, log)
+    try:
+        t0 = time.monotonic()
+        res = asyncio.run(scenario(proc, url, ns))
+    finally:
+        stop(proc)
+    summary = summarize(res, t0)
+    cols = ["sent", "completed", "failed_by_status", "lost", "hung",
+            "collateral_poison_failures", "preemptions"]
+    print(table([{**summary, "failed_by_status": json.dumps(summary["failed_by_status"])}], cols))
+    print(table(summary["phases"], ["phase", "target", "at_s", "completed", "failed",
+                                    "fleet_ready_s", "first_ok_request_s"]))
+    print("malformed / poison replies by status:", json.dumps(summary["raw_requests"]))
+    path = write(ns.name, {"workload": vars(ns), **summary})
+    plot(res, t0, summary, plot_path(ns.name))
+    print(f"wrote {path} and {plot_path(ns.name)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""A worker that dies or freezes mid-request costs the client nothing: the request goes on on
+another worker from the tokens already sent, and the client gets exactly what an uninterrupted
+run gives (fake engines, no Ray: the failures are staged on cue)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from local_fleet import FROZEN, FROZEN_MID_STREAM, MID_STREAM, LocalFleet, client_for, local_app
+
+GREEDY = {"model": "fake-model", "prompt": "a prompt long enough for a block or two of bytes",
+          "max_tokens": 12, "ignore_eos": True, "temperature": 0}
+SEEDED_N3 = {**GREEDY, "temperature": 1.0, "seed": 7, "n": 3}
+
+
+def run(fleet: LocalFleet, body: dict, path: str = "/v1/completions"):
+    app, metrics = local_app(fleet)
+
+    async def main():
+        async with client_for(app) as client:
+            return await client.post(path, json=body)
+    try:
+        return asyncio.run(main()), metrics
+    finally:
+        fleet.shutdown()
+
+
+def stream_text(r) -> dict[int, str]:
+    """Choice index -> the concatenated text deltas of an SSE response."""
+    texts: dict[int, str] = {}
+    for line in r.text.splitlines():
+        if line.startswith("data: {"):
+            for c in json.loads(line[6:])["choices"]:
+                texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+    return texts
+
+
+def home_of(body: dict) -> str:
+    """The worker that gets this request when nothing fails (routing is deterministic)."""
+    r, _ = run(LocalFleet(step_delay_s=0.005), body)
+    return r.headers["x-raypaged-worker"]
+
+
+def other(worker_id: str) -> str:
+    return "worker-1" if worker_id == "worker-0" else "worker-0"
+
+
+@pytest.mark.parametrize("body", [GREEDY, SEEDED_N3], ids=["greedy", "seeded_n3"])
+@pytest.mark.parametrize("failure", [MID_STREAM, FROZEN_MID_STREAM])
+def test_a_stream_continues_on_another_worker_with_the_uninterrupted_text(body, failure):
+    body = {**body, "stream": True}
+    clean, _ = run(LocalFleet(step_delay_s=0.005), body)
+    fleet = LocalFleet(step_delay_s=0.005)
+    home = clean.headers["x-raypaged-worker"]
+    fleet.failing[home] = failure
+    r, metrics = run(fleet, body)
+    assert r.status_code == 200
+    assert r.text.rstrip().endswith("data: [DONE]") and '"error"' not in r.text
+    assert stream_text(r) == stream_text(clean)
+    assert all(len(t) == 12 for t in stream_text(r).values())
+    assert metrics.counters["request_retries"] == {"": 1.0}
+    assert metrics.counters["request_success"] == {"length": 1.0}
+    assert fleet.workers[other(home)].stats().num_active == 0
+
+
+@pytest.mark.parametrize("failure", [MID_STREAM, FROZEN_MID_STREAM])
+def test_a_non_streaming_request_continues_elsewhere_and_names_the_worker_that_finished(failure):
+    clean, _ = run(LocalFleet(step_delay_s=0.005), SEEDED_N3)
+    home = clean.headers["x-raypaged-worker"]
+    fleet = LocalFleet(step_delay_s=0.005)
+    fleet.failing[home] = failure
+    r, _ = run(fleet, SEEDED_N3)
+    assert r.status_code == 200
+    assert r.json()["choices"] == clean.json()["choices"]
+    assert r.json()["usage"]["completion_tokens"] == 3 * 12
+    assert r.json()["usage"]["prompt_tokens"] == clean.json()["usage"]["prompt_tokens"]
+    assert r.headers["x-raypaged-worker"] == other(home)
+
+
+def test_a_worker_frozen_before_its_first_token_is_left_for_another():
+    home = home_of(GREEDY)
+    fleet = LocalFleet(step_delay_s=0.005)
+    fleet.failing[home] = FROZEN
+    started = time.monotonic()
+    r, metrics = run(fleet, GREEDY)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 12
+    assert r.headers["x-raypaged-worker"] == other(home)
+    assert time.monotonic() - started < 5
+    assert metrics.counters["request_retries"] == {"": 1.0}
+
+
+def test_a_stop_string_and_min_tokens_hold_across_the_failover():
+    body = {**GREEDY, "stream": True, "max_tokens": 40, "min_tokens": 20, "ignore_eos": False}
+    clean, _ = run(LocalFleet(step_delay_s=0.005), body)
+    stop = stream_text(clean)[0][5:8]  # three letters first seen after the failover point
+    body["stop"] = [stop]
+    clean, _ = run(LocalFleet(step_delay_s=0.005), body)
+    fleet = LocalFleet(step_delay_s=0.005)
+    fleet.failing[clean.headers["x-raypaged-worker"]] = MID_STREAM
+    r, _ = run(fleet, body)
+    assert stream_text(r) == stream_text(clean)
+    assert stop not in stream_text(r)[0] and '"finish_reason": "stop"' in r.text
+
+
+def test_per_sample_inter_token_latency_is_not_divided_by_n():
+    body = {**GREEDY, "n": 4, "temperature": 1.0, "seed": 3, "max_tokens": 6}
+    r, metrics = run(LocalFleet(step_delay_s=0.02), body)
+    assert r.status_code == 200
+    buckets, total = metrics.histograms["inter_token_latency_seconds"]
+    count = sum(buckets)
+    assert count == 4 * 5  # 5 gaps per sample
+    assert total / count >= 0.015  # each gap is a step (20 ms), not a quarter of one

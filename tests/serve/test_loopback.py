@@ -1,0 +1,111 @@
+"""A default `raypaged serve` is a locked-down local cluster: every socket its process tree
+listens on (Serve HTTP, Ray's GCS, raylet, workers, agents, metrics) is bound to the loopback,
+except the one Ray hard-codes to all interfaces (each Serve replica's inter-deployment gRPC
+server, "[::]:0" in Ray 2.60), which refuses a client without Ray's token; and the GCS, like
+every Ray gRPC server, refuses a client without the token."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import httpx
+import pytest
+
+from listening import listeners
+from serve_testing import ROOT, free_port
+
+
+def ray_token() -> str:
+    """Ray's cluster token, where Ray keeps it (the environment, else ~/.ray/auth_token)."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"]
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    with open(path) as f:
+        return f.read().strip()
+
+
+@pytest.fixture(scope="module")
+def served(default_model_dir):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE")}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from raypaged.cli import main; sys.exit(main())",
+         "serve", "--port", str(port), "--num-cpus", "1", "--kv-memory-mb", "32",
+         "--max-model-len", "256", "--model", str(default_model_dir)],
+        cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.5)
+        else:
+            raise TimeoutError("raypaged serve did not become healthy in 240 s")
+        time.sleep(2)  # let Ray's agents and exporters finish starting
+        yield proc, port
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def replica_call(port: int, token: str | None) -> grpc.StatusCode:
+    """An empty request to a Serve replica's inter-deployment gRPC method. Ray's authentication
+    interceptor wraps each method and runs before it: without the token the answer is
+    UNAUTHENTICATED; with it the method runs (and fails on the empty request)."""
+    metadata = [("authorization", f"Bearer {token}")] if token else None
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            channel.unary_unary("/ray.serve.ASGIService/HandleRequest")(
+                b"", timeout=10, metadata=metadata)
+            return grpc.StatusCode.OK
+        except grpc.RpcError as exc:
+            return exc.code()
+
+
+def test_nothing_listens_beyond_the_loopback_but_token_guarded_serve_replicas(served):
+    proc, port = served
+    found = listeners(proc.pid)
+    assert any(s.port == port and s.loopback for s in found)  # Serve HTTP, in the tree read
+    assert {"gcs_server", "raylet"} <= {s.process for s in found}
+    outside = [s for s in found if not s.loopback]
+    assert {s.process for s in outside} <= {"ray::ServeRepli"}, outside
+    for s in outside:
+        assert replica_call(s.port, None) == grpc.StatusCode.UNAUTHENTICATED, s
+        assert replica_call(s.port, "not-the-token") == grpc.StatusCode.UNAUTHENTICATED, s
+        assert replica_call(s.port, ray_token()) not in (grpc.StatusCode.UNAUTHENTICATED,
+                                                        grpc.StatusCode.UNIMPLEMENTED), s
+
+
+def test_the_gcs_refuses_a_client_without_the_token(served):
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    proc, _ = served
+    gcs = [s for s in listeners(proc.pid) if s.process == "gcs_server"]
+    assert len(gcs) == 1
+
+    def ask(metadata):
+        with grpc.insecure_channel(f"127.0.0.1:{gcs[0].port}") as channel:
+            stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+            return stub.GetAllNodeInfo(gcs_service_pb2.GetAllNodeInfoRequest(), timeout=10,
+                                       metadata=metadata)
+
+    with pytest.raises(grpc.RpcError) as refused:
+        ask(None)
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(grpc.RpcError) as wrong:
+        ask([("authorization", "Bearer not-the-token")])
+    assert wrong.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert len(ask([("authorization", f"Bearer {ray_token()}")]).node_info_list) == 1
