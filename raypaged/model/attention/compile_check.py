@@ -8,11 +8,19 @@ construction:
     fp32 bf16 fp16  auto (= model)     8 16 32         64 128 256    1..8 / 1 2 4 8           1..16
                     fp8_e4m3
 
-De-duplicated, that is a few hundred distinct kernels per target (the launchers map many launches
-onto one kernel: every group <= 8 pads to 16 query rows in decode, every split count shares one
-kernel), each compiled by kernels/aot_build.py in parallel and cached by source hash.
+(less fp32 with fp8, which gpu_support refuses on every GPU). De-duplicated, that is 576 distinct
+kernels per target (the launchers map many launches onto one kernel: every group <= 8 pads to 16
+query rows in decode, every split count shares one kernel), each compiled by
+kernels/aot_build.py in parallel and cached by source hash.
 
-    python -m raypaged.model.attention.compile_check [--out results.json]
+Profiles: "full" is all of it (1,728 builds: over an hour on 2 cores, too slow for CI).
+"ci" (what `make test` runs: 82 kernels, 246 builds) keeps, for every kernel and target,
+  - the engine's default configuration (bf16 model, cache in bf16, block size 16) at every head dim,
+    GQA group, kv-head count and split count: the configurations the spill gate protects, and
+  - one probe shape (head dim 128, group 4, 8 kv heads, split 1 and 2) in every model/cache dtype
+    pair at block size 16, and in bf16 at every block size.
+
+    python -m raypaged.model.attention.compile_check [--profile ci|full] [--out results.json]
 """
 from __future__ import annotations
 
@@ -26,6 +34,7 @@ import torch
 
 from raypaged.config import BLOCK_SIZES
 from raypaged.model.kv_cache import KV_DTYPES, kv_storage_dtype
+from raypaged.model.attention.gpu_support import triton_kv_dtype_problem
 from raypaged.model.loader import DTYPES
 
 TARGETS = (80, 89, 90)         # A100, L40S/RTX 4090, H100 (built as sm_90a)
@@ -34,6 +43,8 @@ GROUPS = tuple(range(1, 9))    # query heads per kv head of the Llama-family mod
 STORE_KV_HEADS = (1, 2, 4, 8)  # kv heads per model (store_kv's tile spans all of them)
 DECODE_KV_HEADS = 2            # decode/prefill programs own one kv head: the count never matters
 DEFAULTS = dict(dtype=torch.bfloat16, block_size=16)  # what the engine picks on a GPU by default
+NEWEST = (9, 0)                # the most capable target: what it refuses, every GPU refuses
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 REPO = Path(__file__).resolve().parents[3]
 CACHE_DIR = REPO / ".kernel-builds"
 NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
@@ -94,8 +105,10 @@ class Launch:
 def engine_launches(max_splits: int) -> list[Launch]:
     """Every launch the engine can make, over the settings it offers (module docstring)."""
     out = []
-    for dtype in DTYPES.values():
+    for dtype_name, dtype in DTYPES.items():
         for kv_dtype in KV_DTYPES:
+            if triton_kv_dtype_problem(NEWEST, kv_dtype, dtype_name):
+                continue  # refused on every GPU: never launched
             for bs in BLOCK_SIZES:
                 for d in HEAD_DIMS:
                     out += [Launch("store_kv", dtype, kv_dtype, bs, d, kv_heads=h)
@@ -104,6 +117,19 @@ def engine_launches(max_splits: int) -> list[Launch]:
                             for g in GROUPS for s in range(1, max_splits + 1)]
                     out += [Launch("prefill", dtype, kv_dtype, bs, d, g) for g in GROUPS]
     return out
+
+
+def is_default(launch: Launch) -> bool:
+    return (launch.dtype == DEFAULTS["dtype"] and launch.kv_dtype == "auto"
+            and launch.block_size == DEFAULTS["block_size"])
+
+
+def in_ci_profile(launch: Launch) -> bool:
+    """The CI subset (module docstring): defaults everywhere, dtypes and block sizes probed."""
+    probe = (launch.head_dim == 128 and launch.num_splits <= 2
+             and (launch.kv_heads == 8 if launch.op == "store_kv" else launch.group == 4))
+    return is_default(launch) or (probe and (launch.block_size == DEFAULTS["block_size"]
+                                             or launch.dtype == DEFAULTS["dtype"]))
 
 
 def record_variants(launches: list[Launch]):
@@ -120,12 +146,15 @@ def record_variants(launches: list[Launch]):
     return list(variants.values()), [users[k] for k in variants]
 
 
-def check(targets: tuple[int, ...] = TARGETS, cache_dir: Path = CACHE_DIR) -> dict:
+def check(profile: str = "ci", targets: tuple[int, ...] = TARGETS,
+          cache_dir: Path = CACHE_DIR) -> dict:
     """Record, compile for every target, and return a JSON-ready report."""
     from raypaged.kernels.aot_build import build_all
     from raypaged.kernels.paged_decode import MAX_SPLITS
 
-    launches = engine_launches(MAX_SPLITS)
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; choices: {', '.join(PROFILES)}")
+    launches = [launch for launch in engine_launches(MAX_SPLITS) if PROFILES[profile](launch)]
     variants, users = record_variants(launches)
     results, stats = build_all(variants, targets, cache_dir)
     rows = []
@@ -135,19 +164,26 @@ def check(targets: tuple[int, ...] = TARGETS, cache_dir: Path = CACHE_DIR) -> di
                      "op": first[0].op, "dtype": NAMES[first[0].dtype],
                      "kv_dtype": first[0].kv_dtype, "cache_dtype": NAMES[first[0].cache_dtype],
                      "block_size": first[0].block_size, "head_dim": first[0].head_dim,
-                     "default": any(u.dtype == DEFAULTS["dtype"] and u.kv_dtype == "auto"
-                                    and u.block_size == DEFAULTS["block_size"] for u in first),
-                     "launches": len(first)})
-    return {"launches": len(launches), "variants": len(variants), "targets": list(targets),
-            **stats, "results": rows}
+                     "group": first[0].group, "kv_heads": first[0].kv_heads,
+                     "default": any(map(is_default, first)), "launches": len(first),
+                     # what gpu_support says of this (capability, dtypes): must match `compiled`
+                     "refused": triton_kv_dtype_problem(divmod(r.capability, 10),
+                                                        first[0].kv_dtype,
+                                                        DTYPE_NAMES[first[0].dtype]) is not None})
+    return {"profile": profile, "launches": len(launches), "variants": len(variants),
+            "targets": list(targets), **stats, "results": rows}
+
+
+PROFILES = {"ci": in_ci_profile, "full": lambda launch: True}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--profile", choices=list(PROFILES), default="ci")
     parser.add_argument("--out", type=Path, help="write the JSON report here")
     parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR)
     args = parser.parse_args(argv)
-    report = check(cache_dir=args.cache_dir)
+    report = check(args.profile, cache_dir=args.cache_dir)
     bad = [r for r in report["results"] if not r["compiled"]]
     print(f"{report['launches']} launches -> {report['variants']} kernel variants x "
           f"{len(report['targets'])} targets: {len(bad)} did not compile, "
