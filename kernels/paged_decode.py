@@ -21,8 +21,10 @@ when `out` and `workspace` are given, so the path can be captured in a CUDA grap
 Correctness never depends on num_splits: segments are computed in the kernel from seq_len.
 
 Static tile rule (no autotuning):  GROUP_ROWS = max(16, next_pow2(group)),
-    BLOCK_N = 64 if head_dim <= 128 else 32 (a [64, 128] bf16 K or V tile is 16 KiB),
-    num_warps = 4.
+    BLOCK_N = 64 if head_dim <= 128 else 32 (a [64, 128] bf16 K or V tile is 16 KiB), and 32 for
+    fp32 queries at any head dim (fp32 dots run on FMA units, not tensor cores; with 64 ptxas
+    spilled 4 B to 21 KB per thread at head dims 64-256 on sm_80-sm_90, with 32 nothing:
+    benchmarks/kernel_resources.py), num_warps = 4.
 Split rule (choose_num_splits): min(cdiv(2 * SMs, seqs * kv_heads), cdiv(max_seq_len, 256), 16),
     at least 1: about two programs per SM, each split streaming >= 256 positions.
 """
@@ -200,9 +202,9 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
     return max(1, min(want, worth, max_splits))
 
 
-def decode_tiles(group: int, head_dim: int) -> dict:
+def decode_tiles(group: int, head_dim: int, query_dtype: torch.dtype) -> dict:
     """The static tile rule (module docstring) as the decode kernel's launch options."""
-    return dict(BLOCK_N=64 if head_dim <= 128 else 32,
+    return dict(BLOCK_N=64 if head_dim <= 128 and query_dtype != torch.float32 else 32,
                 GROUP_ROWS=max(16, triton.next_power_of_2(group)),
                 HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
                 num_warps=4)
@@ -253,7 +255,7 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
         BLOCK_SIZE=block_size,
         SPLIT=num_splits > 1,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        **decode_tiles(group, head_dim),
+        **decode_tiles(group, head_dim, query.dtype),
     )
     if num_splits > 1:
         _merge_kernel[(batch, num_heads)](
