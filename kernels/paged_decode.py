@@ -21,10 +21,11 @@ when `out` and `workspace` are given, so the path can be captured in a CUDA grap
 Correctness never depends on num_splits: segments are computed in the kernel from seq_len.
 
 Static tile rule (no autotuning):  GROUP_ROWS = max(16, next_pow2(group)),
-    BLOCK_N = 64 if head_dim <= 128 else 32 (a [64, 128] bf16 K or V tile is 16 KiB), and 32 for
-    fp32 queries at any head dim (fp32 dots run on FMA units, not tensor cores; with 64 ptxas
-    spilled 4 B to 21 KB per thread at head dims 64-256 on sm_80-sm_90, with 32 nothing:
-    benchmarks/kernel_resources.py), num_warps = 4.
+    BLOCK_N = 64 if head_dim <= 128 else 32 (a [64, 128] bf16 K or V tile is 16 KiB), num_warps = 4;
+    for fp32 queries BLOCK_N = 32 and num_warps = 8 at any head dim: fp32 dots run on FMA units,
+    not tensor cores, and at 64 keys / 4 warps ptxas spilled 4 B to 21 KB per thread at head dims
+    64-256 on sm_80-sm_90 (32 keys / 4 warps still up to 11 KB with split-K); 32 keys / 8 warps
+    spill nothing, at most 124 registers (benchmarks/kernel_resources.py).
 Split rule (choose_num_splits): min(cdiv(2 * SMs, seqs * kv_heads), cdiv(max_seq_len, 256), 16),
     at least 1: about two programs per SM, each split streaming >= 256 positions.
 """
@@ -204,10 +205,11 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
 
 def decode_tiles(group: int, head_dim: int, query_dtype: torch.dtype) -> dict:
     """The static tile rule (module docstring) as the decode kernel's launch options."""
-    return dict(BLOCK_N=64 if head_dim <= 128 and query_dtype != torch.float32 else 32,
+    fp32 = query_dtype == torch.float32
+    return dict(BLOCK_N=64 if head_dim <= 128 and not fp32 else 32,
                 GROUP_ROWS=max(16, triton.next_power_of_2(group)),
                 HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
-                num_warps=4)
+                num_warps=8 if fp32 else 4)
 
 
 def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
