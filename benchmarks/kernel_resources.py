@@ -55,8 +55,8 @@ def main() -> None:
     report = check(args.profile)
     results = report["results"]
     summary = default_summary(results)
-    print(f"default configuration (bf16 model and cache, block size 16), worst case over groups, "
-          f"kv heads and splits; per target: registers/spill bytes/shared KiB/tensor cores")
+    print("default configuration (bf16 model and cache, block size 16), worst case over groups, "
+          "kv heads and splits; per target: registers/spill bytes/shared KiB/tensor cores")
     print(table(summary, ["kernel", "head_dim", *(f"sm_{c}" for c in TARGETS)]))
     failed = [r for r in results if not r["compiled"]]
     spilling = [r for r in results if r["compiled"] and (r["spill_stores"] or r["spill_loads"])]
@@ -68,7 +68,7 @@ def main() -> None:
     for r in spilling:
         print(f"  spills: {r['label']} sm_{r['capability']}: {r['registers']} registers, "
               f"{r['spill_stores']} B stores / {r['spill_loads']} B loads")
-    path = write(f"kernel_resources", {
+    path = write("kernel_resources", {
         "command": f"python benchmarks/kernel_resources.py --profile {args.profile}",
         "summary": summary, "not_compiled": len(failed), "spilling": len(spilling), **report})
     print(f"wrote {path}")
@@ -82,7 +82,8 @@ def main() -> None:
     for i, cap in enumerate(TARGETS):
         ax.bar([x + i * width for x in range(len(summary))],
                [r.get(f"regs_{cap}", 0) for r in summary], width, label=f"sm_{cap}")
-    ax.axhline(255, color="red", linestyle="--", linewidth=1, label="255: ptxas limit, spills beyond")
+    ax.axhline(255, color="red", linestyle="--", linewidth=1,
+               label="255: ptxas limit, spills beyond")
     ax.set_xticks([x + width for x in range(len(summary))], labels, fontsize=7)
     ax.set_ylabel("registers per thread (max over variants)")
     ax.set_title("Triton kernels, default configuration (bf16, block 16), compiled without a GPU")

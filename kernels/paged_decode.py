@@ -15,9 +15,10 @@ the running max/sum live in the log2 domain. v_scale is applied once to the fina
 
 Split-K: with few (sequence, kv_head) programs the GPU idles, so each context is cut into
 num_splits segments (a runtime argument, not a constexpr: every split count shares one compiled
-kernel, instead of up to MAX_SPLITS JIT compiles per dtype as batch sizes vary); each writes a normalised partial output and its log2-sum-exp into a
-preallocated workspace, and _merge_kernel combines them. No allocation and no host sync happen
-when `out` and `workspace` are given, so the path can be captured in a CUDA graph.
+kernel, instead of up to MAX_SPLITS JIT compiles per dtype as batch sizes vary); each writes a
+normalised partial output and its log2-sum-exp into a preallocated workspace, and _merge_kernel
+combines them. No allocation and no host sync happen when `out` and `workspace` are given, so
+the path can be captured in a CUDA graph.
 Correctness never depends on num_splits: segments are computed in the kernel from seq_len.
 
 Static tile rule (no autotuning):  GROUP_ROWS = max(16, next_pow2(group)),

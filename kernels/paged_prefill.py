@@ -149,7 +149,8 @@ def prefill_tiles(group: int, head_dim: int, query_dtype: torch.dtype) -> dict:
     if query_dtype == torch.float32:
         rows, block_n, num_warps = 16, 32, 8
     else:
-        rows, block_n, num_warps = 64, 64 if head_dim_pad <= 128 else 32, 4 if head_dim_pad <= 64 else 8
+        rows, num_warps = 64, 4 if head_dim_pad <= 64 else 8
+        block_n = 64 if head_dim_pad <= 128 else 32
     return dict(BLOCK_M=max(1, rows // group_pad), GROUP_PAD=group_pad, BLOCK_N=block_n,
                 HEAD_DIM_PAD=head_dim_pad, num_warps=num_warps)
 

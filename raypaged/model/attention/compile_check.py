@@ -74,7 +74,8 @@ class Launch:
                 f"d{self.head_dim}")
         if self.op == "store_kv":
             return text + f" kvh{self.kv_heads}"
-        return text + f" g{self.group}" + (f" split{self.num_splits}" if self.op == "decode" else "")
+        split = f" split{self.num_splits}" if self.op == "decode" else ""
+        return text + f" g{self.group}" + split
 
     def run(self) -> None:
         """Call the launcher (under aot_capture.recording: records, compiles nothing)."""
@@ -83,7 +84,8 @@ class Launch:
         from raypaged.kernels.store_kv import store_kv
 
         heads = self.kv_heads * self.group
-        cache = torch.zeros(2, self.block_size, self.kv_heads, self.head_dim, dtype=self.cache_dtype)
+        cache = torch.zeros(2, self.block_size, self.kv_heads, self.head_dim,
+                            dtype=self.cache_dtype)
         # block-table rows as wide as max_model_len / block_size usually is: a multiple of 16
         tables = torch.zeros(2, 32, dtype=torch.int32)
         seq_lens = torch.ones(2, dtype=torch.int32)
@@ -159,17 +161,18 @@ def check(profile: str = "ci", targets: tuple[int, ...] = TARGETS,
     results, stats = build_all(variants, targets, cache_dir)
     rows = []
     for i, r in enumerate(results):
-        first = users[i // len(targets)]
+        launched_by = users[i // len(targets)]
+        first = launched_by[0]  # names the row; the others differ only where the kernel doesn't
         rows.append({**asdict(r),
-                     "op": first[0].op, "dtype": NAMES[first[0].dtype],
-                     "kv_dtype": first[0].kv_dtype, "cache_dtype": NAMES[first[0].cache_dtype],
-                     "block_size": first[0].block_size, "head_dim": first[0].head_dim,
-                     "group": first[0].group, "kv_heads": first[0].kv_heads,
-                     "default": any(map(is_default, first)), "launches": len(first),
-                     # what gpu_support says of this (capability, dtypes): must match `compiled`
-                     "refused": triton_kv_dtype_problem(divmod(r.capability, 10),
-                                                        first[0].kv_dtype,
-                                                        DTYPE_NAMES[first[0].dtype]) is not None})
+                     "op": first.op, "dtype": NAMES[first.dtype], "kv_dtype": first.kv_dtype,
+                     "cache_dtype": NAMES[first.cache_dtype], "block_size": first.block_size,
+                     "head_dim": first.head_dim, "group": first.group, "kv_heads": first.kv_heads,
+                     "default": any(map(is_default, launched_by)), "launches": len(launched_by),
+                     # refused by gpu_support for every launch that needs it: must equal
+                     # `not compiled` (the split merge, say, serves fp8 and bf16 caches alike)
+                     "refused": all(triton_kv_dtype_problem(divmod(r.capability, 10), u.kv_dtype,
+                                                            DTYPE_NAMES[u.dtype])
+                                    for u in launched_by)})
     return {"profile": profile, "launches": len(launches), "variants": len(variants),
             "targets": list(targets), **stats, "results": rows}
 
