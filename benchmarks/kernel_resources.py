@@ -7,7 +7,7 @@ case over GQA groups, kv-head counts and split counts; per target "registers/thr
 bytes, shared KiB, tensor cores (mma = mma.sync, wgmma = Hopper warpgroup MMA, - = none)".
 The JSON holds every variant and target of the profile.
 
-    python benchmarks/kernel_resources.py [--profile ci|full]
+    python benchmarks/kernel_resources.py [--profile ci|full] [--cache-dir EMPTY_DIR_FOR_COLD]
 """
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ os.environ.pop("TRITON_INTERPRET", None)  # compiled Triton: the interpreter com
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
-from raypaged.model.attention.compile_check import PROFILES, TARGETS, check  # noqa: E402
+from raypaged.model.attention.compile_check import CACHE_DIR, PROFILES, TARGETS, check  # noqa: E402
 
 KERNELS = {"_store_kv_kernel": "store_kv", "_paged_decode_kernel": "decode",
-           "_merge_kernel": "decode merge", "_paged_prefill_kernel": "prefill"}
+           "_merge_kernel": "split merge", "_paged_prefill_kernel": "prefill"}
 
 
 def default_summary(results: list[dict]) -> list[dict]:
@@ -51,8 +51,10 @@ def default_summary(results: list[dict]) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--profile", choices=list(PROFILES), default="ci")
+    parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR,
+                        help="build cache; an empty folder measures a cold build")
     args = parser.parse_args()
-    report = check(args.profile)
+    report = check(args.profile, cache_dir=args.cache_dir)
     results = report["results"]
     summary = default_summary(results)
     print("default configuration (bf16 model and cache, block size 16), worst case over groups, "
@@ -64,7 +66,8 @@ def main() -> None:
           f"({report['launches']} launches, profile {args.profile}): {len(failed)} did not "
           f"compile (all refused by gpu_support: "
           f"{all(r['refused'] for r in failed)}), {len(spilling)} spill; "
-          f"{report['builds']} built + {report['cache_hits']} cached in {report['seconds']} s")
+          f"{report['builds']} built + {report['cache_hits']} cached in {report['seconds']} s "
+          f"({report['cpu_seconds']} CPU s)")
     for r in spilling:
         print(f"  spills: {r['label']} sm_{r['capability']}: {r['registers']} registers, "
               f"{r['spill_stores']} B stores / {r['spill_loads']} B loads")
@@ -77,7 +80,7 @@ def main() -> None:
     if plt is None:
         return
     fig, ax = plt.subplots(figsize=(9, 4))
-    labels = [f"{r['kernel']}\nd{r['head_dim']}" for r in summary]
+    labels = ["\n".join([*r["kernel"].split(), f"d{r['head_dim']}"]) for r in summary]
     width = 0.8 / len(TARGETS)
     for i, cap in enumerate(TARGETS):
         ax.bar([x + i * width for x in range(len(summary))],

@@ -3,7 +3,7 @@
 The check runs in its own interpreter: it needs compiled Triton (tests/kernels sets
 TRITON_INTERPRET for this process) and it swaps Triton's driver while it records launches.
 Results are cached by source hash in .kernel-builds/, so only a kernel edit pays the compile
-again (cold: about 6 minutes on 2 cores, see README "Kernel builds for real GPUs").
+again (cold: 155 CPU seconds, see README "Kernel builds for real GPUs").
 """
 from __future__ import annotations
 
