@@ -14,14 +14,19 @@ Online softmax in fp32 with exp2: scores are multiplied by scale * k_scale * log
 the running max/sum live in the log2 domain. v_scale is applied once to the final output.
 
 Split-K: with few (sequence, kv_head) programs the GPU idles, so each context is cut into
-num_splits segments; each writes a normalised partial output and its log2-sum-exp into a
-preallocated workspace, and _merge_kernel combines them. No allocation and no host sync happen
-when `out` and `workspace` are given, so the path can be captured in a CUDA graph.
+num_splits segments (a runtime argument, not a constexpr: every split count shares one compiled
+kernel, instead of up to MAX_SPLITS JIT compiles per dtype as batch sizes vary); each writes a
+normalised partial output and its log2-sum-exp into a preallocated workspace, and _merge_kernel
+combines them. No allocation and no host sync happen when `out` and `workspace` are given, so
+the path can be captured in a CUDA graph.
 Correctness never depends on num_splits: segments are computed in the kernel from seq_len.
 
 Static tile rule (no autotuning):  GROUP_ROWS = max(16, next_pow2(group)),
-    BLOCK_N = 64 if head_dim <= 128 else 32 (a [64, 128] bf16 K or V tile is 16 KiB),
-    num_warps = 4.
+    BLOCK_N = 64 if head_dim <= 128 else 32 (a [64, 128] bf16 K or V tile is 16 KiB), num_warps = 4;
+    for fp32 queries BLOCK_N = 32 and num_warps = 8 at any head dim: fp32 dots run on FMA units,
+    not tensor cores, and at 64 keys / 4 warps ptxas spilled 4 B to 21 KB per thread at head dims
+    64-256 on sm_80-sm_90 (32 keys / 4 warps still up to 11 KB with split-K); 32 keys / 8 warps
+    spill nothing, at most 124 registers (benchmarks/kernel_resources.py).
 Split rule (choose_num_splits): min(cdiv(2 * SMs, seqs * kv_heads), cdiv(max_seq_len, 256), 16),
     at least 1: about two programs per SM, each split streaming >= 256 positions.
 """
@@ -40,15 +45,15 @@ MAX_SPLITS = 16          # workspace depth and the most splits the rule picks (u
 MIN_SPLIT_TOKENS = 256   # a split should stream at least this many positions (untuned guess)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _paged_decode_kernel(
     q_ptr,                 # [B, num_heads, head_dim] one new token per sequence
     k_cache_ptr, v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
     block_tables_ptr,      # [B, max_blocks] int32
     seq_lens_ptr,          # [B] int32 context length incl. the new token; 0 = padding row
-    out_ptr,               # [B, num_heads, head_dim]  written when NUM_SPLITS == 1
-    part_out_ptr,          # [>=B, num_heads, >=NUM_SPLITS, head_dim] fp32, when NUM_SPLITS > 1
-    part_lse_ptr,          # [>=B, num_heads, >=NUM_SPLITS] fp32 log2-sum-exp of each split
+    out_ptr,               # [B, num_heads, head_dim]  written when not SPLIT
+    part_out_ptr,          # [>=B, num_heads, >=num_splits, head_dim] fp32, when SPLIT
+    part_lse_ptr,          # [>=B, num_heads, >=num_splits] fp32 log2-sum-exp of each split
     qk_scale,              # softmax scale * k_scale * log2(e)
     out_scale,             # v_scale (1.0 unless the cache is fp8)
     stride_qb, stride_qh,
@@ -58,11 +63,12 @@ def _paged_decode_kernel(
     stride_pb, stride_ph, stride_ps,  # part_out strides (batch, head, split)
     stride_lb, stride_lh,  # part_lse strides (batch, head); split stride 1
     group_size, head_dim,
+    num_splits,            # context segments per sequence (grid axis 2)
     BLOCK_SIZE: tl.constexpr,    # tokens per page
     BLOCK_N: tl.constexpr,       # context positions per KV tile
     GROUP_ROWS: tl.constexpr,    # query rows per program: GQA group padded to >= 16
     HEAD_DIM_PAD: tl.constexpr,  # next_power_of_2(head_dim)
-    NUM_SPLITS: tl.constexpr,    # context segments per sequence (1 = write out directly)
+    SPLIT: tl.constexpr,         # num_splits > 1: write partials; else write out directly
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 queries (exact fp32 dots); "tf32" (Triton's
                                   # default on NVIDIA) otherwise, where 16-bit operands ignore it
 ):
@@ -72,7 +78,7 @@ def _paged_decode_kernel(
 
     seq_len = tl.load(seq_lens_ptr + b)
     num_tiles = tl.cdiv(seq_len, BLOCK_N)
-    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    tiles_per_split = tl.cdiv(num_tiles, num_splits)
     tile_lo = split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)  # may be <= tile_lo: empty split
 
@@ -111,7 +117,7 @@ def _paged_decode_kernel(
     # Padding rows (seq_len 0) and empty splits have l_i == 0: they produce zeros / lse -inf.
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     store_mask = row_mask[:, None] & dim_mask[None, :]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         o = o * out_scale
         tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + dims[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=store_mask)
@@ -122,25 +128,25 @@ def _paged_decode_kernel(
         tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=row_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _merge_kernel(
     out_ptr,               # [B, num_heads, head_dim]
-    part_out_ptr,          # [>=B, num_heads, >=NUM_SPLITS, head_dim] fp32 normalised partials
-    part_lse_ptr,          # [>=B, num_heads, >=NUM_SPLITS] fp32, -inf for empty splits
+    part_out_ptr,          # [>=B, num_heads, >=num_splits, head_dim] fp32 normalised partials
+    part_lse_ptr,          # [>=B, num_heads, >=num_splits] fp32, -inf for empty splits
     out_scale,             # v_scale
     stride_ob, stride_oh,
     stride_pb, stride_ph, stride_ps,
     stride_lb, stride_lh,
     head_dim,
-    NUM_SPLITS: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,    # next_power_of_2(NUM_SPLITS)
+    num_splits,
+    SPLITS_PAD: tl.constexpr,    # next_power_of_2(num_splits)
     HEAD_DIM_PAD: tl.constexpr,
 ):
     b = tl.program_id(0)
     head = tl.program_id(1)
     splits = tl.arange(0, SPLITS_PAD)
     dims = tl.arange(0, HEAD_DIM_PAD)
-    split_mask = splits < NUM_SPLITS
+    split_mask = splits < num_splits
     dim_mask = dims < head_dim
     lse = tl.load(part_lse_ptr + b * stride_lb + head * stride_lh + splits,
                   mask=split_mask, other=float("-inf"))
@@ -198,8 +204,13 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
     return max(1, min(want, worth, max_splits))
 
 
-def decode_block_n(head_dim: int) -> int:
-    return 64 if head_dim <= 128 else 32
+def decode_tiles(group: int, head_dim: int, query_dtype: torch.dtype) -> dict:
+    """The static tile rule (module docstring) as the decode kernel's launch options."""
+    fp32 = query_dtype == torch.float32
+    return dict(BLOCK_N=64 if head_dim <= 128 and not fp32 else 32,
+                GROUP_ROWS=max(16, triton.next_power_of_2(group)),
+                HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
+                num_warps=8 if fp32 else 4)
 
 
 def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -225,7 +236,6 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     if batch == 0:
         return out
     group = num_heads // num_kv_heads
-    head_dim_pad = triton.next_power_of_2(head_dim)
     if num_splits > 1:
         if workspace is None:
             workspace = DecodeWorkspace.allocate(batch, num_heads, head_dim, query.device,
@@ -234,7 +244,7 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
         assert workspace.part_out.stride(3) == 1 and workspace.part_lse.stride(2) == 1
         part_out, part_lse = workspace.part_out, workspace.part_lse
     else:
-        part_out, part_lse = out, seq_lens  # unused when NUM_SPLITS == 1; any pointer will do
+        part_out, part_lse = out, seq_lens  # unused when num_splits == 1; any pointer will do
     p_strides = part_out.stride()[:3] if num_splits > 1 else (0, 0, 0)
     l_strides = part_lse.stride()[:2] if num_splits > 1 else (0, 0)
 
@@ -244,22 +254,18 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         block_tables.stride(0), *p_strides, *l_strides,
-        group, head_dim,
+        group, head_dim, num_splits,
         BLOCK_SIZE=block_size,
-        BLOCK_N=decode_block_n(head_dim),
-        GROUP_ROWS=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM_PAD=head_dim_pad,
-        NUM_SPLITS=num_splits,
+        SPLIT=num_splits > 1,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        num_warps=4,
+        **decode_tiles(group, head_dim, query.dtype),
     )
     if num_splits > 1:
         _merge_kernel[(batch, num_heads)](
             out, part_out, part_lse, float(v_scale),
-            out.stride(0), out.stride(1), *p_strides, *l_strides, head_dim,
-            NUM_SPLITS=num_splits,
+            out.stride(0), out.stride(1), *p_strides, *l_strides, head_dim, num_splits,
             SPLITS_PAD=triton.next_power_of_2(num_splits),
-            HEAD_DIM_PAD=head_dim_pad,
+            HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
             num_warps=4,
         )
     return out

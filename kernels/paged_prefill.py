@@ -18,8 +18,14 @@ Key positions it visits (absolute, context_len = seq_len - query_len):
 Tiles of a request past its query_len do no work. Online softmax in fp32 with exp2 (scale *
 k_scale * log2(e) folded into the scores); v_scale applied once at the output.
 
-Static tile rule (no autotuning): GROUP_PAD = next_pow2(group), BLOCK_M = max(1, 64 // GROUP_PAD)
-tokens (so ROWS = max(64, GROUP_PAD)), BLOCK_N = 64 if head_dim <= 128 else 32, num_warps = 4.
+Static tile rule (no autotuning): GROUP_PAD = next_pow2(group), BLOCK_M = max(1, ROWS // GROUP_PAD)
+tokens, where for 16-bit queries (tensor cores)
+    ROWS = 64, BLOCK_N = 64 if head_dim <= 128 else 32, num_warps = 4 at head_dim <= 64, else 8:
+    the fp32 accumulator [ROWS, HEAD_DIM_PAD] plus the Q tile outgrow 255 registers per thread at
+    4 warps from head_dim 128 on (ptxas spilled 20-216 bytes per thread on sm_80/sm_89/sm_90;
+    benchmarks/kernel_resources.py), 8 warps halve the share;
+and for fp32 queries (FMA-unit dots: ptxas spilled 0.2 to 80 KB per thread with the 64-row tile)
+    ROWS = 16, BLOCK_N = 32, num_warps = 8, which spills nothing at head dims 64-256.
 """
 from __future__ import annotations
 
@@ -136,12 +142,17 @@ def _paged_prefill_kernel(
     tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-def prefill_tiles(group: int, head_dim: int) -> tuple[int, int, int]:
-    """(BLOCK_M tokens, GROUP_PAD, BLOCK_N) by the static rule in the module docstring."""
+def prefill_tiles(group: int, head_dim: int, query_dtype: torch.dtype) -> dict:
+    """The static tile rule (module docstring) as the prefill kernel's launch options."""
     group_pad = triton.next_power_of_2(group)
-    block_m = max(1, 64 // group_pad)
-    block_n = 64 if triton.next_power_of_2(head_dim) <= 128 else 32
-    return block_m, group_pad, block_n
+    head_dim_pad = triton.next_power_of_2(head_dim)
+    if query_dtype == torch.float32:
+        rows, block_n, num_warps = 16, 32, 8
+    else:
+        rows, num_warps = 64, 4 if head_dim_pad <= 64 else 8
+        block_n = 64 if head_dim_pad <= 128 else 32
+    return dict(BLOCK_M=max(1, rows // group_pad), GROUP_PAD=group_pad, BLOCK_N=block_n,
+                HEAD_DIM_PAD=head_dim_pad, num_warps=num_warps)
 
 
 def paged_prefill(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -168,8 +179,8 @@ def paged_prefill(query: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
     if num_tokens == 0 or num_seqs == 0 or max_query_len == 0:
         return out
     group = num_heads // num_kv_heads
-    block_m, group_pad, block_n = prefill_tiles(group, head_dim)
-    grid = (triton.cdiv(max_query_len, block_m), num_seqs, num_kv_heads)
+    tiles = prefill_tiles(group, head_dim, query.dtype)
+    grid = (triton.cdiv(max_query_len, tiles["BLOCK_M"]), num_seqs, num_kv_heads)
     _paged_prefill_kernel[grid](
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out,
         float(scale * k_scale * LOG2E), float(v_scale),
@@ -178,11 +189,7 @@ def paged_prefill(query: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
         block_tables.stride(0),
         group, head_dim,
         BLOCK_SIZE=block_size,
-        BLOCK_M=block_m,
-        GROUP_PAD=group_pad,
-        BLOCK_N=block_n,
-        HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        num_warps=4,
+        **tiles,
     )
     return out

@@ -215,6 +215,12 @@ def assemble_core(model, mcfg, args: EngineArgs, device: torch.device):
     from raypaged.model.sampler import Sampler
 
     dtype = next(model.parameters()).dtype
+    if model.backend.name == "triton":  # refuse what its kernels cannot run, before any step
+        from raypaged.model.attention.gpu_support import check_triton_kv_dtype
+        from raypaged.model.loader import DTYPES
+        dtype_name = next(name for name, d in DTYPES.items() if d == dtype)
+        check_triton_kv_dtype(torch.cuda.get_device_capability(device), args.kv_dtype,
+                              dtype_name)
     elem = allocate_kv_caches(mcfg, 1, args.block_size, dtype, args.kv_dtype,
                               "meta")[0].key.element_size()
     shape = KVShape(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, elem)

@@ -47,6 +47,10 @@ def test_torch_triton_eager_and_graphs_give_identical_tokens():
     assert graphs == eager
 
 
-def test_fp8_kv_runs_with_graphs():
+def test_fp8_kv_runs_with_graphs_and_is_refused_at_start_below_sm89():
+    if torch.cuda.get_device_capability() < (8, 9):
+        with pytest.raises(ValueError, match="compute capability 8.9 or newer"):
+            greedy_tokens("triton", enforce_eager=False, kv_dtype="fp8_e4m3")
+        return
     out, runner = greedy_tokens("triton", enforce_eager=False, kv_dtype="fp8_e4m3")
     assert runner.num_graph_steps > 0 and sum(len(v) for v in out.values()) == sum(8 + 4 * i for i in range(12))

@@ -32,6 +32,15 @@ TOL = {FP16: dict(atol=3e-3, rtol=1e-2), BF16: dict(atol=2e-2, rtol=2e-2),
        FP32: dict(atol=1e-4, rtol=1e-4)}
 NAMES = {FP16: "fp16", BF16: "bf16", FP32: "fp32", FP8: "fp8"}
 KV_HEADS = 2
+# Triton has no e4m3 type below sm_89 (the engine refuses fp8 there: gpu_support.py).
+FP8_ON_THIS_GPU = torch.cuda.get_device_capability() >= (8, 9)
+
+
+@pytest.fixture(autouse=True)
+def _skip_fp8_cases_below_sm89(request):
+    callspec = getattr(request.node, "callspec", None)
+    if not FP8_ON_THIS_GPU and callspec and FP8 in callspec.params.values():
+        pytest.skip("fp8 e4m3 needs compute capability >= 8.9")
 
 
 def case_id(v):
@@ -74,6 +83,7 @@ def test_store_kv_matches_reference(dtype, cache_dtype, block_size, num_kv_heads
         assert codes.max().item() <= 1 and codes.bool().float().mean().item() < 1e-3
 
 
+@pytest.mark.skipif(not FP8_ON_THIS_GPU, reason="fp8 e4m3 needs compute capability >= 8.9")
 def test_fp8_store_rounds_like_torch_on_every_tie():
     grid = torch.arange(0, 127, dtype=torch.uint8).view(FP8).float()
     mid = (grid[1:] + grid[:-1]) / 2
@@ -151,7 +161,7 @@ def test_triton_backend_matches_the_torch_backend_on_cuda():
     from raypaged.model.attention.base import AttentionMetadata, LayerKVCache
     from raypaged.model.attention.torch_backend import TorchAttentionBackend
 
-    for kv_dtype, scales in ((BF16, (1.0, 1.0)), (FP8, (0.02, 0.015))):
+    for kv_dtype, scales in ((BF16, (1.0, 1.0)), (FP8, (0.02, 0.015)))[:2 if FP8_ON_THIS_GPU else 1]:
         shape = (64, 16, 8, 128)
         caches = [LayerKVCache(torch.zeros(shape, dtype=kv_dtype, device="cuda"),
                                torch.zeros(shape, dtype=kv_dtype, device="cuda"), *scales)

@@ -1,0 +1,89 @@
+"""Every Triton kernel variant of the "ci" profile compiled for sm_80, sm_89 and sm_90 (no GPU).
+
+The check runs in its own interpreter: it needs compiled Triton (tests/kernels sets
+TRITON_INTERPRET for this process) and it swaps Triton's driver while it records launches.
+Results are cached by source hash in .kernel-builds/, so only a kernel edit pays the compile
+again (cold: 155 CPU seconds, see README "Kernel builds for real GPUs").
+"""
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Not imported here: tests/kernels needs triton's first import in this process to be under
+# TRITON_INTERPRET (its conftest sets it), and this folder is collected before it.
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed", allow_module_level=True)
+ROOT = Path(__file__).resolve().parents[2]
+DECODE_PREFILL = ("_paged_decode_kernel", "_merge_kernel", "_paged_prefill_kernel")
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("compile_check") / "report.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    proc = subprocess.run([sys.executable, "-m", "raypaged.model.attention.compile_check",
+                           "--profile", "ci", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_every_variant_compiles_exactly_where_the_engine_accepts_it(report):
+    wrong = [(r["label"], r["capability"], r["error"]) for r in report["results"]
+             if r["compiled"] == r["refused"]]
+    assert wrong == []
+
+
+def test_fp8_cache_fails_to_compile_on_sm80_and_is_refused_there_but_not_on_sm90(report):
+    fp8 = [r for r in report["results"] if r["cache_dtype"] == "fp8"]
+    sm80 = [r for r in fp8 if r["capability"] == 80]
+    sm90 = [r for r in fp8 if r["capability"] == 90]
+    assert sm80 and sm90
+    assert all(not r["compiled"] and r["refused"] and "fp8e4nv" in r["error"] for r in sm80)
+    assert all(r["compiled"] and not r["refused"] for r in sm90)
+
+
+def test_every_kernel_dtype_pair_and_target_is_built(report):
+    built = {(r["kernel"], r["dtype"], r["cache_dtype"], r["capability"])
+             for r in report["results"]}
+    pairs = [("fp32", "fp32"), ("bf16", "bf16"), ("fp16", "fp16"), ("bf16", "fp8"), ("fp16", "fp8")]
+    kernels = ("_store_kv_kernel", "_paged_decode_kernel", "_paged_prefill_kernel")
+    wanted = itertools.product(kernels, pairs, (80, 89, 90))
+    assert {(k, d, c, t) for k, (d, c), t in wanted} <= built
+    for kernel in kernels:
+        rows = [r for r in report["results"] if r["kernel"] == kernel]
+        assert {r["block_size"] for r in rows} == {8, 16, 32}
+        assert {r["head_dim"] for r in rows} == {64, 128, 256}
+
+
+def test_no_register_spills_in_decode_and_prefill_default_configurations(report):
+    defaults = [r for r in report["results"] if r["default"] and r["kernel"] in DECODE_PREFILL]
+    assert {r["head_dim"] for r in defaults} == {64, 128, 256}
+    assert {r["group"] for r in defaults} >= {1, 2, 3, 5}  # every padded group size
+    spills = [(r["label"], r["capability"], r["spill_stores"], r["spill_loads"]) for r in defaults
+              if not r["compiled"] or r["spill_stores"] or r["spill_loads"]]
+    assert spills == []
+
+
+def test_no_register_spills_in_any_decode_or_prefill_variant_built(report):
+    spills = [(r["label"], r["capability"], r["spill_stores"], r["spill_loads"])
+              for r in report["results"] if r["compiled"] and r["kernel"] in DECODE_PREFILL
+              and (r["spill_stores"] or r["spill_loads"])]
+    assert spills == []
+
+
+def test_16_bit_attention_reaches_the_tensor_cores(report):
+    attention = [r for r in report["results"] if r["compiled"] and r["dtype"] in ("bf16", "fp16")
+                 and r["kernel"] in ("_paged_decode_kernel", "_paged_prefill_kernel")]
+    assert attention
+    assert [(r["label"], r["capability"]) for r in attention if not (r["mma"] or r["wgmma"])] == []
