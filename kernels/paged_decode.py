@@ -39,8 +39,8 @@ import triton
 import triton.language as tl
 
 from .launch_checks import check_paged_inputs
+from .numerics import LOG2E
 
-LOG2E = 1.4426950408889634
 MAX_SPLITS = 16          # workspace depth and the most splits the rule picks (untuned guess)
 MIN_SPLIT_TOKENS = 256   # a split should stream at least this many positions (untuned guess)
 

@@ -34,8 +34,8 @@ import triton
 import triton.language as tl
 
 from .launch_checks import check_paged_inputs
+from .numerics import LOG2E
 
-LOG2E = 1.4426950408889634
 
 
 @triton.jit

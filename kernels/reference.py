@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-FP8_E4M3_MAX = 448.0
+from .numerics import FP8_E4M3_MAX
 
 
 def store_kv_ref(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,

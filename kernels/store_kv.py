@@ -15,7 +15,6 @@ import torch
 import triton
 import triton.language as tl
 
-FP8_E4M3_MAX = 448.0
 # Cache dtypes the kernels read and write. fp8 is e4m3 (the "fn" variant: no infinities).
 CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
 

@@ -33,8 +33,7 @@ from pathlib import Path
 
 import torch
 
-from raypaged.config import BLOCK_SIZES
-from raypaged.config import KV_DTYPES
+from raypaged.config import BLOCK_SIZES, KV_DTYPES
 from raypaged.model.kv_cache import kv_storage_dtype
 from raypaged.model.attention.gpu_support import triton_kv_dtype_problem
 from raypaged.model.loader import DTYPES

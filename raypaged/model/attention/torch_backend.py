@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from raypaged.kernels.numerics import FP8_E4M3_MAX
 from raypaged.model.attention.base import AttentionMetadata, LayerKVCache
 
-FP8_E4M3_MAX = 448.0  # largest finite float8_e4m3fn value; it has no infinity
 
 
 class TorchAttentionBackend:
