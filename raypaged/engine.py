@@ -155,11 +155,15 @@ class Engine:
         return self._outputs(self.core.step())
 
     def _outputs(self, deltas: list[RequestDelta]) -> list[SequenceOutput]:
+        for d in deltas:
+            if d.request_id not in self._seqs:  # a forked sample seen for the first time
+                # Track every new sample before any finish is handled: when all samples end in
+                # the step that forks them (max_tokens=1, say), core has already dropped the
+                # group, and forgetting the first one would drop the prompt its siblings need.
+                self._track(d.request_id, d.parent_id, d.sample_index)
         outs = []
         for d in deltas:
-            seq = self._seqs.get(d.request_id)
-            if seq is None:  # a forked sample seen for the first time
-                seq = self._track(d.request_id, d.parent_id, d.sample_index)
+            seq = self._seqs[d.request_id]
             finish, stop_reason = d.finish_reason, d.stop_reason
             text = seq.detok.add(d.new_token_ids, finished=finish is not None)
             if seq.detok.stop_reason is not None and finish in (None, "length"):
