@@ -18,6 +18,7 @@ from raypaged.core.engine_core import EngineCore
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.scheduler import Scheduler
 from raypaged.detokenizer import IncrementalDetokenizer
+from raypaged.model.onednn_cache import DEFAULT_CAPACITY, bound_kernel_caches
 from raypaged.outputs import SequenceOutput
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,9 @@ class EngineArgs:
     device: str | None = None           # None: cuda if available, else cpu
     num_threads: int | None = None      # torch CPU threads
     seed: int = 0
+    # oneDNN kernels kept per input shape (CPU bf16); 1024 = the libraries' own default, which
+    # grows a worker's RSS by ~0.6 GiB under varied load (raypaged/model/onednn_cache.py)
+    onednn_cache_capacity: int = DEFAULT_CAPACITY
 
     def cache_config(self) -> CacheConfig:
         return CacheConfig(self.block_size, self.kv_memory_mb, self.kv_memory_fraction,
@@ -203,6 +207,7 @@ def build_engine(args: EngineArgs) -> Engine:
     from raypaged.model.loader import load_model
 
     args.cache_config(), args.scheduler_config()  # validate before the slow part
+    bound_kernel_caches(args.onednn_cache_capacity)  # before the first matmul reads it
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     model_dir = resolve_model_dir(args.model)

@@ -72,7 +72,8 @@ def serve_args_from(ns: argparse.Namespace) -> ServeArgs:
         kv_dtype=ns.kv_dtype, enable_prefix_caching=not ns.no_prefix_caching,
         max_model_len=ns.max_model_len, max_num_seqs=ns.max_num_seqs,
         max_num_batched_tokens=ns.max_num_batched_tokens,
-        attention_backend=ns.attention_backend, enforce_eager=ns.enforce_eager)
+        attention_backend=ns.attention_backend, enforce_eager=ns.enforce_eager,
+        onednn_cache_capacity=ns.onednn_cache_capacity)
 
 
 def run_serve(ns: argparse.Namespace) -> int:

@@ -12,11 +12,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from raypaged.model.onednn_cache import DEFAULT_CAPACITY
+
 # Fields of raypaged.engine.EngineArgs that serving passes through unchanged.
 ENGINE_FIELDS = (
     "model", "dtype", "block_size", "kv_memory_mb", "kv_memory_fraction", "kv_context_len",
     "kv_dtype", "enable_prefix_caching", "max_model_len", "max_num_seqs",
-    "max_num_batched_tokens", "attention_backend", "enforce_eager",
+    "max_num_batched_tokens", "attention_backend", "enforce_eager", "onednn_cache_capacity",
 )
 
 # Chosen by benchmarks/serve_bench.py (README): deep enough to get past a chat template's shared
@@ -90,6 +92,7 @@ class ServeArgs(BaseModel):
     max_num_batched_tokens: int = 2048
     attention_backend: str | None = None
     enforce_eager: bool = False
+    onednn_cache_capacity: int = Field(DEFAULT_CAPACITY, ge=1)
     # "module:function" called with the engine kwargs instead of raypaged.engine.build_engine:
     # lets tests run the whole application on a fake engine.
     engine_factory: str | None = None
