@@ -118,6 +118,13 @@ def router_pids(serve_pid: int) -> list[int]:
     return pids
 
 
+def tcmalloc_loaded(pid: int) -> bool | None:
+    try:
+        return "libtcmalloc" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return None
+
+
 def sample(url: str, serve_pid: int, t0: float, phase: str) -> dict:
     fleet = httpx.get(f"{url}/fleet", timeout=30).json()
     row = {"t_s": round(time.monotonic() - t0, 1), "phase": phase, "workers": {}}
@@ -129,7 +136,7 @@ def sample(url: str, serve_pid: int, t0: float, phase: str) -> dict:
         except (OSError, RuntimeError):
             rss = None  # a worker on another node, or gone
         row["workers"][w["worker_id"]] = {
-            "rss_mib": rss, "kv_cache_usage": w["kv_cache_usage"],
+            "rss_mib": rss, "tcmalloc": tcmalloc_loaded(w["pid"]), "kv_cache_usage": w["kv_cache_usage"],
             "blocks_used": w["memory"]["blocks_used"], "running": w["num_running"],
             "waiting": w["num_waiting"], "restarts": w["restarts"]}
     row["router_rss_mib"] = sum(rss_bytes(p) for p in router_pids(serve_pid)) / 2**20

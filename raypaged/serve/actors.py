@@ -12,6 +12,7 @@ import re
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
+from raypaged.serve.allocator import worker_env_vars
 from raypaged.serve.config import FleetConfig, ServeArgs
 from raypaged.serve.controller import Controller, WorkerDown
 from raypaged.serve.fleet import DEAD, RESTARTING
@@ -79,12 +80,13 @@ class ControllerActor(Controller):
         fleet = config.fleet
         cpus, gpus = worker_resources(fleet)
         threads = fleet.num_threads or (None if gpus else max(1, int(cpus)))
+        runtime_env = {"env_vars": worker_env_vars(fleet.allocator)}
         workers = []
         for i in range(fleet.num_workers):
             worker_id = f"worker-{i}"
             handle = WorkerActor.options(
                 num_cpus=cpus, num_gpus=gpus, max_restarts=-1, max_task_retries=0,
-                scheduling_strategy="SPREAD",
+                scheduling_strategy="SPREAD", runtime_env=runtime_env,
             ).remote(fleet.engine, worker_id, threads, fleet.max_queued_per_worker,
                      fleet.engine_factory)
             workers.append((worker_id, handle))

@@ -46,6 +46,10 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--router-replicas", type=int, default=1, help="HTTP router replicas")
     r.add_argument("--max-queued-requests", type=int, default=1024,
                    help="per worker, beyond the running ones; then 503 + Retry-After")
+    r.add_argument("--worker-allocator", choices=["tcmalloc", "system"],
+                   default=ServeArgs.model_fields["worker_allocator"].default,
+                   help="workers' malloc: tcmalloc (LD_PRELOAD; keeps RSS flat under load) or "
+                        "glibc's (default: %(default)s; falls back to glibc if not installed)")
     t = p.add_argument_group("routing")
     t.add_argument("--routing", choices=["prefix", "round_robin"], default="prefix",
                    help="prefix: rendezvous hashing on the prompt's first blocks (default)")
@@ -66,6 +70,7 @@ def serve_args_from(ns: argparse.Namespace) -> ServeArgs:
         router_replicas=ns.router_replicas, api_key=ns.api_key,
         served_model_name=ns.served_model_name, max_request_bytes=ns.max_request_bytes,
         max_queued_requests=ns.max_queued_requests, num_threads=ns.num_threads,
+        worker_allocator=ns.worker_allocator,
         model=os.path.abspath(os.path.expanduser(ns.model)) if ns.model else None,
         dtype=ns.dtype, block_size=ns.block_size, kv_memory_mb=ns.kv_memory_mb,
         kv_memory_fraction=ns.kv_memory_fraction, kv_context_len=ns.kv_context_len,

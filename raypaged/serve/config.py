@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from raypaged.model.onednn_cache import DEFAULT_CAPACITY
+from raypaged.serve.allocator import DEFAULT_ALLOCATOR
 
 # Fields of raypaged.engine.EngineArgs that serving passes through unchanged.
 ENGINE_FIELDS = (
@@ -44,6 +45,7 @@ class FleetConfig:
     poll_interval_s: float = 0.5
     poll_timeout_s: float = 5.0
     engine_factory: str | None = None               # "module:function" (tests); None: build_engine
+    allocator: str = DEFAULT_ALLOCATOR              # workers' malloc (serve/allocator.py)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class ServeArgs(BaseModel):
     served_model_name: str | None = None
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_queued_requests: int = Field(1024, ge=0)
+    worker_allocator: Literal["tcmalloc", "system"] = DEFAULT_ALLOCATOR  # serve/allocator.py
     # engine
     model: str | None = None
     dtype: str = "auto"
@@ -111,5 +114,6 @@ class ServeArgs(BaseModel):
                               num_threads=self.num_threads,
                               gpus_per_worker=self.gpus_per_worker,
                               max_queued_per_worker=self.max_queued_requests,
-                              engine_factory=self.engine_factory),
+                              engine_factory=self.engine_factory,
+                              allocator=self.worker_allocator),
         )
