@@ -12,10 +12,12 @@ step's tensors have new shapes; some n > 1, some stop strings, some aborted mid-
     objects      live gc objects of raypaged's request-side types, and the engine's dicts
 
 `rss` growing with `heap_in_use` flat and `heap_free` growing is the allocator, not a leak.
-`--allocator` re-runs the same workload in child processes under each allocator (LD_PRELOAD)
-and compares memory and throughput:
+Each configuration (a oneDNN kernel-cache capacity, optionally +tcmalloc or +jemalloc through
+LD_PRELOAD) runs the same seeded workload in a fresh child process, one after another:
 
-    python benchmarks/memory_probe.py [--minutes 3] [--allocator system,tuned,tcmalloc]
+    python benchmarks/memory_probe.py [--minutes 2.5] [--configs 1024,128,128+tcmalloc,128+jemalloc]
+
+The allocators come from Debian (libtcmalloc-minimal4, libjemalloc2); a missing one is skipped.
 """
 from __future__ import annotations
 
@@ -179,7 +181,7 @@ def find_library(name: str) -> str | None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--minutes", type=float, default=3.0, help="per configuration")
+    p.add_argument("--minutes", type=float, default=2.5, help="per configuration")
     p.add_argument("--sample-every", type=float, default=15.0, help="seconds")
     p.add_argument("--concurrency", type=int, default=8, help="requests kept in flight")
     p.add_argument("--max-prompt", type=int, default=600)
@@ -187,7 +189,7 @@ def main() -> None:
     p.add_argument("--kv-memory-mb", type=float, default=256)
     p.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--configs", default="1024,128,128+tcmalloc",
+    p.add_argument("--configs", default="1024,128,128+tcmalloc,128+jemalloc",
                    help="oneDNN cache capacities, each optionally +tcmalloc or +jemalloc")
     p.add_argument("--onednn-cache-capacity", type=int, default=128, help="with --child")
     p.add_argument("--tracemalloc", action="store_true", help="trace Python allocations (slow)")
@@ -205,10 +207,11 @@ def main() -> None:
             print(f"{config}: {libs[allocator]}.so not found, skipped (apt-get install "
                   "libtcmalloc-minimal4 / libjemalloc2)")
             continue
-        run = runs[config] = run_child(args, int(capacity), preload)
+        label = config if config not in runs else f"{config} (again)"
+        run = runs[label] = run_child(args, int(capacity), preload)
         s = run["samples"]
         half = s[len(s) // 2]
-        rows.append({"config": config, "requests": run["requests"], "tok/s": run["tok_per_s"],
+        rows.append({"config": label, "requests": run["requests"], "tok/s": run["tok_per_s"],
                      "rss_start_mib": s[0]["rss_mib"], "rss_half_mib": half["rss_mib"],
                      "rss_end_mib": s[-1]["rss_mib"],
                      "heap_in_use_growth_mib": (s[-1]["heap_in_use"] - s[0]["heap_in_use"])
