@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import shlex
 import sys
@@ -248,6 +249,9 @@ def main(argv=None) -> int:
     p.add_argument("--name", default="soak", help="results file name")
     ns = p.parse_args(argv)
     flags = shlex.split(ns.serve_flags) + shlex.split(ns.extra_flags)
+    # Our own Ray session folder: a `raypaged serve` that starts a local cluster would otherwise
+    # join one that another user on this machine started (and refuse, since it sets num_cpus).
+    os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="raypaged-soak-ray-"))
     log = Path(tempfile.gettempdir()) / f"{ns.name}_serve.log"
     print(f"launching raypaged serve {' '.join(flags)} (log: {log})", flush=True)
     proc, url = launch(flags, log)
