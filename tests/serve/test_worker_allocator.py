@@ -3,10 +3,11 @@ not, and glibc on request."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
-from raypaged.serve.allocator import TCMALLOC_SONAME, worker_env_vars
+from raypaged.serve.allocator import TCMALLOC_SONAME, find_tcmalloc, worker_env_vars
 from raypaged.serve.cli import serve_args_from
 from test_serve_cli import parse
 
@@ -38,3 +39,11 @@ def test_an_unknown_allocator_is_refused():
 def test_the_flag_reaches_the_fleet_config():
     assert serve_args_from(parse()).to_config().fleet.allocator == "tcmalloc"
     assert serve_args_from(parse("--worker-allocator", "system")).to_config().fleet.allocator == "system"
+
+
+@pytest.mark.skipif(find_tcmalloc() is None, reason=f"{TCMALLOC_SONAME} not installed (make tcmalloc)")
+def test_served_workers_run_on_tcmalloc(app):
+    # The workers' runtime_env preloads it; /proc/<pid>/maps shows what the process mapped.
+    pids = [w["pid"] for w in app.fleet()["workers"]]
+    assert len(pids) == 2
+    assert all("libtcmalloc_minimal" in Path(f"/proc/{pid}/maps").read_text() for pid in pids)
