@@ -16,6 +16,7 @@ Each configuration (a oneDNN kernel-cache capacity, optionally +tcmalloc or +jem
 LD_PRELOAD) runs the same seeded workload in a fresh child process, one after another:
 
     python benchmarks/memory_probe.py [--minutes 2.5] [--configs 1024,128,128+tcmalloc,128+jemalloc]
+    python benchmarks/memory_probe.py --cache-cost    # what one new shape costs oneDNN's caches
 
 The allocators come from Debian (libtcmalloc-minimal4, libjemalloc2); a missing one is skipped.
 """
@@ -156,6 +157,30 @@ def soak(args) -> dict:
     return result
 
 
+def kernel_cache_cost(shapes: int = 64) -> list[dict]:
+    """What one new input shape costs a bf16 linear (576 -> 1536, one of the default model's
+    sizes): heap kept by oneDNN's caches, and the time of a first (miss) and repeated (hit) call."""
+    import torch
+
+    torch.set_num_threads(1)
+    w = torch.randn(1536, 576, dtype=torch.bfloat16)
+    rows = []
+    with torch.inference_mode():
+        for lo in (1, 600):
+            before = glibc_heap()["heap_in_use"]
+            times = []
+            for _ in range(2):  # first pass: every shape new; second: every shape cached
+                t = time.perf_counter()
+                for m in range(lo, lo + shapes):
+                    torch.nn.functional.linear(torch.randn(m, 576, dtype=torch.bfloat16), w)
+                times.append((time.perf_counter() - t) / shapes * 1e3)
+                if len(times) == 1:
+                    grown = glibc_heap()["heap_in_use"] - before
+            rows.append({"tokens": f"{lo}..{lo + shapes - 1}", "kib_per_shape": grown / shapes / 1024,
+                         "miss_ms": times[0], "hit_ms": times[1]})
+    return rows
+
+
 def run_child(args, capacity: int, preload: str | None) -> dict:
     """One soak in a fresh process: the caches and the allocator are chosen at process start."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -194,9 +219,15 @@ def main() -> None:
     p.add_argument("--onednn-cache-capacity", type=int, default=128, help="with --child")
     p.add_argument("--tracemalloc", action="store_true", help="trace Python allocations (slow)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--cache-cost", action="store_true",
+                   help="only measure what one new shape costs oneDNN's caches (seconds)")
     args = p.parse_args()
     if args.child:
         print(json.dumps(soak(args)))
+        return
+    if args.cache_cost:
+        rows = kernel_cache_cost()
+        print(table(rows, list(rows[0])))
         return
     libs = {"tcmalloc": "libtcmalloc_minimal", "jemalloc": "libjemalloc"}
     rows, runs = [], {}
