@@ -3,11 +3,12 @@
 On a CPU, bf16 linear layers run through oneDNN (via ideep). Both libraries keep an LRU cache of
 compiled matmul primitives keyed by the exact input shape, ~0.6 MiB per shape (ideep's
 `LRU_CACHE_CAPACITY` ~0.27 MiB, oneDNN's `ONEDNN_PRIMITIVE_CACHE_CAPACITY` ~0.31 MiB; measured by
-benchmarks/memory_probe.py), 1,024 entries each by default. Continuous batching gives nearly
+`benchmarks/memory_probe.py --cache-cost`), 1,024 entries each by default. Continuous batching gives nearly
 every mixed prefill/decode step a new token count, so each step adds ~4 entries (qkv, o,
 gate_up, down share one token count) until ~0.6 GiB per worker is held by kernels of shapes
 that never come back. A small LRU keeps the shapes that do come back (decode steps of the
-current batch sizes); a miss costs ~1.3-2 ms per linear shape on an idle core, once per step, not per layer.
+current batch sizes); a miss costs ~1.3-2 ms per linear shape on an idle core, once per step,
+not per layer.
 
 Both libraries read their capacity once, at their first primitive: set it before the process's
 first bf16 matmul (build_engine does, before the model runs). fp32 linears go through MKL, which
