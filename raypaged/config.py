@@ -57,6 +57,11 @@ class EngineArgs:
         None, "torch CPU threads (serve default: the worker's CPUs)", group=SCHEDULER, ge=1)
     seed: int = setting(0, "the sampler's seed for requests that give none", group=SCHEDULER,
                         cli=False, serve=False)
+    # 1024 is the libraries' own default, which grows a CPU worker's RSS by ~0.6 GiB under
+    # varied load; 128 chosen by benchmarks/memory_probe.py (raypaged/model/onednn_cache.py).
+    onednn_cache_capacity: int = setting(
+        128, "oneDNN kernels kept per input shape on CPU bf16 (1024: the libraries' default, "
+        "which grows RSS by ~0.6 GiB under load)", group=SCHEDULER, ge=1)
 
     def __post_init__(self) -> None:
         validate(self)

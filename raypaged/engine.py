@@ -17,6 +17,7 @@ from raypaged.core.engine_core import ERROR, EngineCore
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.scheduler import Scheduler
 from raypaged.detokenizer import IncrementalDetokenizer
+from raypaged.model.onednn_cache import bound_kernel_caches
 from raypaged.outputs import SequenceOutput
 
 log = logging.getLogger(__name__)
@@ -142,11 +143,15 @@ class Engine:
         return self._outputs(self.core.step())
 
     def _outputs(self, deltas: list[RequestDelta]) -> list[SequenceOutput]:
+        for d in deltas:
+            if d.request_id not in self._seqs:  # a forked sample seen for the first time
+                # Track every new sample before any finish is handled: when all samples end in
+                # the step that forks them (max_tokens=1, say), core has already dropped the
+                # group, and forgetting the first one would drop the prompt its siblings need.
+                self._track(d.request_id, d.parent_id, d.sample_index)
         outs = []
         for d in deltas:
-            seq = self._seqs.get(d.request_id)
-            if seq is None:  # a forked sample seen for the first time
-                seq = self._track(d.request_id, d.parent_id, d.sample_index)
+            seq = self._seqs[d.request_id]
             finish, stop_reason = d.finish_reason, d.stop_reason
             try:
                 text = seq.detok.add(d.new_token_ids, finished=finish is not None)
@@ -194,6 +199,7 @@ def build_engine(args: EngineArgs) -> Engine:
 
     from raypaged.model.loader import load_model
 
+    bound_kernel_caches(args.onednn_cache_capacity)  # before the first matmul reads it
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     model_dir = resolve_model_dir(args.model)

@@ -13,6 +13,7 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 from raypaged.config import EngineArgs
+from raypaged.serve.allocator import worker_env_vars
 from raypaged.serve.config import (POLL_INTERVAL_S, POLL_TIMEOUT_S, STEP_STALL_S, ServeArgs,
                                    ServeOptions)
 from raypaged.serve.controller import Controller, WorkerDown
@@ -112,12 +113,13 @@ class ControllerActor(Controller):
         cpus, gpus = worker_resources(fleet)
         threads = engine.get("num_threads") or (None if gpus else max(1, int(cpus)))
         engine = {**engine, "num_threads": threads} if threads else engine
+        runtime_env = {"env_vars": worker_env_vars(fleet.worker_allocator)}
         workers = []
         for i in range(fleet.workers):
             worker_id = f"worker-{i}"
             handle = WorkerActor.options(
                 num_cpus=cpus, num_gpus=gpus, max_restarts=-1, max_task_retries=0,
-                scheduling_strategy="SPREAD",
+                scheduling_strategy="SPREAD", runtime_env=runtime_env,
                 max_concurrency=worker_max_concurrency(fleet.max_queued_requests, engine),
             ).remote(engine, worker_id, fleet.max_queued_requests, fleet.engine_factory)
             workers.append((worker_id, handle))

@@ -51,6 +51,10 @@ class ServeOptions:
     router_replicas: int = setting(1, "HTTP router replicas", group=FLEET, ge=1)
     max_queued_requests: int = setting(
         1024, "per worker, beyond the running ones; then 503 + Retry-After", group=FLEET, ge=0)
+    worker_allocator: str = setting(
+        "tcmalloc", "workers' malloc: tcmalloc (LD_PRELOAD; keeps RSS flat under load, falls back "
+        "to glibc with a warning where it is not installed) or the system's (glibc)",
+        group=FLEET, choices=("tcmalloc", "system"))
     routing: str = setting(
         "hash", "hash: rendezvous hashing on the prompt's first blocks under a load bound; "
         "cache_aware: the worker where the request adds the least prefill, from each worker's "

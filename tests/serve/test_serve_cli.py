@@ -27,7 +27,8 @@ def test_flags_map_onto_the_application_arguments():
     ns = parse("--workers", "3", "--routing", "round_robin", "--route-prefix-blocks", "2",
                "--route-load-factor", "1.5", "--api-key", "k", "--kv-memory-mb", "64",
                "--max-model-len", "512", "--no-enable-prefix-caching", "--cpus-per-worker", "2",
-               "--router-replicas", "2", "--max-queued-requests", "7")
+               "--router-replicas", "2", "--max-queued-requests", "7",
+               "--onednn-cache-capacity", "64")
     options, engine = serve_args_from(ns).split()
     assert options.workers == 3 and options.cpus_per_worker == 2
     assert options.max_queued_requests == 7 and options.router_replicas == 2
@@ -37,7 +38,8 @@ def test_flags_map_onto_the_application_arguments():
     assert engine == {"dtype": "auto", "block_size": 16, "kv_memory_mb": 64.0,
                                    "kv_dtype": "auto", "enable_prefix_caching": False,
                                    "max_model_len": 512, "max_num_seqs": 256,
-                                   "max_num_batched_tokens": 2048, "enforce_eager": False}
+                                   "max_num_batched_tokens": 2048, "enforce_eager": False,
+                                   "onednn_cache_capacity": 64}
 
 
 def test_a_kv_budget_that_cannot_hold_one_sequence_is_refused_before_ray_starts():

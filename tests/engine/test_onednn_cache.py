@@ -1,0 +1,29 @@
+"""The oneDNN kernel-cache bound: set before the first matmul, refused when it would crash."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from raypaged.model.onednn_cache import CACHE_ENV_VARS, bound_kernel_caches
+
+
+def test_the_bound_is_exported_to_both_libraries(monkeypatch):
+    for name in CACHE_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    bound_kernel_caches(96)
+    assert [os.environ[name] for name in CACHE_ENV_VARS] == ["96", "96"]
+
+
+def test_an_explicit_environment_setting_wins(monkeypatch):
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "512")
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    bound_kernel_caches(96)
+    assert (os.environ["LRU_CACHE_CAPACITY"], os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]) == (
+        "512", "96")
+
+
+def test_capacity_zero_is_refused_with_the_fix():
+    # ideep's LRU cache segfaults at capacity 0: refuse it before it reaches the library
+    with pytest.raises(ValueError, match=r"onednn_cache_capacity must be >= 1, got 0: use 1"):
+        bound_kernel_caches(0)
