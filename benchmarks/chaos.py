@@ -38,7 +38,7 @@ import httpx  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
-from benchmarks.serve_bench import launch, stop  # noqa: E402
+from benchmarks.serve_process import descendants, launch, stop  # noqa: E402
 
 MAX_TOKENS = 24
 CLIENT_TIMEOUT_S = 120
@@ -121,27 +121,6 @@ class Load:
 
     def stop(self) -> None:
         self._stop.set()
-
-
-def descendants(root: int) -> dict[int, str]:
-    """pid -> process name (comm) of every process under root."""
-    children: dict[int, list[int]] = {}
-    names = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            names[int(d)] = stat[stat.index("(") + 1:stat.rindex(")")]
-            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(d))
-    out, todo = {}, [root]
-    while todo:
-        pid = todo.pop()
-        out[pid] = names.get(pid, "")
-        todo.extend(children.get(pid, ()))
-    return out
 
 
 def fleet(url: str) -> list[dict]:

@@ -26,12 +26,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
 from benchmarks.serve_datasets import DATASETS, make_dataset  # noqa: E402
+from benchmarks.serve_process import launch, stop  # noqa: E402
 
 
 
@@ -162,43 +159,6 @@ def bench_url(url: str, reqs, ns) -> dict:
     time.sleep(1.5)  # one controller poll + one router refresh: the counters catch up
     hits1, queries1 = prefix_counters(url)
     return summarize(results, duration, hits1 - hits0, queries1 - queries0)
-
-
-# -- launching raypaged serve ----------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(flags: list[str], log: Path):
-    port = free_port()
-    cmd = [sys.executable, "-c", "import sys; from raypaged.cli import main; sys.exit(main())",
-           "serve", "--port", str(port), *flags]
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"raypaged serve exited ({proc.returncode}); see {log}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    proc.terminate()
-    raise TimeoutError(f"raypaged serve not healthy after 600 s; see {log}")
-
-
-def stop(proc) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def mode_flags(mode: str, ns, prefix_blocks: int) -> list[str]:

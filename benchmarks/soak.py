@@ -32,7 +32,8 @@ import httpx  # noqa: E402
 
 from benchmarks.memory_probe import rss_bytes  # noqa: E402
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
-from benchmarks.serve_bench import VOCAB, launch, stop  # noqa: E402
+from benchmarks.serve_datasets import VOCAB  # noqa: E402
+from benchmarks.serve_process import descendants, launch, stop  # noqa: E402
 
 MAX_IN_FLIGHT = 64  # a bound on the client's own tasks if the server falls behind
 
@@ -91,21 +92,6 @@ async def load(url: str, model: str, seconds: float, rate: float, seed: int, cou
 
 
 # -- what is sampled ---------------------------------------------------------------------------
-def descendants(root: int) -> list[int]:
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(stat.parent.name)] = int(fields[1])
-    out, frontier = [], {root}
-    while frontier:
-        frontier = {pid for pid, ppid in parents.items() if ppid in frontier}
-        out.extend(frontier)
-    return out
-
-
 def router_pids(serve_pid: int) -> list[int]:
     """The router replicas: Ray processes under our `raypaged serve` titled ServeReplica...Router."""
     pids = []

@@ -66,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     try:
         from raypaged.serve.cli import add_serve_parser
     except ImportError as e:  # ray missing: generate and plan still work
+        why = f"raypaged serve needs ray[serve]: {e}"  # `e` is unbound after the except block
         sv = sub.add_parser("serve", help=f"unavailable: {e}")
-        sv.set_defaults(func=lambda ns: sys.exit(f"raypaged serve needs ray[serve]: {e}"))
+        sv.set_defaults(func=lambda ns: sys.exit(why))
     else:
         add_serve_parser(sub)
     return p
