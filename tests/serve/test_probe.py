@@ -16,8 +16,9 @@ class Method:
     def __init__(self, value):
         self.value, self.calls = value, 0
 
-    def remote(self):
+    def remote(self, *args):
         self.calls += 1
+        self.args = args
 
         async def answer():
             return self.value
@@ -32,14 +33,15 @@ class Handle:
 
 def test_a_progressing_worker_answers_with_its_stats():
     handle = Handle(stalled_s=STEP_STALL_S - 1)
-    assert asyncio.run(probe_worker(handle)) == "the stats"
+    assert asyncio.run(probe_worker(handle, 41)) == "the stats"
     assert (handle.health.calls, handle.stats.calls) == (1, 1)
+    assert handle.stats.args == (41,)  # the cache version the controller has
 
 
 def test_a_worker_whose_engine_step_hangs_is_unresponsive_and_says_why():
     handle = Handle(stalled_s=STEP_STALL_S + 5)
     with pytest.raises(WorkerDown) as down:
-        asyncio.run(probe_worker(handle))
+        asyncio.run(probe_worker(handle, -1))
     assert down.value.state == UNRESPONSIVE
     assert f"no engine step has finished for {STEP_STALL_S + 5:.0f} s" == down.value.cause
     assert handle.stats.calls == 0
