@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ray_nodes import Node, node_env
 from serve_testing import ROOT, free_port
 
-MAX_TOKENS = 24
+MAX_TOKENS = 120
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,11 @@ def test_stopping_a_nodes_raylet_mid_load_loses_no_request_and_the_fleet_reports
     async def load():
         async with httpx.AsyncClient(timeout=180) as client:
             tasks = [asyncio.create_task(request(client, url, i)) for i in range(12)]
-            await asyncio.sleep(3)  # both workers are generating
+            # kill once the second node's worker is generating (not after a fixed time: on an
+            # idle machine short requests could all be done by then)
+            while not any(w["worker_id"] == "worker-1" and w.get("num_running", 0) > 0
+                          for w in (await client.get(f"{url}/fleet")).json()["workers"]):
+                await asyncio.sleep(0.1)
             os.kill(second.raylet_pid(), signal.SIGKILL)
             return await asyncio.gather(*tasks)
 
