@@ -84,6 +84,7 @@ class StandInModel(torch.nn.Module):
         self.logits = torch.full((max_rows, VOCAB), float("-inf"))
         self.logits[:, :tokenizer_vocab] = torch.randn(max_rows, tokenizer_vocab, generator=gen)
         self.device_ms = device_ms
+        self.vocab = VOCAB  # 1 while setting up: the unmeasured prefill steps sample for free
 
     def forward(self, input_ids, positions, kv_caches, meta):
         if self.device_ms:
@@ -91,7 +92,7 @@ class StandInModel(torch.nn.Module):
         return torch.zeros(input_ids.shape[0], 1)  # [T, hidden=1]
 
     def compute_logits(self, hidden):
-        return self.logits[:hidden.shape[0]]  # [S, vocab]
+        return self.logits[:hidden.shape[0], :self.vocab]  # [S, vocab]
 
 
 def stand_in_config() -> ModelConfig:
@@ -129,10 +130,10 @@ def measure(running: int, steps: int, device_ms: float, tokenizer) -> dict:
     for i in range(running):
         prompt = [(i * 7919 + j * 31) % vocab for j in range(CONTEXT)]
         engine.add_request(f"r{i}", prompt, params)
-    model.device_ms = 0
+    model.device_ms, model.vocab = 0, 1
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.core.scheduler.requests.values()):
         engine.step()  # prefill everyone at no device cost: the measured steps are pure decode
-    model.device_ms = device_ms
+    model.device_ms, model.vocab = device_ms, VOCAB
 
     sched, runner = engine.core.scheduler, engine.runner
     sched.schedule = timed(sched.schedule, "schedule")
