@@ -216,6 +216,7 @@ def assemble_core(model, mcfg, args: EngineArgs, device: torch.device):
     """Model in hand -> (EngineCore, KVPlan, ModelRunner): KV cache sized by the plan, attention
     workspace, CUDA graphs, scheduler. GPU tests call this with randomly initialised models."""
     from raypaged.model.cuda_graphs import CudaGraphDecoder
+    from raypaged.model.input_buffers import InputBuffers
     from raypaged.model.kv_cache import allocate_kv_caches
     from raypaged.model.runner import ModelRunner
     from raypaged.model.sampler import Sampler
@@ -240,13 +241,14 @@ def assemble_core(model, mcfg, args: EngineArgs, device: torch.device):
         # max_model_len) keeps decode launches identical between graph capture and replay
         from raypaged.model.attention.triton_backend import TritonAttentionBackend
         model.backend = TritonAttentionBackend(max_num_seqs=args.max_num_seqs, max_model_len=max_len)
+    buffers = InputBuffers(args.max_num_seqs, args.max_num_batched_tokens, max_len,
+                           args.block_size, device)
     graphs = None
     if device.type == "cuda" and not args.enforce_eager and model.backend.name == "triton":
-        graphs = CudaGraphDecoder(model, kv_caches, args.max_num_seqs, max_len,
-                                  args.block_size, device)
+        graphs = CudaGraphDecoder(model, kv_caches, args.max_num_seqs, max_len, buffers)
         if not graphs.capture():
             graphs = None
-    runner = ModelRunner(model, kv_caches, args.block_size, device, Sampler(args.seed), graphs)
+    runner = ModelRunner(model, kv_caches, buffers, Sampler(args.seed), graphs)
     scheduler = Scheduler(plan.num_blocks, args.block_size, max_len, args.max_num_seqs,
                           args.max_num_batched_tokens, args.enable_prefix_caching)
     return EngineCore(scheduler, runner), plan, runner

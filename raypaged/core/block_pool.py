@@ -9,6 +9,13 @@ A prefix-cache hit on a free block takes it out of the middle in O(1) (intrusive
 list); allocation pops the head, and if that block still holds a registered prefix, the prefix
 is evicted (its hash unregistered). Freed blocks are appended at the tail, a sequence's blocks in
 reverse order, so the tail of a sequence is evicted before its head (heads are shared more).
+
+Block counts by state are counters kept by these transitions, never a walk of the pool: the
+engine publishes them after every step, and a pool can hold millions of cached blocks.
+
+    used         ref_count > 0
+    cached-free  ref_count == 0, holding a registered prefix   (_num_cached_free)
+    empty-free   ref_count == 0, no prefix                     (free queue size - the above)
 """
 from __future__ import annotations
 
@@ -85,6 +92,7 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.num_evictions = 0
         self.summary = CacheSummary()  # what `cached` holds, for routers (see cache_summary)
+        self._num_cached_free = 0  # free blocks that still hold a registered prefix
 
     @property
     def num_blocks(self) -> int:
@@ -102,6 +110,7 @@ class BlockPool:
         for _ in range(n):
             block = self.free_queue.popleft()
             if block.block_hash is not None:  # reclaiming a cached prefix: evict it
+                self._num_cached_free -= 1
                 self._unregister(block)
                 self.num_evictions += 1
             block.ref_count = 1
@@ -116,6 +125,7 @@ class BlockPool:
         for block in blocks:
             if block.ref_count == 0:
                 self.free_queue.remove(block)
+                self._num_cached_free -= block.block_hash is not None
             block.ref_count += 1
 
     def free(self, blocks: Iterable[Block]) -> None:
@@ -125,6 +135,7 @@ class BlockPool:
             block.ref_count -= 1
             if block.ref_count == 0:
                 self.free_queue.append(block)
+                self._num_cached_free += block.block_hash is not None
 
     def register(self, block: Block, block_hash: BlockHash) -> None:
         """Make a full block findable by its prefix hash. A prefix already cached in another
@@ -136,6 +147,7 @@ class BlockPool:
         block.block_hash = block_hash
         self.cached[block_hash] = block
         self.summary.add(block_hash)
+        self._num_cached_free += block.ref_count == 0  # callers register blocks they hold; kept exact anyway
 
     def _unregister(self, block: Block) -> None:
         assert block.block_hash is not None
@@ -145,7 +157,6 @@ class BlockPool:
         block.block_hash = None
 
     def count_by_state(self) -> tuple[int, int, int]:
-        """(used, cached-free, empty-free) block counts."""
-        used = self.num_blocks - len(self.free_queue)
-        cached_free = sum(1 for b in self.cached.values() if b.ref_count == 0)
-        return used, cached_free, len(self.free_queue) - cached_free
+        """(used, cached-free, empty-free) block counts, O(1)."""
+        free = len(self.free_queue)
+        return self.num_blocks - free, self._num_cached_free, free - self._num_cached_free

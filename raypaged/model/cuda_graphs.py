@@ -1,7 +1,8 @@
 """CUDA graphs for pure decode steps: one graph per batch-size bucket, replayed with padding.
 
-A decode step of B sequences runs the graph of the smallest bucket >= B. Inputs live in
-persistent buffers; rows B..bucket-1 are padding (slot -1: nothing written; seq_len 0: the
+A decode step of B sequences runs the graph of the smallest bucket >= B. Graphs are captured on
+the runner's persistent input buffers (`InputBuffers`), which each step fills in place, so a
+replay copies nothing; rows B..bucket-1 are padding (slot -1: nothing written; seq_len 0: the
 attention kernels skip them). Graphs are captured with max_seq_len = max_model_len, so the
 kernels' launch grids never depend on the step's actual lengths. Any capture failure logs one
 warning and leaves the runner eager; `enforce_eager` never builds this object.
@@ -13,6 +14,7 @@ import logging
 import torch
 
 from raypaged.model.attention.base import AttentionMetadata, LayerKVCache
+from raypaged.model.input_buffers import InputBuffers
 from raypaged.model.llama import LlamaModel
 
 log = logging.getLogger(__name__)
@@ -26,19 +28,16 @@ def decode_buckets(max_num_seqs: int) -> list[int]:
 
 class CudaGraphDecoder:
     def __init__(self, model: LlamaModel, kv_caches: list[LayerKVCache], max_num_seqs: int,
-                 max_model_len: int, block_size: int, device: torch.device) -> None:
+                 max_model_len: int, buffers: InputBuffers) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.buckets = decode_buckets(max_num_seqs)
         self.max_model_len = max_model_len
-        self.max_blocks = -(-max_model_len // block_size)
-        n = self.buckets[-1]
-        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
-        self.positions = torch.zeros(n, dtype=torch.long, device=device)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.long, device=device)
-        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
-        self.block_tables = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=device)
-        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
+        self.input_ids, self.positions = buffers.input_ids, buffers.positions
+        self.slot_mapping, self.seq_lens = buffers.slot_mapping, buffers.seq_lens
+        self.block_tables = buffers.block_tables
+        # decode's query starts are always 0..B; the runner's own buffer holds prefill's
+        self.query_start_loc = torch.arange(max_num_seqs + 1, dtype=torch.int32, device=buffers.device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     def _meta(self, b: int) -> AttentionMetadata:
@@ -70,19 +69,12 @@ class CudaGraphDecoder:
             self.graphs.clear()
             return False
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
-            meta: AttentionMetadata) -> torch.Tensor | None:
-        """Replay the bucket for this decode step; None when no graph applies (run eager)."""
-        b = meta.num_seqs
+    def run(self, b: int) -> torch.Tensor | None:
+        """Replay the bucket for a decode step of b sequences whose inputs are already in the
+        shared buffers; None when no graph applies (run eager)."""
         bucket = next((x for x in self.buckets if x >= b), None)
-        if bucket is None or bucket not in self.graphs or meta.block_tables.shape[1] > self.max_blocks:
+        if bucket is None or bucket not in self.graphs:
             return None
-        width = meta.block_tables.shape[1]
-        self.input_ids[:b].copy_(input_ids)
-        self.positions[:b].copy_(positions)
-        self.slot_mapping[:b].copy_(meta.slot_mapping)
-        self.seq_lens[:b].copy_(meta.seq_lens)
-        self.block_tables[:b, :width].copy_(meta.block_tables)
         # padding rows: write nothing, attend to nothing
         self.slot_mapping[b:bucket].fill_(-1)
         self.seq_lens[b:bucket].zero_()

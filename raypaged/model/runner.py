@@ -14,18 +14,18 @@ import torch
 from raypaged.core.contracts import ScheduledBatch, StepResult
 from raypaged.model.attention.base import AttentionMetadata, LayerKVCache
 from raypaged.model.cuda_graphs import CudaGraphDecoder
+from raypaged.model.input_buffers import InputBuffers
 from raypaged.model.llama import LlamaModel
 from raypaged.model.sampler import SampleRow, Sampler
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv_caches: list[LayerKVCache], block_size: int,
-                 device: torch.device, sampler: Sampler | None = None,
-                 graphs: CudaGraphDecoder | None = None) -> None:
+    def __init__(self, model: LlamaModel, kv_caches: list[LayerKVCache], buffers: InputBuffers,
+                 sampler: Sampler | None = None, graphs: CudaGraphDecoder | None = None) -> None:
         self.model = model
         self.kv_caches = kv_caches
-        self.block_size = block_size
-        self.device = device
+        self.buffers = buffers
+        self.device = buffers.device
         self.sampler = sampler or Sampler()
         self.graphs = graphs
         self.num_graph_steps = 0
@@ -38,7 +38,7 @@ class ModelRunner:
         input_ids, positions, meta = self.prepare(batch)
         hidden = None
         if self.graphs is not None and batch.is_pure_decode:
-            hidden = self.graphs.run(input_ids, positions, meta)  # None: no bucket fits
+            hidden = self.graphs.run(meta.num_seqs)  # None: no bucket fits
         if hidden is not None:
             self.num_graph_steps += 1
         else:
@@ -48,13 +48,18 @@ class ModelRunner:
         samplers = [r for r in batch.requests if r.num_samples]
         if not samplers:
             return StepResult(sampled={})
-        ends = meta.query_start_loc[1:].tolist()
-        last_rows = [ends[i] - 1 for i, r in enumerate(batch.requests) if r.num_samples]
+        # row indices from the host's query lengths: no device read before the sampler's
+        last_rows, end = [], 0
+        for r, q_len in zip(batch.requests, meta.query_lens_cpu):
+            end += q_len
+            if r.num_samples:
+                last_rows.append(end - 1)
         logits = self.model.compute_logits(hidden[last_rows])    # [S, vocab] float32
         # A prompt about to fork into n samples draws n tokens from its one logits row.
-        repeats = torch.tensor([r.num_samples for r in samplers], device=logits.device)
-        if int(repeats.max()) > 1:
-            logits = logits.repeat_interleave(repeats, dim=0)
+        if any(r.num_samples > 1 for r in samplers):
+            repeats = torch.tensor([r.num_samples for r in samplers]).to(logits.device)
+            num_rows = sum(r.num_samples for r in samplers)  # given, so no device read
+            logits = logits.repeat_interleave(repeats, dim=0, output_size=num_rows)
         rows = [SampleRow(r.sampling, r.prompt_token_ids, r.output_token_ids,
                           r.sample_index + j, r.eos_token_id)
                 for r in samplers for j in range(r.num_samples)]
@@ -70,35 +75,7 @@ class ModelRunner:
         return StepResult(sampled=sampled, logprobs=lps)
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        bs = self.block_size
-        reqs = batch.requests
-        query_lens = [len(r.token_ids) for r in reqs]
-        seq_lens = [r.seq_len for r in reqs]
-        ids: list[int] = []
-        pos: list[int] = []
-        for r in reqs:
-            ids.extend(r.token_ids)
-            pos.extend(range(r.start_position, r.seq_len))
-        width = max(-(-s // bs) for s in seq_lens)
-        tables = [list(r.block_table[:width]) + [0] * (width - min(len(r.block_table), width))
-                  for r in reqs]
-
-        dev = self.device
-        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)          # [T]
-        positions = torch.tensor(pos, dtype=torch.long, device=dev)          # [T]
-        block_tables = torch.tensor(tables, dtype=torch.int32, device=dev)   # [B, width]
-        q_lens = torch.tensor(query_lens, dtype=torch.int32, device=dev)     # [B]
-        query_start_loc = torch.zeros(len(reqs) + 1, dtype=torch.int32, device=dev)
-        torch.cumsum(q_lens, 0, out=query_start_loc[1:])
-        req_of_token = torch.repeat_interleave(torch.arange(len(reqs), device=dev), q_lens)  # [T]
-        slot_mapping = (block_tables[req_of_token, positions // bs].long() * bs
-                        + positions % bs)                                     # [T]
-        meta = AttentionMetadata(
-            slot_mapping=slot_mapping, query_start_loc=query_start_loc,
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_tables=block_tables, max_query_len=max(query_lens), max_seq_len=max(seq_lens),
-            query_lens_cpu=query_lens, seq_lens_cpu=seq_lens)
-        return input_ids, positions, meta
+        return self.buffers.prepare(batch)
 
     def _copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
         src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=self.device)

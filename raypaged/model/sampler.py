@@ -1,19 +1,26 @@
 """Turns logits into tokens: penalties, min_tokens, temperature, top-k/top-p/min-p, seeds, logprobs.
 
 Order (as vLLM): penalties -> min_tokens mask -> greedy argmax, or temperature -> top-k -> top-p
--> min-p -> sample. Sampling draws q ~ Exp(1) per vocab entry and takes argmax(p / q), which is
-an exact draw from p. Seeded rows draw q from their own generator, seeded by (seed, sample index,
-output position): the same seed gives the same text whatever else is in the batch, and a
-preempted request that recomputes draws the same tokens again.
+-> min-p -> sample. Everything on [N, vocab] is a batched tensor op on the logits' device; the
+host builds a few [N] tensors from the rows and reads back the sampled ids (and logprobs) once,
+at the end.
+
+Sampling draws q ~ Exp(1) per vocab entry and takes argmax(p / q), an exact draw from p. The
+noise is counter-based (`counter_rng`): a seeded row's key is (seed, sample index, output
+position), so the same seed gives the same text whatever else is in the batch, and a preempted
+request that recomputes draws the same tokens again. Unseeded rows get fresh keys from the
+sampler's own host RNG.
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import torch
 
 from raypaged.core.contracts import TokenLogprobs
 from raypaged.core.sampling_params import SamplingParams
+from raypaged.model.counter_rng import as_signed, splitmix64, uniforms
 
 
 @dataclass(frozen=True)
@@ -27,17 +34,14 @@ class SampleRow:
     eos_token_id: int | None
 
 
-def _seed_for(row: SampleRow) -> int:
-    # splitmix-style mixing of (seed, sample, position) into one 63-bit seed
-    x = (row.params.seed * 0x9E3779B97F4A7C15 + row.sample_index * 0xBF58476D1CE4E5B9
-         + len(row.output_token_ids) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    x ^= x >> 31
-    return x & 0x7FFFFFFFFFFFFFFF
+def row_key(row: SampleRow) -> int:
+    """The 64-bit noise key of a seeded row: its seed, which sample, which output position."""
+    return splitmix64(row.params.seed, row.sample_index, len(row.output_token_ids))
 
 
 class Sampler:
     def __init__(self, seed: int = 0) -> None:
-        self._generator = torch.Generator().manual_seed(seed)  # for unseeded rows (on the CPU)
+        self._rng = random.Random(seed)  # keys for unseeded rows
 
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]
                  ) -> tuple[list[int], list[TokenLogprobs | None]]:
@@ -48,98 +52,115 @@ class Sampler:
             self._apply_penalties(logits, rows)
         self._mask_until_min_tokens(logits, rows)
 
-        greedy = torch.tensor([r.params.greedy for r in rows], device=logits.device)
-        if bool(greedy.all()):
+        if all(r.params.greedy for r in rows):
             tokens = logits.argmax(dim=-1)
         else:
+            greedy = torch.tensor([r.params.greedy for r in rows]).to(logits.device, non_blocking=True)
             tokens = torch.where(greedy, logits.argmax(dim=-1), self._sample(logits, rows))
-        token_list = tokens.tolist()
-        return token_list, self._logprobs(raw, rows, token_list)
+        logprobs = self._logprobs(raw, rows, tokens)  # enqueued before the one sync below
+        return tokens.tolist(), logprobs()
 
     # -- logits processing -------------------------------------------------------------------
     @staticmethod
     def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> None:
-        vocab = logits.shape[1]
-        for i, r in enumerate(rows):
-            p = r.params
-            if not p.has_penalties:
-                continue
-            out = torch.tensor(list(r.output_token_ids), dtype=torch.long, device=logits.device)
-            if p.repetition_penalty != 1.0:
-                seen = torch.zeros(vocab, dtype=torch.bool, device=logits.device)
-                seen[torch.tensor(list(r.prompt_token_ids), dtype=torch.long, device=logits.device)] = True
-                seen[out] = True
-                row = logits[i]
-                # CTRL-style: shrink positive logits, grow negative ones
-                logits[i] = torch.where(seen, torch.where(row > 0, row / p.repetition_penalty,
-                                                           row * p.repetition_penalty), row)
-            if len(out) and (p.frequency_penalty or p.presence_penalty):
-                counts = torch.zeros(vocab, device=logits.device).scatter_add_(
-                    0, out, torch.ones(len(out), device=logits.device))
-                logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
+        """One batched update for every row with penalties (the others get neutral values)."""
+        dev, vocab = logits.device, logits.shape[1]
+        idx = [i for i, r in enumerate(rows) if r.params.has_penalties]
+        # [P, L] token ids, padded with `vocab` (a column past the end, dropped below)
+        outs = _padded([rows[i].output_token_ids for i in idx], vocab).to(dev, non_blocking=True)
+        # the prompt counts only for a repetition penalty (presence/frequency look at outputs)
+        seen_ids = _padded([[*(rows[i].prompt_token_ids if rows[i].params.repetition_penalty != 1.0
+                               else ()), *rows[i].output_token_ids] for i in idx],
+                           vocab).to(dev, non_blocking=True)
+        params = torch.tensor([[rows[i].params.repetition_penalty, rows[i].params.frequency_penalty,
+                                rows[i].params.presence_penalty] for i in idx]).to(dev, non_blocking=True)
+        rep, freq, pres = params.unbind(1)                                  # [P] each
+        counts = torch.zeros(len(idx), vocab + 1, device=dev).scatter_add_(
+            1, outs, torch.ones(outs.shape, device=dev))[:, :vocab]           # [P, V]
+        seen = torch.zeros(len(idx), vocab + 1, dtype=torch.bool, device=dev).scatter_(
+            1, seen_ids, True)[:, :vocab]                                     # [P, V]
+        sub = logits[idx]                                                   # [P, V]
+        # CTRL-style repetition penalty: shrink positive logits, grow negative ones
+        rep = rep.unsqueeze(1)
+        sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+        sub -= freq.unsqueeze(1) * counts + pres.unsqueeze(1) * (counts > 0).float()
+        logits[idx] = sub
 
     @staticmethod
     def _mask_until_min_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> None:
+        ri: list[int] = []
+        ti: list[int] = []
         for i, r in enumerate(rows):
             if len(r.output_token_ids) >= r.params.min_tokens:
                 continue
             banned = list(r.params.stop_token_ids)
             if r.eos_token_id is not None and not r.params.ignore_eos:
                 banned.append(r.eos_token_id)
-            if banned:
-                logits[i, banned] = float("-inf")
+            ri += [i] * len(banned)
+            ti += banned
+        if ri:
+            logits[torch.tensor(ri).to(logits.device), torch.tensor(ti).to(logits.device)] = float("-inf")
 
     def _sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
-        temps = torch.tensor([r.params.temperature or 1.0 for r in rows], device=logits.device)
-        logits = logits / temps.unsqueeze(1)
+        dev = logits.device
+        # per-row knobs, one host tensor and one copy: [N, 4] = temperature, top_k, top_p, min_p
+        knobs = torch.tensor([[r.params.temperature or 1.0, r.params.top_k, r.params.top_p,
+                               r.params.min_p] for r in rows], dtype=torch.float64)
+        keys = torch.tensor([as_signed(row_key(r) if r.params.seed is not None
+                                       else self._rng.getrandbits(64)) for r in rows])
+        knobs, keys = knobs.to(dev, non_blocking=True), keys.to(dev, non_blocking=True)
+        logits = logits / knobs[:, 0:1].float()
         if any(r.params.top_k > 0 or r.params.top_p < 1.0 for r in rows):
-            logits = self._top_k_top_p(logits, rows)
+            logits = self._top_k_top_p(logits, knobs[:, 1], knobs[:, 2].float())
         probs = logits.softmax(dim=-1)
         if any(r.params.min_p > 0 for r in rows):
-            min_p = torch.tensor([r.params.min_p for r in rows], device=logits.device).unsqueeze(1)
+            min_p = knobs[:, 3:4].float()
             probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
-        q = torch.empty_like(probs)
-        unseeded = [i for i, r in enumerate(rows) if r.params.seed is None]
-        if unseeded:
-            q[unseeded] = torch.empty(len(unseeded), probs.shape[1]).exponential_(
-                generator=self._generator).to(probs.device)
-        for i, r in enumerate(rows):
-            if r.params.seed is not None:
-                gen = torch.Generator().manual_seed(_seed_for(r))
-                q[i] = torch.empty(probs.shape[1]).exponential_(generator=gen).to(probs.device)
+        q = uniforms(keys, probs.shape[1]).log_().neg_()  # [N, V] ~ Exp(1)
         return (probs / q).argmax(dim=-1)
 
     @staticmethod
-    def _top_k_top_p(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+    def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+        """top_k: [N] (<= 0 = off), top_p: [N], both on the logits' device."""
         vocab = logits.shape[1]
         sorted_logits, order = logits.sort(dim=-1, descending=True)  # [N, vocab]
-        ks = torch.tensor([r.params.top_k if r.params.top_k > 0 else vocab for r in rows],
-                          device=logits.device)
+        ks = torch.where(top_k > 0, top_k, vocab).long()
         ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
         drop = ranks >= ks.unsqueeze(1)
-        top_p = torch.tensor([r.params.top_p for r in rows], device=logits.device).unsqueeze(1)
         probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
         # drop a token when the mass *before* it already reaches top_p (the top token always stays)
-        drop |= (probs.cumsum(dim=-1) - probs) >= top_p
+        drop |= (probs.cumsum(dim=-1) - probs) >= top_p.unsqueeze(1)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
     # -- logprobs ----------------------------------------------------------------------------
     @staticmethod
-    def _logprobs(raw: torch.Tensor, rows: list[SampleRow], tokens: list[int]
-                  ) -> list[TokenLogprobs | None]:
+    def _logprobs(raw: torch.Tensor, rows: list[SampleRow], tokens: torch.Tensor):
+        """Enqueue the logprob work on the device now; the returned function reads it back."""
         want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
         out: list[TokenLogprobs | None] = [None] * len(rows)
         if not want:
+            return lambda: out
+        idx = torch.tensor(want).to(raw.device)
+        lp = raw[idx].float().log_softmax(dim=-1)                   # [W, vocab], the model's own
+        tok_lp = lp.gather(1, tokens[idx].unsqueeze(1))             # [W, 1]
+        ranks = (lp > tok_lp).sum(dim=1) + 1                        # [W]
+        k = max(max(rows[i].params.logprobs for i in want), 1)
+        top_vals, top_ids = lp.topk(k, dim=-1)                      # [W, k]
+
+        def read() -> list[TokenLogprobs | None]:
+            toks = tokens[idx].tolist()
+            for j, (i, tok, lpv, rank, ids, vals) in enumerate(zip(
+                    want, toks, tok_lp[:, 0].tolist(), ranks.tolist(), top_ids.tolist(),
+                    top_vals.tolist())):
+                n = rows[i].params.logprobs
+                out[i] = TokenLogprobs(token_id=tok, logprob=lpv, rank=rank,
+                                       top=tuple(zip(ids[:n], vals[:n])))
             return out
-        lp = raw[want].float().log_softmax(dim=-1)  # [W, vocab], of the model's raw distribution
-        k = max(rows[i].params.logprobs for i in want)
-        top_vals, top_ids = lp.topk(max(k, 1), dim=-1)
-        for j, i in enumerate(want):
-            tok = tokens[i]
-            tok_lp = lp[j, tok]
-            rank = int((lp[j] > tok_lp).sum()) + 1
-            n = rows[i].params.logprobs
-            top = tuple(zip(top_ids[j, :n].tolist(), top_vals[j, :n].tolist()))
-            out[i] = TokenLogprobs(token_id=tok, logprob=float(tok_lp), rank=rank, top=top)
-        return out
+        return read
+
+
+def _padded(lists: list, pad: int) -> torch.Tensor:
+    """Ragged int lists -> [len(lists), max len] int64, padded with `pad` (one host tensor)."""
+    width = max((len(x) for x in lists), default=0)
+    return torch.tensor([[*x, *([pad] * (width - len(x)))] for x in lists], dtype=torch.long)

@@ -32,6 +32,9 @@ def check_invariants(eng):
         assert block.ref_count == refs[block.block_id], block
     used, cached, free = pool.count_by_state()
     assert used + cached + free == NUM_BLOCKS
+    # the O(1) counters agree with a full walk
+    assert used == sum(1 for b in pool.blocks if b.ref_count > 0)
+    assert cached == sum(1 for b in pool.blocks if b.ref_count == 0 and b.block_hash is not None)
     assert len(in_queue) == len(pool.free_queue) == pool.num_free
     for rid, table in kv.block_ids.items():
         assert len(table) == len(set(table)), f"{rid} holds a block twice"

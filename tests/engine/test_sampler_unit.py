@@ -74,3 +74,28 @@ def test_logprobs_are_the_models_log_softmax_with_rank():
     assert lp.logprob == ref[1].item()
     assert [t for t, _ in lp.top] == [1, 2]
     assert [v for _, v in lp.top] == [ref[1].item(), ref[2].item()]
+
+
+def test_unseeded_draws_follow_the_distribution():
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    n = 8000
+    tokens, _ = Sampler(seed=3)(p.log().expand(n, 4).contiguous(), [row(temperature=1.0)] * n)
+    freq = torch.bincount(torch.tensor(tokens), minlength=4).float() / n
+    # 4 standard errors of a binomial proportion at n = 8000 is at most 0.023
+    assert torch.allclose(freq, p, atol=0.023), freq
+
+
+def test_seeded_draws_follow_the_distribution_across_seeds_and_positions():
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    rows = [row(temperature=1.0, seed=s, output=[0] * k) for s in range(400) for k in range(20)]
+    tokens, _ = Sampler()(p.log().expand(len(rows), 4).contiguous(), rows)
+    freq = torch.bincount(torch.tensor(tokens), minlength=4).float() / len(rows)
+    assert torch.allclose(freq, p, atol=0.023), freq
+
+
+def test_penalties_apply_per_row_in_one_batch():
+    logits = torch.tensor([[3.0, 2.9, 0.0, -1.0]] * 3)
+    rows = [row(temperature=0, output=[0], presence_penalty=0.5),
+            row(temperature=0, output=[0]),                        # no penalty: keeps token 0
+            row(temperature=0, prompt=[0], repetition_penalty=2.0)]
+    assert Sampler()(logits, rows)[0] == [1, 0, 1]

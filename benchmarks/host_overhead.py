@@ -1,0 +1,243 @@
+"""Host cost of one engine step around a stand-in model: where the time between device steps goes.
+
+The real engine (scheduler, block pool, runner, sampler, detokenizer, stats) built by
+`assemble_core`, around a stand-in model whose forward costs a fixed device time (a sleep, or an
+instant return) and returns logits of Llama 3's vocabulary (128,256; random over the default
+tokenizer's ids, -inf beyond, so detokenization is real). Decode steps at 1 / 64 / 256 running
+sequences with 1k-token contexts and 200k cached blocks in the pool. Per step:
+
+    schedule   Scheduler.schedule
+    prepare    the runner's input preparation (token ids, positions, block tables, slots)
+    sample     the sampler (device work: on this CPU-only machine it runs on the CPU)
+    detok      incremental detokenization and stop-string checks
+    output     applying the sampled tokens (Scheduler.update) and building the step's outputs
+    stats      engine.stats(), which the serving loop publishes after every step
+    other      the rest of the host's work (the runner's bookkeeping around the model and sampler)
+    host       everything but the model and the sampler: the figure the targets bound
+    wall       the whole step, as a caller of Engine.step() + stats() sees it
+
+Targets (issue 14): host <= 1 ms at 64 sequences and <= 3 ms at 256; with a 10 ms device step,
+wall <= 1.1 x 10 ms at 256; stats cost independent of the number of cached blocks.
+
+    python benchmarks/host_overhead.py [--steps 20] [--device-ms 0,10] [--threads 1]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
+from raypaged.core.block_hash import hash_block  # noqa: E402
+from raypaged.core.sampling_params import SamplingParams  # noqa: E402
+from raypaged.detokenizer import IncrementalDetokenizer  # noqa: E402
+from raypaged.engine import Engine, EngineArgs, assemble_core  # noqa: E402
+from raypaged.model.model_config import ModelConfig  # noqa: E402
+
+CONFIGS = Path(__file__).resolve().parent / "configs"
+VOCAB = 128_256
+BLOCK = 16
+CONTEXT = 1024
+CACHED_BLOCKS = 200_000
+
+TIMES: dict[str, float] = defaultdict(float)  # phase -> seconds, summed over the measured steps
+
+
+def timed(fn, phase: str):
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            TIMES[phase] += time.perf_counter() - t0
+    return wrapper
+
+
+class TimedSampler:
+    def __init__(self, sampler) -> None:
+        self.sampler = sampler
+
+    def __call__(self, *args, **kwargs):
+        return timed(self.sampler, "sample")(*args, **kwargs)
+
+
+class _Backend:
+    name = "torch"
+
+
+class StandInModel(torch.nn.Module):
+    """Costs `device_ms` per forward and returns fixed logits [S, 128256] for S sampled rows."""
+
+    def __init__(self, max_rows: int, tokenizer_vocab: int, device_ms: float) -> None:
+        super().__init__()
+        self.backend = _Backend()
+        self.weight = torch.nn.Parameter(torch.zeros(1))  # the engine reads the model's dtype here
+        gen = torch.Generator().manual_seed(0)
+        self.logits = torch.full((max_rows, VOCAB), float("-inf"))
+        self.logits[:, :tokenizer_vocab] = torch.randn(max_rows, tokenizer_vocab, generator=gen)
+        self.device_ms = device_ms
+        self.vocab = VOCAB  # 1 while setting up: the unmeasured prefill steps sample for free
+
+    def forward(self, input_ids, positions, kv_caches, meta):
+        if self.device_ms:
+            time.sleep(self.device_ms / 1000)
+        return torch.zeros(input_ids.shape[0], 1)  # [T, hidden=1]
+
+    def compute_logits(self, hidden):
+        return self.logits[:hidden.shape[0], :self.vocab]  # [S, vocab]
+
+
+def stand_in_config() -> ModelConfig:
+    cfg = json.loads((CONFIGS / "llama-3-8b.json").read_text())
+    # one layer, one KV head of width 1: the pool holds 200k+ blocks in a few MiB
+    cfg.update(num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1, head_dim=1)
+    return ModelConfig.from_dict(cfg)
+
+
+def build(running: int, steps: int, tokenizer, device_ms: float) -> Engine:
+    mcfg = stand_in_config()
+    # early finishers decode while the rest prefill (under 2048 tokens a step): room for that
+    max_len = 2 * CONTEXT + steps
+    num_blocks = CACHED_BLOCKS + running * -(-max_len // BLOCK) + 16
+    args = EngineArgs(block_size=BLOCK, kv_context_len=num_blocks * BLOCK, max_model_len=max_len,
+                      max_num_seqs=running, max_num_batched_tokens=2048, device="cpu")
+    model = StandInModel(running, len(tokenizer), device_ms)
+    core, plan, runner = assemble_core(model, mcfg, args, torch.device("cpu"))
+    assert plan.num_blocks >= num_blocks, plan
+    pool = core.scheduler.kv.pool
+    # 200k cached prefixes from earlier requests, evictable, behind the empty blocks in LRU order
+    held = pool.allocate(CACHED_BLOCKS)
+    for i, block in enumerate(held):
+        pool.register(block, hash_block(None, [i]))
+    pool.free(held)
+    assert pool.count_by_state()[1] == CACHED_BLOCKS
+    return Engine(core, tokenizer, plan, "stand-in", mcfg.eos_token_ids, runner)
+
+
+def measure(running: int, steps: int, device_ms: float, tokenizer) -> dict:
+    engine = build(running, steps, tokenizer, device_ms)
+    model = engine.runner.model
+    vocab = len(tokenizer)
+    params = SamplingParams(max_tokens=None, ignore_eos=True)  # the API default: temperature 1
+    for i in range(running):
+        prompt = [(i * 7919 + j * 31) % vocab for j in range(CONTEXT)]
+        engine.add_request(f"r{i}", prompt, params)
+    model.device_ms, model.vocab = 0, 1
+    while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.core.scheduler.requests.values()):
+        engine.step()  # prefill everyone at no device cost: the measured steps are pure decode
+    model.device_ms, model.vocab = device_ms, VOCAB
+
+    sched, runner = engine.core.scheduler, engine.runner
+    sched.schedule = timed(sched.schedule, "schedule")
+    sched.update = timed(sched.update, "update")
+    runner.prepare = timed(runner.prepare, "prepare")
+    runner.sampler = TimedSampler(runner.sampler)
+    model.forward = timed(model.forward, "device")
+    engine._outputs = timed(engine._outputs, "outputs")  # includes detok
+    add = IncrementalDetokenizer.add
+    IncrementalDetokenizer.add = timed(add, "detok")
+    TIMES.clear()
+    walls = []
+    try:
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            outs = engine.step()
+            TIMES["stats"] -= time.perf_counter()
+            engine.stats()
+            TIMES["stats"] += time.perf_counter()
+            walls.append(time.perf_counter() - t0)
+            assert len(outs) == running, "every sequence decodes every measured step"
+    finally:
+        IncrementalDetokenizer.add = add
+    ms = {k: v * 1000 / steps for k, v in TIMES.items()}
+    wall = statistics.fmean(walls) * 1000
+    row = {"running": running, "device_ms": device_ms, "schedule": ms["schedule"],
+           "prepare": ms["prepare"], "sample": ms["sample"], "detok": ms["detok"],
+           "output": ms["update"] + ms["outputs"] - ms["detok"], "stats": ms["stats"]}
+    row["host"] = wall - ms["device"] - ms["sample"]
+    row["wall"] = wall
+    row["other"] = row["host"] - sum(row[p] for p in ("schedule", "prepare", "detok", "output", "stats"))
+    row["wall_p99"] = sorted(walls)[min(len(walls) - 1, int(len(walls) * 0.99))] * 1000
+    return row
+
+
+def stats_cost(cached: int, calls: int = 2000) -> float:
+    """engine.stats()'s block counting alone, in microseconds, with `cached` cached blocks."""
+    from raypaged.core.block_pool import BlockPool
+    pool = BlockPool(cached + 1024)
+    held = pool.allocate(cached)
+    for i, block in enumerate(held):
+        pool.register(block, hash_block(None, [i]))
+    pool.free(held)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        pool.count_by_state()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--running", default="1,64,256")
+    ap.add_argument("--device-ms", default="0,10", help="stand-in device time per forward, ms")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (the sampler's)")
+    ap.add_argument("--name", default="host_overhead", help="results file name (before/after runs)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from transformers import AutoTokenizer
+
+    from raypaged.model.default_model import default_model_dir
+    tokenizer = AutoTokenizer.from_pretrained(str(default_model_dir()))
+    rows = [measure(n, args.steps, float(d), tokenizer)
+            for d in args.device_ms.split(",") for n in map(int, args.running.split(","))]
+    cols = ["running", "device_ms", "schedule", "prepare", "sample", "detok", "output", "stats",
+            "other", "host", "wall", "wall_p99"]
+    print("ms per decode step (sample = device work, on the CPU here; host = wall - device - sample)")
+    print(table(rows, cols))
+    stats_us = {n: stats_cost(n) for n in (0, CACHED_BLOCKS)}
+    print(f"count_by_state: {stats_us[0]:.2f} us with 0 cached blocks, "
+          f"{stats_us[CACHED_BLOCKS]:.2f} us with {CACHED_BLOCKS:,}")
+    verdicts = []
+    for n, limit in ((64, 1.0), (256, 3.0)):
+        for r in rows:
+            if r["running"] == n:
+                verdicts.append(f"host <= {limit} ms at {n} seqs, device {r['device_ms']:g} ms: "
+                                f"{r['host']:.2f} ms ({'met' if r['host'] <= limit else 'MISSED'})")
+    for r in rows:
+        if r["running"] == 256 and r["device_ms"] == 10:
+            verdicts.append(f"wall <= 11 ms at 256 seqs with a 10 ms device step: {r['wall']:.2f} ms "
+                            f"({'met' if r['wall'] <= 11 else 'MISSED'}; sampling alone is "
+                            f"{r['sample']:.1f} ms on this CPU)")
+    print("\n".join(verdicts))
+    payload = {"args": vars(args), "vocab": VOCAB, "context": CONTEXT, "cached_blocks": CACHED_BLOCKS,
+               "rows": rows, "count_by_state_us": stats_us, "verdicts": verdicts}
+    print(f"wrote {write(args.name, payload)}")
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    phases = ["schedule", "prepare", "detok", "output", "stats"]
+    labels = [f"{r['running']} seqs\n{r['device_ms']:g} ms dev" for r in rows]
+    bottom = [0.0] * len(rows)
+    for p in phases:
+        vals = [r[p] for r in rows]
+        ax.bar(labels, vals, bottom=bottom, label=p)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_ylabel("host ms / step (excl. model, sampler)")
+    ax.set_title("host cost per decode step (sampling: see table)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(plot_path(args.name), dpi=80)
+    print(f"wrote {plot_path(args.name)}")
+
+
+if __name__ == "__main__":
+    main()
