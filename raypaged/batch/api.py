@@ -28,10 +28,13 @@ def run_batch(input_path: str | Path, output_path: str | Path, engine: EngineArg
     """
     job = BatchJob(input_path, output_path, engine, options)
     with ray_for(job.options) as local:
-        args = fleet_args(job.engine, job.options)
-        if local:
-            args = _local_resources(args)
-        return asyncio.run(job.run(args))
+        return asyncio.run(job.run(job_fleet_args(job, local)))
+
+
+def job_fleet_args(job: BatchJob, local: bool):
+    """The engines' arguments; on a local Ray, unset resources are filled from this machine."""
+    args = fleet_args(job.engine, job.options)
+    return _local_resources(args) if local else args
 
 
 class ray_for:
@@ -48,8 +51,9 @@ class ray_for:
         if address:
             ray.init(address=address, namespace="raypaged-batch")
             return False
-        # Loopback only: a local job needs no port reachable from elsewhere.
-        ray.init(num_cpus=self.options.num_cpus or os.cpu_count(), include_dashboard=False,
+        # A new cluster (address="local"), never one some `ray start` left running on this
+        # machine; loopback only: a local job needs no port reachable from elsewhere.
+        ray.init(address="local", num_cpus=self.options.num_cpus or os.cpu_count(), include_dashboard=False,
                  namespace="raypaged-batch", _node_ip_address="127.0.0.1")
         self.started = True
         return True

@@ -34,13 +34,20 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run_batch_cli(ns: argparse.Namespace) -> int:
-    from raypaged.batch.api import run_batch
-    from raypaged.batch.engines import FleetFailed
+    import asyncio
 
-    signal.signal(signal.SIGTERM, _interrupt)  # `ray job stop` and kill: the same way as Ctrl-C
+    from raypaged.batch.api import job_fleet_args, ray_for
+    from raypaged.batch.engines import FleetFailed
+    from raypaged.batch.job import BatchJob
+
+    job = BatchJob(ns.input, ns.output, from_namespace(EngineArgs, ns),
+                   from_namespace(BatchOptions, ns))
     try:
-        summary = run_batch(ns.input, ns.output, from_namespace(EngineArgs, ns),
-                            from_namespace(BatchOptions, ns))
+        with ray_for(job.options) as local:
+            # after ray.init, which installs its own SIGTERM handler: `ray job stop` and kill
+            # then take the same way out as Ctrl-C (lines written stay whole, engines stop)
+            signal.signal(signal.SIGTERM, _interrupt)
+            summary = asyncio.run(job.run(job_fleet_args(job, local)))
     except KeyboardInterrupt:
         print(f"raypaged batch: interrupted; the lines written so far are complete: re-run the "
               f"same command to finish", file=sys.stderr, flush=True)

@@ -16,7 +16,7 @@ ENGINE = dict(dtype="float32", kv_memory_mb=32, max_model_len=512, max_num_seqs=
 def local_ray():
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, namespace="raypaged-batch-tests",
+    ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="raypaged-batch-tests",
              _node_ip_address="127.0.0.1", log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     yield
