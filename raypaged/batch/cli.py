@@ -1,7 +1,8 @@
 """`raypaged batch INPUT OUTPUT [engine flags] [batch flags]`.
 
-Exit status: 0 when the job ran (even if some lines are error lines), 1 when it could not run,
-130 when interrupted (SIGINT/SIGTERM): re-run the same command to finish the rest.
+Exit status: 0 when the job ran (even if some lines are error lines), 1 when the engines cannot
+run, 2 for a missing input or an output of another input (raypaged.cli.main), 130 when
+interrupted (SIGINT/SIGTERM): re-run the same command to finish the rest.
 """
 from __future__ import annotations
 

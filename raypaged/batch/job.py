@@ -42,12 +42,12 @@ class BatchJob:
         self.engine = engine or EngineArgs()
         self.options = options or BatchOptions()
         self.pool: EnginePool | None = None   # set once the engines are up (tests reach in)
+        if not self.input_path.is_file():  # before Ray or any engine starts
+            raise FileNotFoundError(f"input file {self.input_path} does not exist")
 
     async def run(self, serve_args=None) -> BatchSummary:
         """`serve_args`: the fleet's arguments when the caller resolved resources (local Ray)."""
         t0 = time.monotonic()
-        if not self.input_path.is_file():
-            raise FileNotFoundError(f"input file {self.input_path} does not exist")
         out = OutputFile(self.output_path)
         try:
             total, skipped = self._check_resume(out.done)
