@@ -3,6 +3,7 @@ vs 1, and the prefix cache hit rate with and without prefix grouping. One proces
 
     offline         LLM.generate, all requests at once, on one CPU slice (torch threads)
     batch 1 engine  run_batch, one engine actor on one slice               (ratio to offline)
+    batch 1 engine  run_batch, same, --no-prefix-grouping (input order)
     batch 2 engines run_batch, two actors on two slices, prefix grouping on (ratio to 1 engine)
     batch 2 engines run_batch, same, --no-prefix-grouping (input order, round robin)
 
@@ -108,7 +109,7 @@ def main() -> None:
              _node_ip_address="127.0.0.1", log_to_driver=False)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            for workers, grouping in ((1, True), (2, True), (2, False)):
+            for workers, grouping in ((1, True), (1, False), (2, True), (2, False)):
                 rows.append(run_batch_job(bodies, engine, workers, slice_, grouping, Path(tmp)))
     finally:
         ray.shutdown()
@@ -127,8 +128,8 @@ def main() -> None:
     plt = pyplot()
     if plt is None:
         return
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
-    labels = ["offline", "batch 1", "batch 2", "batch 2\nno grouping"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
+    labels = ["offline", "batch 1", "batch 1\nno grouping", "batch 2", "batch 2\nno grouping"]
     a.bar(labels, [r["tok_per_s"] for r in rows])
     a.set_ylabel("output tokens / s")
     a.set_title("throughput (same requests, same run)")
