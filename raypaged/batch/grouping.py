@@ -2,10 +2,9 @@
 
 A row's key is the router's (raypaged.serve.routing.routing_key): core's chain hash of its
 prompt's first `prefix_blocks` full blocks, the hash the engines' prefix caches use. Within one
-read-ahead window the rows are put in groups by key; the job sends a group's first row, and the
-others once it is done (rows admitted in the same step as the first would all compute the shared
-prefix: blocks are cached only once computed), and the router sends each key to the same engine,
-so the rest of a group finds the shared blocks cached instead of evicted by other rows.
+read-ahead window the rows are reordered group by group (groups in order of first appearance,
+rows of a group in input order); the router then sends each key to the same engine, so the
+second row of a group finds the shared blocks cached instead of evicted by other rows.
 
 The key is only an ordering hint: a row whose prompt cannot be rendered here gets None (it is
 refused later by the frontend, with the HTTP API's message).
@@ -46,10 +45,10 @@ class PrefixKeys:
         return list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
 
 
-def group_by_prefix(rows: list[Row], keys: list[BlockHash | None]) -> list[list[Row]]:
-    """`rows` in groups of one key, in order of first appearance, rows of a group in input order;
-    a row without a key is a group of its own."""
-    groups: dict[object, list[Row]] = {}
-    for i, (row, key) in enumerate(zip(rows, keys)):
-        groups.setdefault(key if key is not None else i, []).append(row)
-    return list(groups.values())
+def group_by_prefix(rows: list[Row], keys: list[BlockHash | None]) -> list[Row]:
+    """`rows` reordered group by group, groups in order of first appearance (stable)."""
+    first: dict[BlockHash | None, int] = {}
+    for k in keys:
+        first.setdefault(k, len(first))
+    order = sorted(range(len(rows)), key=lambda i: (first[keys[i]], i))
+    return [rows[i] for i in order]

@@ -94,45 +94,30 @@ class BatchJob:
     # -- rows ------------------------------------------------------------------------------
     async def _run_rows(self, out: OutputFile, progress: Progress) -> None:
         opts = self.options
-        self._slots = asyncio.Semaphore(opts.workers * opts.max_inflight)  # rows at the engines
-        # rows read and not yet written: bounds the read-ahead while groups wait on their first
-        self._unwritten = asyncio.Semaphore(2 * opts.group_window)
-        self._out, self._progress = out, progress
+        slots = asyncio.Semaphore(opts.workers * opts.max_inflight)
         keys = PrefixKeys(self.pool.frontend.tokenizer, self.pool.block_size,
                           opts.group_prefix_blocks)
         todo = (r for r in read_rows(self._lines()) if r.line_no not in out.done)
         try:
             async with asyncio.TaskGroup() as tasks:
                 while window := list(itertools.islice(todo, opts.group_window)):
-                    for _ in window:
-                        await self._unwritten.acquire()
                     if opts.prefix_grouping:  # tokenizing a window takes a while: off the loop
                         row_keys = await asyncio.to_thread(lambda w=window: [keys.key(r) for r in w])
-                        groups = group_by_prefix(window, row_keys)
-                    else:
-                        groups = [[row] for row in window]
-                    for group in groups:
-                        await self._slots.acquire()
-                        tasks.create_task(self._group(group, tasks))
+                        window = group_by_prefix(window, row_keys)
+                    for row in window:
+                        await slots.acquire()
+                        tasks.create_task(self._row(row, out, progress, slots))
         except ExceptionGroup as group:  # a row task found the fleet gone: that is the reason
             raise group.exceptions[0] from None
 
-    async def _group(self, group: list[Row], tasks: asyncio.TaskGroup) -> None:
-        """The first row (its slot is held), then the others: the first one's prompt blocks are
-        cached by then, where rows admitted beside it would each compute the shared prefix."""
-        await self._row(group[0])
-        for row in group[1:]:
-            await self._slots.acquire()
-            tasks.create_task(self._row(row))
-
-    async def _row(self, row: Row) -> None:
+    async def _row(self, row: Row, out: OutputFile, progress: Progress,
+                   slots: asyncio.Semaphore) -> None:
         try:
             line, usage = await self._answer(row)
-            self._out.write(line)
-            self._progress.row_done(line["error"] is None, usage)
+            out.write(line)
+            progress.row_done(line["error"] is None, usage)
         finally:
-            self._slots.release()
-            self._unwritten.release()
+            slots.release()
 
     async def _answer(self, row: Row) -> tuple[dict, dict | None]:
         if row.error is not None:
