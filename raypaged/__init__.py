@@ -33,7 +33,7 @@ if _os.path.isfile(_os.path.join(_KernelsFromCheckout.directory, "__init__.py"))
     # First: the kernels beside this very raypaged/, even where an editable install of another
     # checkout is on the path too.
     _sys.meta_path.insert(0, _KernelsFromCheckout)
-__all__ = ["LLM", "SamplingParams", "EngineArgs", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "EngineArgs", "RequestOutput", "CompletionOutput", "run_batch"]
 
 
 def __getattr__(name: str):
@@ -46,6 +46,9 @@ def __getattr__(name: str):
     if name == "EngineArgs":
         from raypaged.config import EngineArgs
         return EngineArgs
+    if name == "run_batch":
+        from raypaged.batch.api import run_batch
+        return run_batch
     if name in ("RequestOutput", "CompletionOutput"):
         from raypaged import outputs
         return getattr(outputs, name)

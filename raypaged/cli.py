@@ -1,4 +1,4 @@
-"""`raypaged generate | plan | serve`."""
+"""`raypaged generate | plan | serve | batch`."""
 from __future__ import annotations
 
 import argparse
@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
         sv.set_defaults(func=lambda ns: sys.exit(why))
     else:
         add_serve_parser(sub)
+    from raypaged.batch.cli import add_batch_parser  # ray is imported only when a batch runs
+    add_batch_parser(sub)
     return p
 
 

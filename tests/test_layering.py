@@ -4,7 +4,7 @@ kernels/        -> torch, triton only       (never raypaged.*, never ray)
 raypaged/core   -> stdlib + config          (never torch, ray, triton)
 raypaged/model  -> core, kernels, torch     (never ray)
 raypaged/config, raypaged/settings and raypaged/serve/config (the settings) -> never torch
-only raypaged/serve imports ray
+only raypaged/serve and raypaged/batch import ray
 """
 import ast
 import json
@@ -50,7 +50,8 @@ def test_model_does_not_import_ray():
     assert "ray" not in top(modules_loaded_by("raypaged.model"))
 
 
-@pytest.mark.parametrize("module", ["raypaged.config", "raypaged.settings", "raypaged.serve.config"])
+@pytest.mark.parametrize("module", ["raypaged.config", "raypaged.settings", "raypaged.serve.config",
+                                    "raypaged.batch.options", "raypaged.batch.cli"])
 def test_settings_load_without_torch(module):
     """Routers, the controller and `raypaged serve --help` read settings without paying for torch."""
     mods = modules_loaded_by(module)
@@ -77,11 +78,11 @@ def imported_names(path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("folder", ["raypaged", "kernels"])
-def test_only_serve_imports_ray_anywhere_in_the_source(folder):
+def test_only_serve_and_batch_import_ray_anywhere_in_the_source(folder):
     offenders = []
     for path in (ROOT / folder).rglob("*.py"):
         rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith("raypaged/serve/"):
+        if rel.startswith(("raypaged/serve/", "raypaged/batch/")):
             continue
         if any(n == "ray" or n.startswith("ray.") for n in imported_names(path)):
             offenders.append(rel)

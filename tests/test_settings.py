@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from raypaged.batch.options import BatchOptions
 from raypaged.config import EngineArgs
 from raypaged.serve.config import ServeArgs, ServeOptions
 from raypaged.settings import add_cli_args, flag, from_namespace, settings_of
@@ -79,6 +80,7 @@ def test_serve_arguments_split_into_options_and_the_engine_settings_that_were_se
 
 def test_the_readme_names_every_flag():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    missing = [flag(f.name) for cls in (EngineArgs, ServeOptions) for f in settings_of(cls)
+    missing = [flag(f.name) for cls in (EngineArgs, ServeOptions, BatchOptions)
+               for f in settings_of(cls)
                if f.metadata["cli"] and flag(f.name) not in readme]
     assert missing == []

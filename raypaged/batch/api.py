@@ -1,0 +1,71 @@
+"""`run_batch`: the Python API beside the offline `LLM`, and what `raypaged batch` calls.
+
+Joins the Ray cluster at `options.address` or $RAY_ADDRESS (set for a `ray job submit` job),
+else starts a local Ray bound to 127.0.0.1 and stops it at the end; a driver that already called
+ray.init() keeps its cluster.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import ray
+
+from raypaged.batch.engines import fleet_args
+from raypaged.batch.job import BatchJob
+from raypaged.batch.options import BatchOptions
+from raypaged.batch.progress import BatchSummary
+from raypaged.config import EngineArgs
+
+
+def run_batch(input_path: str | Path, output_path: str | Path, engine: EngineArgs | None = None,
+              options: BatchOptions | None = None) -> BatchSummary:
+    """Answer every line of `input_path` into `output_path` (resuming what an earlier run wrote).
+
+    Lines that fail are error lines in the output, not exceptions; this raises only when the job
+    cannot run (missing input, engines that cannot start, an output written for another input).
+    """
+    job = BatchJob(input_path, output_path, engine, options)
+    with ray_for(job.options) as local:
+        return asyncio.run(job.run(job_fleet_args(job, local)))
+
+
+def job_fleet_args(job: BatchJob, local: bool):
+    """The engines' arguments; on a local Ray, unset resources are filled from this machine."""
+    args = fleet_args(job.engine, job.options)
+    return _local_resources(args) if local else args
+
+
+class ray_for:
+    """Context: Ray joined or started for a job; yields whether this machine is the cluster."""
+
+    def __init__(self, options: BatchOptions):
+        self.options = options
+        self.started = False
+
+    def __enter__(self) -> bool:
+        if ray.is_initialized():
+            return False
+        address = self.options.address or os.environ.get("RAY_ADDRESS")
+        if address:
+            ray.init(address=address, namespace="raypaged-batch")
+            return False
+        # A new cluster (address="local"), never one some `ray start` left running on this
+        # machine; loopback only: a local job needs no port reachable from elsewhere.
+        ray.init(address="local", num_cpus=self.options.num_cpus or os.cpu_count(), include_dashboard=False,
+                 namespace="raypaged-batch", _node_ip_address="127.0.0.1")
+        self.started = True
+        return True
+
+    def __exit__(self, *exc) -> None:
+        if self.started:
+            ray.shutdown()
+
+
+def _local_resources(args):
+    import torch
+
+    from raypaged.serve.cli import local_worker_resources
+    return local_worker_resources(args, int(ray.cluster_resources().get("CPU", 1)),
+                                  torch.cuda.device_count())

@@ -1,0 +1,67 @@
+"""`raypaged batch INPUT OUTPUT [engine flags] [batch flags]`.
+
+Exit status: 0 when the job ran (even if some lines are error lines), 1 when the engines cannot
+run, 2 for a missing input or an output of another input (raypaged.cli.main), 130 when
+interrupted (SIGINT/SIGTERM): re-run the same command to finish the rest.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+
+from raypaged.batch.options import BatchOptions
+from raypaged.config import EngineArgs
+from raypaged.settings import add_cli_args, from_namespace
+
+INTERRUPTED = 130
+
+
+def add_batch_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "batch", help="answer an OpenAI Batch JSONL file with a pool of engines on Ray",
+        description="Answer every line of INPUT (OpenAI Batch lines for /v1/completions and "
+                    "/v1/chat/completions, or plain {\"prompt\"} / {\"messages\"} rows) into "
+                    "OUTPUT, one OpenAI batch output line each. Re-running with the same "
+                    "arguments resumes: lines already in OUTPUT are skipped.")
+    p.add_argument("input", help="JSONL input file")
+    p.add_argument("output", help="JSONL output file (appended to; created if missing)")
+    p.add_argument("--summary-json", help="also write the summary to this file as JSON")
+    add_cli_args(p, BatchOptions)
+    add_cli_args(p, EngineArgs)
+    p.set_defaults(func=run_batch_cli)
+    return p
+
+
+def run_batch_cli(ns: argparse.Namespace) -> int:
+    import asyncio
+
+    from raypaged.batch.api import job_fleet_args, ray_for
+    from raypaged.batch.engines import FleetFailed
+    from raypaged.batch.job import BatchJob
+
+    job = BatchJob(ns.input, ns.output, from_namespace(EngineArgs, ns),
+                   from_namespace(BatchOptions, ns))
+    try:
+        with ray_for(job.options) as local:
+            # after ray.init, which installs its own SIGTERM handler: `ray job stop` and kill
+            # then take the same way out as Ctrl-C (lines written stay whole, engines stop)
+            signal.signal(signal.SIGTERM, _interrupt)
+            summary = asyncio.run(job.run(job_fleet_args(job, local)))
+    except KeyboardInterrupt:
+        print(f"raypaged batch: interrupted; the lines written so far are complete: re-run the "
+              f"same command to finish", file=sys.stderr, flush=True)
+        return INTERRUPTED
+    except FleetFailed as exc:
+        print(f"raypaged batch: the engines cannot run: {exc}", file=sys.stderr)
+        return 1
+    print(summary.report(), flush=True)
+    if ns.summary_json:
+        with open(ns.summary_json, "w") as f:
+            json.dump(summary.to_json(), f, indent=1)
+    return 0
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt

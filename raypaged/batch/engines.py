@@ -1,0 +1,110 @@
+"""The engine pool of a batch job: the serving fleet without HTTP.
+
+    ControllerActor (this job's, 0 CPUs) ─> WorkerActors, built by raypaged.engine.build_engine,
+                                            restarted by Ray when they die (max_restarts=-1)
+    RayFleetClient (in the driver)        ─> the fleet snapshot; streams to the workers
+    OpenAIFrontend + Dispatcher + Router  ─> each row exactly as the HTTP API serves a request
+
+So a row is validated, tokenized, routed (prefix affinity), retried after a lost worker, and
+answered by the same code as an HTTP request: one request model, one response builder.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass
+
+import ray
+
+from raypaged.batch.options import BatchOptions
+from raypaged.config import EngineArgs
+from raypaged.serve.actors import ControllerActor
+from raypaged.serve.config import MAX_N, ServeArgs
+from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
+from raypaged.serve.generation import Dispatcher
+from raypaged.serve.metrics import RequestMetrics
+from raypaged.serve.ray_fleet import RayFleetClient
+from raypaged.serve.routing import Router
+from raypaged.settings import settings_of
+
+
+
+class FleetFailed(RuntimeError):
+    """The engines cannot serve: every one failed (to start, or for good)."""
+
+
+def fleet_args(engine: EngineArgs, options: BatchOptions) -> ServeArgs:
+    """The serving application's arguments for this job's engines and routing."""
+    values = {f.name: getattr(engine, f.name) for f in settings_of(EngineArgs)
+              if f.metadata["serve"] and getattr(engine, f.name) is not None}
+    if values.get("model"):  # engines may run in another directory, or on another node
+        values["model"] = os.path.abspath(os.path.expanduser(values["model"]))
+    return ServeArgs(
+        app_name="raypaged-batch", workers=options.workers,
+        cpus_per_worker=options.cpus_per_worker, gpus_per_worker=options.gpus_per_worker,
+        # the job bounds what it sends (max_inflight); a worker never needs to refuse a row
+        max_queued_requests=options.max_inflight,
+        routing="prefix" if options.prefix_grouping else "round_robin",
+        route_prefix_blocks=options.group_prefix_blocks, **values)
+
+
+@dataclass
+class EnginePool:
+    controller: object          # ControllerActor handle
+    fleet: RayFleetClient
+    frontend: OpenAIFrontend
+    block_size: int
+
+    @classmethod
+    async def start(cls, args: ServeArgs) -> "EnginePool":
+        options, _ = args.split()
+        controller = ControllerActor.options(num_cpus=0).remote(args.model_dump())
+
+        async def resolve():
+            return controller
+        fleet = RayFleetClient(resolve, "batch", RequestMetrics())
+        try:
+            snap = await fleet.start()
+            snap = await _all_ready(fleet, options.workers)
+        except RuntimeError as exc:  # every worker failed to start: the engine's own reason
+            ray.kill(controller)
+            raise FleetFailed(str(exc)) from None
+        worker = snap.ready()[0]
+        tokenizer = await worker.handle.get_tokenizer.remote()
+        stats = worker.stats
+        info = ModelInfo(name=stats.model_name, max_model_len=stats.max_model_len,
+                         vocab_size=len(tokenizer), created=int(time.time()))
+        dispatcher = Dispatcher(fleet, Router(options, stats.block_size), fleet.metrics)
+        return cls(controller, fleet, OpenAIFrontend(dispatcher, tokenizer, info, MAX_N),
+                   stats.block_size)
+
+    def check_alive(self) -> None:
+        snap = self.fleet.snapshot()
+        if snap.all_dead():
+            causes = sorted({w.error or "unknown" for w in snap.workers})
+            raise FleetFailed(f"every engine failed: {'; '.join(causes)}")
+
+    async def stop(self) -> None:
+        await self.fleet.stop()
+        ray.kill(self.controller)  # its workers are owned by it and go with it
+
+
+async def _all_ready(fleet: RayFleetClient, workers: int):
+    """Start only when every engine is up: rendezvous order over a fleet that is still growing
+    would send a prefix group to one engine, then to another."""
+    last_log = time.monotonic()
+    while True:
+        snap = fleet.snapshot()
+        if len(snap.ready()) == workers:
+            return snap
+        dead = [w for w in snap.workers if w.state == "dead"]
+        if dead:
+            causes = sorted({w.error or "unknown" for w in dead})
+            raise RuntimeError(f"{len(dead)} of {workers} engines failed to start: "
+                               f"{'; '.join(causes)}")
+        if time.monotonic() - last_log > 10:
+            last_log = time.monotonic()
+            print(f"raypaged batch: waiting for engines, {len(snap.ready())} of {workers} ready",
+                  flush=True)
+        await asyncio.sleep(0.2)

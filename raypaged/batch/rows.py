@@ -1,0 +1,106 @@
+"""Input lines -> rows: the OpenAI Batch format, or the plain rows Ray Data LLM users write.
+
+    {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {...}}   OpenAI Batch
+    {"messages": [...], "temperature": 0, "sampling_params": {"max_tokens": 8}}          plain, chat
+    {"prompt": "...", "custom_id": "b", "max_tokens": 8}                                 plain, completion
+
+A plain row becomes the body of the matching endpoint: its fields, with `sampling_params` (Ray
+Data LLM's name) merged in; its custom_id is `line-<n>` unless it has one. Bodies are not checked
+here: the HTTP frontend checks them, with the HTTP API's own code. What is checked here is only
+what the HTTP layer would have checked before the frontend (the JSON itself, with the same
+parser) and what only a batch line has (custom_id, method, url). Blank lines are skipped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+from raypaged.serve.errors import APIError, bad_request
+from raypaged.serve.json_body import parse_json_body
+
+COMPLETIONS_URL = "/v1/completions"
+CHAT_URL = "/v1/chat/completions"
+URLS = (COMPLETIONS_URL, CHAT_URL)
+
+
+@dataclass(frozen=True)
+class Row:
+    line_no: int                 # 1-based line of the input file: the row's identity on resume
+    custom_id: str | None
+    url: str | None = None
+    body: dict | None = None
+    error: APIError | None = None  # set: the line is refused before it reaches the frontend
+
+
+def read_rows(lines: Iterator[bytes]) -> Iterator[Row]:
+    """One Row per non-blank line, in order; a custom_id seen on an earlier line is an error."""
+    seen: set[str] = set()
+    for line_no, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        row = parse_line(line_no, raw)
+        if row.custom_id is not None:
+            if row.custom_id in seen and row.error is None:
+                row = Row(line_no, row.custom_id, error=bad_request(
+                    f"line {line_no}: custom_id {row.custom_id!r} is a duplicate of an earlier "
+                    "line's: give every line its own custom_id", "custom_id"))
+            seen.add(row.custom_id)
+        yield row
+
+
+def parse_line(line_no: int, raw: bytes) -> Row:
+    """Bytes, as read: a line that is not UTF-8 is refused like such an HTTP body."""
+    try:
+        obj = parse_json_body(raw)
+    except APIError as exc:
+        return Row(line_no, None, error=_at_line(line_no, exc))
+    if not isinstance(obj, dict):
+        return Row(line_no, None, error=bad_request(
+            f"line {line_no}: a line must be a JSON object, got {type(obj).__name__}"))
+    custom_id = obj.get("custom_id")
+    if custom_id is not None and not (isinstance(custom_id, str) and custom_id):
+        return Row(line_no, None, error=bad_request(
+            f"line {line_no}: custom_id must be a non-empty string, got {custom_id!r}",
+            "custom_id"))
+    if "body" in obj or "url" in obj or "method" in obj:
+        return _openai_line(line_no, obj, custom_id)
+    return _plain_row(line_no, obj, custom_id or f"line-{line_no}")
+
+
+def _openai_line(line_no: int, obj: dict, custom_id: str | None) -> Row:
+    def refuse(message: str, param: str) -> Row:
+        return Row(line_no, custom_id, error=bad_request(f"line {line_no}: {message}", param))
+    if custom_id is None:
+        return refuse("custom_id is required on an OpenAI batch line", "custom_id")
+    if obj.get("method", "POST") != "POST":
+        return refuse(f"method must be \"POST\", got {obj.get('method')!r}", "method")
+    url = obj.get("url")
+    if url not in URLS:
+        return Row(line_no, custom_id, error=APIError(
+            404, f"line {line_no}: url {url!r} is not supported: use one of {list(URLS)}",
+            param="url", code="unknown_url"))
+    body = obj.get("body")
+    if not isinstance(body, dict):
+        return refuse(f"body must be a JSON object, got {type(body).__name__}", "body")
+    return Row(line_no, custom_id, url, body)
+
+
+def _plain_row(line_no: int, obj: dict, custom_id: str) -> Row:
+    body = {k: v for k, v in obj.items() if k not in ("custom_id", "sampling_params")}
+    extra = obj.get("sampling_params", {})
+    if not isinstance(extra, dict):
+        return Row(line_no, custom_id, error=bad_request(
+            f"line {line_no}: sampling_params must be a JSON object, got {type(extra).__name__}",
+            "sampling_params"))
+    body.update(extra)
+    if ("prompt" in body) == ("messages" in body):
+        return Row(line_no, custom_id, error=bad_request(
+            f"line {line_no}: a plain row needs exactly one of \"prompt\" (a completion) or "
+            "\"messages\" (a chat), or the OpenAI batch fields custom_id, method, url, body",
+            "prompt"))
+    return Row(line_no, custom_id, CHAT_URL if "messages" in body else COMPLETIONS_URL, body)
+
+
+def _at_line(line_no: int, exc: APIError) -> APIError:
+    message = exc.message.replace("the request body", "the line", 1)
+    return APIError(exc.status, f"line {line_no}: {message}", param=exc.param, code=exc.code)
