@@ -45,7 +45,7 @@ def fleet_args(engine: EngineArgs, options: BatchOptions) -> ServeArgs:
         cpus_per_worker=options.cpus_per_worker, gpus_per_worker=options.gpus_per_worker,
         # the job bounds what it sends (max_inflight); a worker never needs to refuse a row
         max_queued_requests=options.max_inflight,
-        routing="prefix" if options.prefix_grouping else "round_robin",
+        routing="hash" if options.prefix_grouping else "round_robin",
         route_prefix_blocks=options.group_prefix_blocks, **values)
 
 
