@@ -2,14 +2,9 @@
 before tests/serve starts its own), and the small engine every batch test uses."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-# fp32: greedy tokens must not depend on which rows share a step (bf16 can flip a token).
-ENGINE = dict(dtype="float32", kv_memory_mb=32, max_model_len=512, max_num_seqs=16)
+from batch_testing import ROOT
 
 
 @pytest.fixture(scope="package")

@@ -24,8 +24,8 @@ class OneWorker:
     def snapshot(self) -> FleetSnapshot:
         return FleetSnapshot(0, (WorkerView("w0", READY, self.worker, self.worker.stats()),))
 
-    async def stream(self, view, request_id, token_ids, params, cache_salt):
-        gen = view.handle.generate(request_id, token_ids, params, cache_salt)
+    async def stream(self, view, request_id, token_ids, params, cache_salt, continuation=None):
+        gen = view.handle.generate(request_id, token_ids, params, cache_salt, continuation)
         try:
             async for item in gen:
                 yield item

@@ -9,7 +9,7 @@ import sys
 import time
 
 from batch_inputs import numbered_prompts, read_output, write_lines
-from conftest import ENGINE, ROOT
+from batch_testing import ENGINE, ROOT
 
 N = 30
 

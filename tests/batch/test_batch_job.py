@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from batch_inputs import numbered_prompts, openai_line, read_output, write_lines
-from conftest import ENGINE
+from batch_testing import ENGINE
 from http_reference import http_answers
 from raypaged.batch import BatchOptions, run_batch
 from raypaged.batch.engines import fleet_args

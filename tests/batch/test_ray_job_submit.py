@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from batch_inputs import numbered_prompts, read_output, write_lines
-from conftest import ENGINE, ROOT
+from batch_testing import ENGINE, ROOT
 
 BIN = Path(sys.executable).parent
 
