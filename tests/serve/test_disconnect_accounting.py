@@ -65,5 +65,6 @@ def test_disconnects_count_as_aborts_not_errors_and_log_no_traceback(fake_fleet)
     assert settled(fake_fleet, "raypaged:request_success_total", aborts + 2,
                    finished_reason="abort") == aborts + 2
     assert metric(fake_fleet, "raypaged:e2e_request_latency_seconds_count") == e2e + 2
-    assert metric(fake_fleet, "raypaged:request_errors_total") == errors
+    assert metric(fake_fleet, "raypaged:request_errors_total") == errors, httpx.get(
+        f"{fake_fleet.url}/metrics").text.split("raypaged:request_errors_total")[1:3]
     assert tracebacks() == logged
