@@ -42,6 +42,8 @@ def launch(flags: list[str], log: Path):
 
 
 def stop(proc) -> None:
+    if proc.poll() is not None:
+        return
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=120)

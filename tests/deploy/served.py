@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,22 +13,8 @@ import yaml
 
 from deploy_tools import ROOT, tool
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM (raypaged removes what it started), then SIGKILL to the process group."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+sys.path.insert(0, str(ROOT))  # benchmarks/ is not installed: it runs from the checkout
+from benchmarks.serve_process import free_port, stop  # noqa: E402
 
 
 def _wait(url: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
@@ -65,7 +49,7 @@ def raypaged_serve(tmp: Path, *flags: str):
         _wait(f"{url}/health", proc, log, timeout_s=300)
         yield url
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 @contextmanager
@@ -89,4 +73,4 @@ def prometheus(tmp: Path, target: str, scrape_interval: str = "1s"):
         _wait(f"{url}/-/ready", proc, log, timeout_s=60)
         yield url
     finally:
-        _stop(proc)
+        stop(proc)
