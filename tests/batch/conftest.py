@@ -11,6 +11,8 @@ from batch_testing import ROOT
 def local_ray():
     import ray
 
+    if ray.is_initialized():
+        ray.shutdown()
     ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="raypaged-batch-tests",
              _node_ip_address="127.0.0.1", log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})

@@ -22,6 +22,8 @@ def ray_serve():
     # 4 logical CPUs on 2 cores: the shared app's 2 workers take 1 each, and a test may deploy
     # a small extra application beside it.
     # address="local": our own cluster, never one another process left in ray_current_cluster
+    if ray.is_initialized():  # another folder's tests (tests/batch) left their Ray up
+        ray.shutdown()
     ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="raypaged-tests",
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}}, log_to_driver=False)
     port = free_port()
