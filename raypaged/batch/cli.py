@@ -50,8 +50,8 @@ def run_batch_cli(ns: argparse.Namespace) -> int:
             signal.signal(signal.SIGTERM, _interrupt)
             summary = asyncio.run(job.run(job_fleet_args(job, local)))
     except KeyboardInterrupt:
-        print(f"raypaged batch: interrupted; the lines written so far are complete: re-run the "
-              f"same command to finish", file=sys.stderr, flush=True)
+        print("raypaged batch: interrupted; the lines written so far are complete: re-run the "
+              "same command to finish", file=sys.stderr, flush=True)
         return INTERRUPTED
     except FleetFailed as exc:
         print(f"raypaged batch: the engines cannot run: {exc}", file=sys.stderr)

@@ -3,7 +3,6 @@ the HTTP API's, and exactly one line per input when an engine actor is killed mi
 from __future__ import annotations
 
 import asyncio
-import pytest
 
 from batch_inputs import numbered_prompts, openai_line, read_output, write_lines
 from batch_testing import ENGINE

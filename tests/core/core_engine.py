@@ -1,6 +1,5 @@
 """Helpers for core tests: an EngineCore over the KV-simulating fake runner."""
 from raypaged.core.engine_core import EngineCore
-from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.scheduler import Scheduler
 
 from fake_runner import FakeRunner

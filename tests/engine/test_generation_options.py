@@ -1,5 +1,4 @@
 """Sampling options through the whole engine on the real model: exact observable behaviour."""
-import pytest
 
 from raypaged import SamplingParams
 
