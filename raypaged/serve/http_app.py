@@ -13,6 +13,7 @@ from typing import Callable
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST
+from ray.exceptions import TaskCancelledError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
@@ -31,6 +32,7 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
                    metrics: RequestMetrics, render_metrics: Callable[[], bytes],
                    api_key: str | None, max_request_bytes: int) -> FastAPI:
     app = FastAPI(title="raypaged", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(DisconnectAsMessage)
 
     def authorize(request: Request) -> None:
         if not api_key:
@@ -118,6 +120,28 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
         return APIError(500, f"internal error: {type(exc).__name__}").response()
 
     return app
+
+
+class DisconnectAsMessage:
+    """Serve's proxy cancels the task that feeds `receive` when a client leaves mid-stream, and
+    `receive` then raises TaskCancelledError in the response's disconnect listener. ASGI says
+    a departed client is an `http.disconnect` message: pass it on as one, so the request ends
+    as an abort (counted by its own accounting) instead of an unhandled error with a traceback."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def receive_or_disconnect():
+            try:
+                return await receive()
+            except TaskCancelledError:
+                return {"type": "http.disconnect"}
+
+        await self.app(scope, receive_or_disconnect, send)
 
 
 def _too_large(limit: int) -> APIError:

@@ -166,3 +166,48 @@ def test_a_poisoned_request_fails_alone_with_400_and_nobody_else_notices():
     # not the worker's fault: never retried elsewhere, and the worker is not avoided after
     assert not metrics.counters.get("request_retries")
     assert after.status_code == 200 and after.headers["x-raypaged-worker"] == home
+
+
+def test_a_client_leaving_mid_stream_through_serve_is_an_abort_not_a_500():
+    """Serve's proxy cancels the task behind `receive` when a client leaves; the app must end
+    the stream as a disconnect: no 500 counted, no exception escaping to Serve's replica."""
+    from ray.exceptions import TaskCancelledError
+
+    fleet = LocalFleet(step_delay_s=0.01)
+    app, metrics = local_app(fleet)
+    body = json.dumps({"prompt": "hello there", "max_tokens": 200, "ignore_eos": True,
+                       "stream": True}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+             "query_string": b"", "root_path": "", "server": ("local", 80),
+             "client": ("local", 1), "headers": [(b"content-type", b"application/json"),
+                                                  (b"content-length", str(len(body)).encode())]}
+    sent = []
+
+    async def run():
+        first = True
+        events = asyncio.Event()
+
+        async def receive():
+            nonlocal first
+            if first:
+                first = False
+                return {"type": "http.request", "body": body, "more_body": False}
+            await events.wait()  # the client is there until it has seen a few events
+            raise TaskCancelledError()
+
+        async def send(message):
+            sent.append(message)
+            if sum(m.get("body", b"").count(b"data: ") for m in sent) >= 3:
+                events.set()
+
+        await asyncio.wait_for(app(scope, receive, send), 10)
+
+    try:
+        asyncio.run(run())
+    finally:
+        fleet.shutdown()
+    assert sent[0]["status"] == 200
+    assert metrics.counters["request_errors"] == {}
+    assert metrics.counters["request_success"] == {"abort": 1.0}
+    assert all(w.stats().num_active == 0 for w in fleet.workers.values())
