@@ -36,6 +36,9 @@ class Scheduler:
         self._arrivals = itertools.count()
         self.num_preemptions = 0
         self.num_finished = 0
+        # sum of num_tokens - num_computed_tokens over waiting and running requests, kept at
+        # every transition: routers read it in every stats() call, at any queue length
+        self.num_queued_tokens = 0
 
     # -- requests in and out -----------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -57,6 +60,7 @@ class Scheduler:
         request.arrival = next(self._arrivals)
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        self.num_queued_tokens += request.num_tokens - request.num_computed_tokens
 
     def abort(self, request_id: str, reason: str = "abort", with_samples: bool = True) -> list[Request]:
         """Finish a request in any state, with its forked samples unless told otherwise (a stop
@@ -76,6 +80,7 @@ class Scheduler:
         return done
 
     def _finish(self, req: Request, reason: str, stop_reason: int | str | None = None) -> None:
+        self.num_queued_tokens -= req.num_tokens - req.num_computed_tokens
         req.status = RequestStatus.FINISHED
         req.finish_reason, req.stop_reason = reason, stop_reason
         self.kv.free(req)
@@ -95,13 +100,6 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
-
-    @property
-    def num_queued_tokens(self) -> int:
-        """Tokens of waiting and running requests not computed yet (prompts, chunks, and the one
-        token each decode feeds next): the work this engine has queued, for routers."""
-        return sum(r.num_tokens - r.num_computed_tokens
-                   for queue in (self.waiting, self.running) for r in queue)
 
     def has_samples(self, request_id: str) -> bool:
         """Whether forked samples (n > 1) of this request are still tracked."""
@@ -141,9 +139,11 @@ class Scheduler:
                 break
             hits = self.kv.find_cached_prefix(req) if self.kv.pool.enable_caching else []
             n = min(req.num_tokens - len(hits) * self.block_size, budget)
+            computed = req.num_computed_tokens
             if not self.kv.allocate(req, n, hits):
                 blocked = True
                 break  # FCFS: nobody overtakes the head of the queue
+            self.num_queued_tokens -= req.num_computed_tokens - computed  # the prefix hit
             self.waiting.popleft()
             if req.num_preemptions == 0:
                 req.num_cached_tokens = len(hits) * self.block_size
@@ -180,6 +180,7 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         self.kv.free(req)
+        self.num_queued_tokens += req.num_computed_tokens  # recomputed from the start
         req.num_computed_tokens = 0
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
@@ -195,6 +196,7 @@ class Scheduler:
             if req is None:  # aborted while the step ran
                 continue
             req.num_computed_tokens += len(sr.token_ids)
+            self.num_queued_tokens -= len(sr.token_ids)
             self.kv.cache_full_blocks(req)
             if sr.num_samples == 0:
                 continue
@@ -203,6 +205,7 @@ class Scheduler:
             seqs = [req] if len(tokens) == 1 else [req, *self._fork(req, len(tokens))]
             for k, (seq, token) in enumerate(zip(seqs, tokens)):
                 seq.append_token(token)
+                self.num_queued_tokens += 1  # fed back in next step
                 self._check_stop(seq, token)
                 deltas.append(RequestDelta(
                     request_id=seq.request_id, new_token_ids=(token,),

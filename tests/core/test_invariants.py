@@ -41,6 +41,10 @@ def check_invariants(eng):
         assert [b.block_id for b in kv.tables[rid]] == table
     for bh, block in pool.cached.items():
         assert block.block_hash == bh
+    # the scheduler's queued-token counter agrees with a full walk of its queues
+    sched = eng.scheduler
+    assert sched.num_queued_tokens == sum(r.num_tokens - r.num_computed_tokens
+                                          for q in (sched.waiting, sched.running) for r in q)
 
 
 @settings(max_examples=150, deadline=None)

@@ -91,7 +91,10 @@ def test_preempted_request_goes_back_to_the_head_of_the_queue():
     assert [r.request_id for r in sched.waiting] == ["new", "later"]
     assert sched.requests["new"].status is RequestStatus.PREEMPTED
     assert sched.requests["new"].num_computed_tokens == 0
+    # queued work: all of "new" again (recompute), all of "later", the decode token of "old"
+    assert sched.num_queued_tokens == sched.requests["new"].num_tokens + 9 + 1
     run_to_completion(eng)
+    assert sched.num_queued_tokens == 0
 
 
 @pytest.mark.parametrize("state", ["waiting", "running", "preempted"])
