@@ -23,6 +23,7 @@ import json
 import logging
 import threading
 import time
+from typing import Callable
 
 import ray
 
@@ -60,10 +61,16 @@ def kill_workers(names: list[str]) -> None:
 
 
 def application_gone(app_name: str) -> bool | None:
-    """True once Serve no longer lists the application (or Serve is gone); None when Serve
-    cannot be asked right now (its controller restarting): keep going."""
+    """True once Serve no longer lists the application, or Serve itself is shut down; None when
+    Serve cannot be asked right now (its controller restarting): decide nothing."""
     from ray import serve
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
 
+    try:
+        # by name each time: serve.status() alone would keep asking a shut-down controller
+        ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    except ValueError:
+        return True
     try:
         return app_name not in serve.status().applications
     except Exception as exc:  # noqa: BLE001 - any failure to ask is "don't know"
@@ -71,11 +78,24 @@ def application_gone(app_name: str) -> bool | None:
         return None
 
 
+def wait_until_gone(gone: Callable[[], bool | None], period_s: float,
+                    sleep: Callable[[float], None] = time.sleep) -> None:
+    """Returns once `gone()` says True at two checks in a row, `period_s` apart (a None answer
+    neither counts nor resets). Two, because an application deleted and deployed again with the
+    same configuration in between (a quick redeploy, a test fixture) has adopted this worker by
+    then, and is listed again at the second check."""
+    missing = 0
+    while missing < 2:
+        sleep(period_s)
+        answer = gone()
+        if answer is not None:
+            missing = missing + 1 if answer else 0
+
+
 def watch_application(app_name: str, period_s: float = APP_CHECK_S) -> threading.Thread:
     """From inside a worker actor: exit for good (no restart) once the application is gone."""
     def run() -> None:
-        while application_gone(app_name) is not True:
-            time.sleep(period_s)
+        wait_until_gone(lambda: application_gone(app_name), period_s)
         logger.info("application %r is gone: worker exits", app_name)
         ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
