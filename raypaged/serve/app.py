@@ -38,8 +38,8 @@ CONTROLLER = "controller"
 async def resolve_controller():
     """The application's controller; Serve may still be creating (or recreating) it."""
     while True:
-        try:
-            return serve.get_deployment_actor(CONTROLLER)
+        try:  # a GCS lookup: off the event loop, which keeps serving meanwhile
+            return await asyncio.to_thread(serve.get_deployment_actor, CONTROLLER)
         except ValueError:
             await asyncio.sleep(0.2)
 

@@ -82,7 +82,7 @@ class RayFleetClient:
             raise
 
     async def _refresh_forever(self) -> None:
-        last_push = 0.0
+        last_push, failing = 0.0, False
         while True:
             try:
                 await self._refresh()
@@ -90,10 +90,16 @@ class RayFleetClient:
                     await self._controller.report_router_metrics.remote(
                         self.replica_id, self.metrics.snapshot())
                     last_push = time.monotonic()
+                if failing:
+                    logger.info("fleet refresh works again")
+                failing = False
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - keep the last snapshot, try again
-                logger.warning("fleet refresh failed: %r", exc)
+                if not failing:  # once per outage, not every refresh_s
+                    logger.warning("fleet refresh failed, routing from the last snapshot: %r",
+                                   exc)
+                failing = True
             await asyncio.sleep(self.refresh_s)
 
     async def stream(self, view: WorkerView, request_id: str, token_ids, params, cache_salt,
