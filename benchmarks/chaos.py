@@ -1,6 +1,6 @@
 """Chaos benchmark: steady mixed load on `raypaged serve` while the fleet is broken on purpose.
 
-    python benchmarks/chaos.py [--workers 2] [--concurrency 6] [--phase-s 20]
+    python benchmarks/chaos.py [--workers 2] [--concurrency 6] [--phase-s 20] [--phases ...]
 
 Launches `raypaged serve` (default model, small KV budget), keeps --concurrency clients sending
 greedy requests (alternately streaming and not, `max_tokens` 24, ignore_eos; after a failure a
@@ -10,14 +10,17 @@ between them:
     freeze_worker      SIGSTOP of the busiest worker for 10 s, then SIGCONT
     poison             the issue's poison requests (stop token id out of the vocabulary, huge
                        top_k) and malformed ones, sent beside the load
-    kill_controller    SIGKILL of the fleet controller actor (its workers go with it)
+    kill_controller    SIGKILL of the fleet controller actor (its workers outlive it; Serve
+                       recreates it and the new one adopts them)
 and prints and writes (benchmarks/results/chaos.json, .png): requests sent, completed, failed by
 status, lost (a 200 with fewer tokens than asked, or a stream without [DONE]), hung (no answer
 in 120 s), per phase the load requests in the air that completed and that failed, collateral
 failures of the poison phase (load requests failing while only poison was in the air), each
 phase's recovery time (fault -> the fleet noticed it and has all its workers ready again;
-fault -> the first load request started after it completing), preemptions, and the status
-codes of the malformed and poison replies. Bounded: ~4 phases x (phase-s + recovery).
+fault -> the first load request started after it completing; for the controller, fault -> a
+new controller process, and whether the workers kept their processes), preemptions, and the
+status codes of the malformed and poison replies. Bounded: ~4 phases x (phase-s + recovery).
+--phases runs a subset (write it under another --name: chaos.json holds the full run).
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
 from benchmarks.serve_process import descendants, launch, stop  # noqa: E402
 
 MAX_TOKENS = 24
+PHASES = ("kill_worker", "freeze_worker", "poison", "kill_controller")
 CLIENT_TIMEOUT_S = 120
 POISON = [
     {"prompt": "hi", "max_tokens": 2, "min_tokens": 1, "stop_token_ids": [99999999]},
@@ -154,6 +158,21 @@ async def wait_all_ready(url: str, n: int, since: float, limit_s: float) -> floa
     return None
 
 
+def controller_pids(root: int) -> list[int]:
+    # comm is cut at 15 characters: "ray::ControllerActor" reads "ray::Controller"
+    return [p for p, n in descendants(root).items() if n.startswith("ray::Controller")]
+
+
+async def new_controller(root: int, killed: list[int], since: float,
+                         limit_s: float) -> float | None:
+    """Seconds from `since` until a controller process other than the killed ones runs."""
+    while time.monotonic() - since < limit_s:
+        if set(await asyncio.to_thread(controller_pids, root)) - set(killed):
+            return time.monotonic() - since
+        await asyncio.sleep(0.25)
+    return None
+
+
 def busiest(url: str) -> dict:
     return max(fleet(url), key=lambda w: w.get("load", 0))
 
@@ -178,9 +197,9 @@ async def scenario(proc, url: str, ns) -> dict:
     phases, raw_counts = [], {}
     first_preemptions = await asyncio.to_thread(preemptions, url)
     await asyncio.sleep(ns.phase_s)
-    for name in ("kill_worker", "freeze_worker", "poison", "kill_controller"):
+    for name in ns.phases:
         at = time.monotonic()
-        detail = ""
+        detail, extra = "", {}
         if name == "kill_worker":
             victim = busiest(url)
             os.kill(victim["pid"], signal.SIGKILL)
@@ -194,17 +213,25 @@ async def scenario(proc, url: str, ns) -> dict:
         elif name == "poison":
             raw_counts = await send_raw(url)
         else:
-            controllers = [p for p, n in descendants(proc.pid).items()
-                           if n.startswith("ray::Controller")]
+            workers_before = {w["worker_id"]: w.get("pid") for w in fleet(url)}
+            controllers = controller_pids(proc.pid)
             for pid in controllers:
                 os.kill(pid, signal.SIGKILL)
             detail = f"{len(controllers)} process(es)"
+            extra["controller_back_s"] = await new_controller(proc.pid, controllers, at,
+                                                              ns.recovery_limit_s)
         ready_s = await wait_all_ready(url, ns.workers, at, ns.recovery_limit_s)
         await asyncio.sleep(ns.phase_s)
+        if name == "kill_controller":
+            # the fleet as the new controller sees it (back well within phase-s): the same
+            # worker processes, or new ones
+            extra["worker_pids_unchanged"] = (
+                {w["worker_id"]: w.get("pid") for w in fleet(url)} == workers_before)
         after = [o for o in load.outcomes if o.started >= at and o.ok]
         phases.append({"phase": name, "target": detail, "at": at,
                        "fleet_ready_s": ready_s,
-                       "first_ok_request_s": min((o.ended - at for o in after), default=None)})
+                       "first_ok_request_s": min((o.ended - at for o in after), default=None),
+                       **extra})
     load.stop()
     await asyncio.wait_for(runner, CLIENT_TIMEOUT_S + 30)
     return {"outcomes": load.outcomes, "phases": phases, "raw": raw_counts,
@@ -217,10 +244,12 @@ def summarize(res: dict, t0: float) -> dict:
     for o in outs:
         if o.status not in ("200", "hung"):
             failed[o.status] = failed.get(o.status, 0) + 1
-    poison = next(p for p in res["phases"] if p["phase"] == "poison")
-    window = (poison["at"], poison["at"] + 15)  # only poison in the air
-    collateral = [o for o in outs if not o.ok and o.status != "hung"
-                  and o.started < window[1] and o.ended > window[0]]
+    poison = next((p for p in res["phases"] if p["phase"] == "poison"), None)
+    collateral = []
+    if poison is not None:
+        window = (poison["at"], poison["at"] + 15)  # only poison in the air
+        collateral = [o for o in outs if not o.ok and o.status != "hung"
+                      and o.started < window[1] and o.ended > window[0]]
     phases = [{**p, "at_s": round(p["at"] - t0, 1)} for p in res["phases"]]
     ends = [p["at"] for p in res["phases"][1:]] + [float("inf")]
     for p, start, end in zip(phases, [p["at"] for p in res["phases"]], ends):
@@ -231,7 +260,8 @@ def summarize(res: dict, t0: float) -> dict:
     return {
         "sent": len(outs), "completed": sum(o.ok for o in outs), "failed_by_status": failed,
         "lost": sum(o.status == "200" and not o.ok for o in outs),
-        "hung": sum(o.status == "hung" for o in outs), "collateral_poison_failures": len(collateral),
+        "hung": sum(o.status == "hung" for o in outs),
+        "collateral_poison_failures": len(collateral) if poison is not None else None,
         "preemptions": res["preemptions"], "phases": phases, "raw_requests": res["raw"]}
 
 
@@ -264,6 +294,8 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", type=int, default=6)
     p.add_argument("--phase-s", type=float, default=20.0, help="load between faults")
     p.add_argument("--recovery-limit-s", type=float, default=120.0)
+    p.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES),
+                   help="faults to inject, in this order (default: all)")
     p.add_argument("--name", default="chaos")
     ns = p.parse_args(argv)
     log = Path(tempfile.gettempdir()) / f"{ns.name}_serve.log"
@@ -279,7 +311,8 @@ def main(argv=None) -> int:
             "collateral_poison_failures", "preemptions"]
     print(table([{**summary, "failed_by_status": json.dumps(summary["failed_by_status"])}], cols))
     print(table(summary["phases"], ["phase", "target", "at_s", "completed", "failed",
-                                    "fleet_ready_s", "first_ok_request_s"]))
+                                    "fleet_ready_s", "first_ok_request_s", "controller_back_s",
+                                    "worker_pids_unchanged"]))
     print("malformed / poison replies by status:", json.dumps(summary["raw_requests"]))
     path = write(ns.name, {"workload": vars(ns), **summary})
     plot(res, t0, summary, plot_path(ns.name))

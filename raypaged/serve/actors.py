@@ -1,7 +1,9 @@
 """Ray shells around Worker and Controller: resources, restarts, and engine construction.
 
-Workers are owned by the controller (they go when it goes); the controller is a Serve
-deployment-scoped actor, created once per application and removed with it.
+A serving application's controller is a Serve deployment-scoped actor (recreated by Serve when
+it dies, removed with the application); its workers are detached, named actors that outlive it
+and are adopted by the next one (detached_workers.py). A batch job's controller owns its
+workers: they go when it goes.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from raypaged.serve.allocator import worker_env_vars
 from raypaged.serve.config import (POLL_INTERVAL_S, POLL_TIMEOUT_S, STEP_STALL_S, ServeArgs,
                                    ServeOptions)
 from raypaged.serve.controller import Controller, WorkerDown
+from raypaged.serve.detached_workers import (WORKER_NAMESPACE, fingerprint, kill_workers,
+                                             named_workers, watch_application, worker_name)
 from raypaged.serve.fleet import DEAD, RESTARTING, UNRESPONSIVE
 from raypaged.serve.worker import Health, Worker, WorkerStats
 
@@ -50,7 +54,9 @@ class WorkerActor(Worker):
     at once, and only a frozen one stays silent."""
 
     def __init__(self, engine_kwargs: dict, worker_id: str, max_queued: int,
-                 engine_factory: str | None = None):
+                 engine_factory: str | None = None, watch_app: str | None = None):
+        if watch_app is not None:  # a detached worker: nothing else removes it
+            watch_application(watch_app)
         if engine_kwargs.get("num_threads"):
             import torch  # only workers pay for torch; routers and the controller never do
             torch.set_num_threads(engine_kwargs["num_threads"])
@@ -108,20 +114,38 @@ def worker_resources(fleet: ServeOptions) -> tuple[float, float]:
 
 @ray.remote
 class ControllerActor(Controller):
-    def __init__(self, args: dict):
+    """`detached_workers`: the workers outlive this actor and the next one adopts them (a Serve
+    application); else this actor owns them (a batch job: they go when the job kills it)."""
+
+    def __init__(self, args: dict, detached_workers: bool = False):
         fleet, engine = ServeArgs(**args).split()
         cpus, gpus = worker_resources(fleet)
         threads = engine.get("num_threads") or (None if gpus else max(1, int(cpus)))
         engine = {**engine, "num_threads": threads} if threads else engine
-        runtime_env = {"env_vars": worker_env_vars(fleet.worker_allocator)}
+        options = dict(num_cpus=cpus, num_gpus=gpus, max_restarts=-1, max_task_retries=0,
+                       scheduling_strategy="SPREAD",
+                       runtime_env={"env_vars": worker_env_vars(fleet.worker_allocator)},
+                       max_concurrency=worker_max_concurrency(fleet.max_queued_requests, engine))
+        names = {}
+        if detached_workers:
+            spec = fingerprint({"engine": engine, "max_queued": fleet.max_queued_requests,
+                                "factory": fleet.engine_factory, "options": options})
+            names = {i: worker_name(fleet.app_name, i, spec) for i in range(fleet.workers)}
+            existing = named_workers(fleet.app_name)
+            kill_workers([n for n in existing if n not in names.values()])  # other configs
+            adopted = sum(n in existing for n in names.values())
+            logger.info("adopting %d running workers, starting %d", adopted,
+                        fleet.workers - adopted)
         workers = []
         for i in range(fleet.workers):
             worker_id = f"worker-{i}"
-            handle = WorkerActor.options(
-                num_cpus=cpus, num_gpus=gpus, max_restarts=-1, max_task_retries=0,
-                scheduling_strategy="SPREAD", runtime_env=runtime_env,
-                max_concurrency=worker_max_concurrency(fleet.max_queued_requests, engine),
-            ).remote(engine, worker_id, fleet.max_queued_requests, fleet.engine_factory)
+            named = {}
+            if detached_workers:
+                named = dict(name=names[i], namespace=WORKER_NAMESPACE, lifetime="detached",
+                             get_if_exists=True)
+            handle = WorkerActor.options(**options, **named).remote(
+                engine, worker_id, fleet.max_queued_requests, fleet.engine_factory,
+                fleet.app_name if detached_workers else None)
             workers.append((worker_id, handle))
-        logger.info("started %d workers (%s CPU, %s GPU each)", fleet.workers, cpus, gpus)
+        logger.info("%d workers (%s CPU, %s GPU each)", fleet.workers, cpus, gpus)
         super().__init__(workers, probe_worker, POLL_INTERVAL_S, POLL_TIMEOUT_S)

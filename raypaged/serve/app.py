@@ -2,7 +2,10 @@
 
     build_app(args) ─> OpenAIRouter deployment (N replicas, FastAPI ingress, 0 CPUs)
                          └─ deployment-scoped actor "controller" (ControllerActor, one per app,
-                            removed with the app) ─> owns the WorkerActors (restarted on crash)
+                            recreated by Serve when it dies, removed with the app)
+                              ─> WorkerActors: detached and named, so they outlive a controller
+                                 and the next one adopts them; each exits once the app is gone
+                                 (detached_workers.py); Ray restarts one that crashes
 
 `raypaged serve` and Serve config files (`import_path: raypaged.serve.app:build_app`) both go
 through `build_app`, with the same arguments (ServeArgs).
@@ -35,8 +38,8 @@ CONTROLLER = "controller"
 async def resolve_controller():
     """The application's controller; Serve may still be creating (or recreating) it."""
     while True:
-        try:
-            return serve.get_deployment_actor(CONTROLLER)
+        try:  # a GCS lookup: off the event loop, which keeps serving meanwhile
+            return await asyncio.to_thread(serve.get_deployment_actor, CONTROLLER)
         except ValueError:
             await asyncio.sleep(0.2)
 
@@ -114,7 +117,8 @@ def build_app(args: dict | ServeArgs | None = None):
         max_ongoing_requests=ROUTER_MAX_ONGOING_REQUESTS,
         ray_actor_options={"num_cpus": 0},
         deployment_actors=[DeploymentActorConfig(
-            name=CONTROLLER, actor_class=ControllerActor, init_kwargs={"args": plain},
+            name=CONTROLLER, actor_class=ControllerActor,
+            init_kwargs={"args": plain, "detached_workers": True},
             actor_options={"num_cpus": 0})],
     )
     return deployment.bind(plain)

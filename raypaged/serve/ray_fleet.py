@@ -2,8 +2,11 @@
 
 The fleet snapshot is refreshed from the controller by a background task (requests never wait
 on the controller, and nothing here blocks the event loop); the same task ships this replica's
-request metrics to the controller. Streams are Ray streaming generators on the worker actors;
-leaving one early cancels the actor task, which aborts the request and frees its blocks.
+request metrics to the controller. While the controller is away (it died; Serve recreates it,
+and the new one adopts the same workers) the last snapshot stays in use: requests go on being
+routed to the workers it names, and streams, which go router -> worker directly, go on.
+Streams are Ray streaming generators on the worker actors; leaving one early cancels the actor
+task, which aborts the request and frees its blocks.
 """
 from __future__ import annotations
 
@@ -62,16 +65,24 @@ class RayFleetClient:
             self._controller = await self._resolve()
         try:
             snapshot = await self._controller.snapshot.remote()
+            if snapshot.version == 0 and self._snapshot.workers:
+                # A new controller that has not polled its workers yet knows less than we do
+                # (every worker "starting"): keep ours until it has.
+                return
             versions = {wid: view.version for wid, view in self._caches.items()}
             for wid, delta in (await self._controller.cache_deltas.remote(versions)).items():
                 self._caches.setdefault(wid, CacheView()).apply(delta)
             self._snapshot = dataclasses.replace(snapshot, caches=dict(self._caches))
         except RayActorError:
-            self._controller = None  # recreated by Serve: resolve it again next time
+            # Recreated by Serve: resolve it again next time. Its cache mirrors count versions
+            # afresh, so ask it for whole summaries (the views serve routing until then).
+            self._controller = None
+            for view in self._caches.values():
+                view.version = -1
             raise
 
     async def _refresh_forever(self) -> None:
-        last_push = 0.0
+        last_push, failing = 0.0, False
         while True:
             try:
                 await self._refresh()
@@ -79,10 +90,16 @@ class RayFleetClient:
                     await self._controller.report_router_metrics.remote(
                         self.replica_id, self.metrics.snapshot())
                     last_push = time.monotonic()
+                if failing:
+                    logger.info("fleet refresh works again")
+                failing = False
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - keep the last snapshot, try again
-                logger.warning("fleet refresh failed: %r", exc)
+                if not failing:  # once per outage, not every refresh_s
+                    logger.warning("fleet refresh failed, routing from the last snapshot: %r",
+                                   exc)
+                failing = True
             await asyncio.sleep(self.refresh_s)
 
     async def stream(self, view: WorkerView, request_id: str, token_ids, params, cache_salt,

@@ -1,0 +1,90 @@
+"""A router's fleet client while its controller dies and comes back, without Ray: the last
+snapshot stays in use, a new controller's unpolled snapshot does not replace it, and the cache
+views are re-synced whole from the new controller."""
+from __future__ import annotations
+
+import asyncio
+
+from ray.exceptions import ActorDiedError
+
+from raypaged.core.cache_summary import CacheSummary
+from raypaged.serve.fleet import READY, STARTING, FleetSnapshot, WorkerView
+from raypaged.serve.metrics import RequestMetrics
+from raypaged.serve.ray_fleet import RayFleetClient
+
+
+class Method:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def remote(self, *args):
+        async def call():
+            return self.fn(*args)
+        return call()
+
+
+class FakeController:
+    """Answers snapshot / cache_deltas like the controller actor, or raises as a dead one."""
+
+    def __init__(self, snapshot: FleetSnapshot, cache: CacheSummary):
+        self.dead = False
+        self.asked_versions: list[dict] = []
+
+        def answer(fn):
+            def call(*args):
+                if self.dead:
+                    raise ActorDiedError()
+                return fn(*args)
+            return Method(call)
+
+        def deltas(versions):
+            self.asked_versions.append(dict(versions))
+            return {"worker-0": cache.delta_since(versions.get("worker-0", -1))}
+
+        self.snapshot = answer(lambda: self.current)
+        self.cache_deltas = answer(deltas)
+        self.report_router_metrics = answer(lambda *a: None)
+        self.current = snapshot
+
+
+def fleet(version: int, state: str) -> FleetSnapshot:
+    return FleetSnapshot(version, (WorkerView("worker-0", state, handle=None),))
+
+
+def test_the_last_snapshot_outlives_the_controller_and_a_new_one_takes_over_once_it_polled():
+    async def main():
+        old_cache, new_cache = CacheSummary(), CacheSummary()
+        for h in (b"a" * 8, b"b" * 8, b"c" * 8):
+            old_cache.add(h)
+        new_cache.add(b"a" * 8)  # the new controller's mirror: versions counted afresh
+        old = FakeController(fleet(7, READY), old_cache)
+        new = FakeController(fleet(0, STARTING), new_cache)
+        controllers = [old]
+
+        async def resolve():
+            return controllers[-1]
+
+        client = RayFleetClient(resolve, "replica", RequestMetrics())
+        await client._refresh()
+        assert client.snapshot().version == 7
+        assert len(client.snapshot().caches["worker-0"].keys) == 3
+
+        old.dead = True
+        try:
+            await client._refresh()
+        except ActorDiedError:
+            pass
+        else:
+            raise AssertionError("a dead controller's error reaches the refresh loop")
+        assert client.snapshot().version == 7 and client.snapshot().ready()  # still routing
+
+        controllers.append(new)
+        await client._refresh()  # the new controller has not polled yet: keep ours
+        assert client.snapshot().version == 7 and client.snapshot().ready()
+
+        new.current = fleet(1, READY)
+        await client._refresh()
+        assert client.snapshot().version == 1
+        assert new.asked_versions == [{"worker-0": -1}]  # whole summaries, not old versions
+        assert client.snapshot().caches["worker-0"].keys == new_cache.keys
+    asyncio.run(main())
