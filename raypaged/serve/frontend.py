@@ -24,6 +24,7 @@ from raypaged.core.sampling_params import SamplingParams
 from raypaged.outputs import SequenceOutput
 from raypaged.serve.errors import APIError, bad_request, from_validation_error, from_value_error
 from raypaged.serve.generation import Dispatcher, Generation
+from raypaged.serve.prompt_bound import max_token_bytes
 from raypaged.serve.protocol import ChatCompletionRequest, CompletionRequest
 from raypaged.serve.responses import (WORKER_HEADER, Choice, Shapes, sse_data, sse_response,
                                       usage, workers_header)
@@ -68,6 +69,7 @@ class OpenAIFrontend:
         self.shapes = Shapes(tokenizer)
         self.info = info
         self.max_n = max_n
+        self.max_token_bytes = max_token_bytes(tokenizer)  # None: no bound, tokenize everything
 
     # -- endpoints -------------------------------------------------------------------------
     def models(self) -> dict:
@@ -79,7 +81,11 @@ class OpenAIFrontend:
     async def completions(self, body) -> JSONResponse | StreamingResponse:
         arrival = time.monotonic()
         req: CompletionRequest = self._parse(CompletionRequest, body)
-        prompts = [await self._prompt_tokens(p) for p in req.prompts()]
+        texts = req.prompts()
+        for text in texts:  # all of them before tokenizing any
+            if isinstance(text, str):
+                self._refuse_unfittable(text, "prompt")
+        prompts = [await self._prompt_tokens(p) for p in texts]
         chunk = functools.partial(self.shapes.completion_choice, req.logprobs is not None)
         return await self._respond(COMPLETIONS, req, prompts, req.max_tokens, req.logprobs,
                                    chunk, arrival)
@@ -149,10 +155,27 @@ class OpenAIFrontend:
         except Exception as exc:  # noqa: BLE001 - a template that rejects this conversation
             raise bad_request(f"the chat template rejected these messages: {exc}",
                               "messages") from None
+        # the rendered text, not the contents: a template may trim or drop parts of them
+        self._refuse_unfittable(text, "messages")
         tokens = await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=False)
         if not tokens:
             raise bad_request("the conversation renders to an empty prompt", "messages")
         return list(tokens)
+
+    def _refuse_unfittable(self, text: str, param: str) -> None:
+        """A text of more bytes than max_model_len tokens can cover is refused before it is
+        tokenized (see prompt_bound): tokenizing megabytes costs seconds of CPU and stalls the
+        event loop, only to be refused by _check_length after."""
+        if self.max_token_bytes is None:
+            return
+        size = len(text) if text.isascii() else len(text.encode(errors="surrogatepass"))
+        fewest = -(-size // self.max_token_bytes)  # isascii() above is O(1), encode() is not
+        limit = self.info.max_model_len
+        if fewest >= limit:
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens, but the prompt is "
+                f"{size} bytes, so at least {fewest} tokens (no token covers more than "
+                f"{self.max_token_bytes} bytes): shorten it to at most {limit - 1} tokens", param)
 
     def _check_length(self, tokens: list[int], max_tokens: int | None) -> None:
         limit = self.info.max_model_len
