@@ -24,21 +24,26 @@ def launch(flags: list[str], log: Path):
     port = free_port()
     cmd = [sys.executable, "-c", "import sys; from raypaged.cli import main; sys.exit(main())",
            "serve", "--port", str(port), *flags]
+    return launch_command(cmd, f"http://127.0.0.1:{port}", log)
+
+
+def launch_command(cmd: list[str], url: str, log: Path, env: dict | None = None):
+    """Start any OpenAI server (its own session: stop() reaches its children) and wait until
+    `url`/health answers 200."""
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+                            start_new_session=True, env=env)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"raypaged serve exited ({proc.returncode}); see {log}")
+            raise RuntimeError(f"{cmd[0]} server exited ({proc.returncode}); see {log}")
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return proc, url
         except httpx.HTTPError:
             pass
         time.sleep(1)
-    proc.terminate()
-    raise TimeoutError(f"raypaged serve not healthy after 600 s; see {log}")
+    stop(proc)
+    raise TimeoutError(f"server not healthy after 600 s; see {log}")
 
 
 def stop(proc) -> None:

@@ -63,7 +63,7 @@ class EnginePool:
 
         async def resolve():
             return controller
-        fleet = RayFleetClient(resolve, "batch", RequestMetrics())
+        fleet = RayFleetClient(resolve, "batch", RequestMetrics(), mux=options.stream_mux)
         try:
             snap = await fleet.start()
             snap = await _all_ready(fleet, options.workers)

@@ -51,7 +51,7 @@ class OpenAIRouter:
         self.metrics = RequestMetrics()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.fleet = RayFleetClient(resolve_controller, self.replica_id, self.metrics,
-                                    refresh_s=SNAPSHOT_INTERVAL_S)
+                                    refresh_s=SNAPSHOT_INTERVAL_S, mux=self.config.stream_mux)
         snapshot = await self.fleet.start()
         worker = snapshot.ready()[0]
         tokenizer = await worker.handle.get_tokenizer.remote()

@@ -66,6 +66,10 @@ class ServeOptions:
     route_load_factor: float = setting(
         1.25, "a worker above this x the mean requests in flight passes a request on",
         group=ROUTING, ge=1)
+    stream_mux: bool = setting(
+        True, "workers stream to each router over one stream per worker, one message per engine "
+        "step carrying every request's new tokens (off: one Ray stream per request)",
+        group=FLEET)
     api_key: str | None = setting(
         None, "require 'Authorization: Bearer KEY' (default: $RAYPAGED_API_KEY; /health and "
         "/metrics stay open)", group=SERVER)

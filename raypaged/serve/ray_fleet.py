@@ -5,8 +5,10 @@ on the controller, and nothing here blocks the event loop); the same task ships 
 request metrics to the controller. While the controller is away (it died; Serve recreates it,
 and the new one adopts the same workers) the last snapshot stays in use: requests go on being
 routed to the workers it names, and streams, which go router -> worker directly, go on.
-Streams are Ray streaming generators on the worker actors; leaving one early cancels the actor
-task, which aborts the request and frees its blocks.
+Streams to a worker go over one multiplexed stream per worker (ray_mux.py: one message per
+engine step carrying every request's new tokens), or with `mux=False` one Ray streaming
+generator per request; either way, leaving a stream early aborts the request on the worker,
+which frees its blocks.
 """
 from __future__ import annotations
 
@@ -23,13 +25,15 @@ from raypaged.core.cache_summary import CacheView
 from raypaged.serve.fleet import FleetSnapshot, WorkerView
 from raypaged.serve.generation import WorkerUnavailable
 from raypaged.serve.metrics import RequestMetrics
+from raypaged.serve.ray_mux import WorkerMux
 
 logger = logging.getLogger(__name__)
 
 
 class RayFleetClient:
     def __init__(self, resolve_controller: Callable[[], Awaitable], replica_id: str,
-                 metrics: RequestMetrics, refresh_s: float = 0.25, push_metrics_s: float = 1.0):
+                 metrics: RequestMetrics, refresh_s: float = 0.25, push_metrics_s: float = 1.0,
+                 mux: bool = True):
         self._resolve = resolve_controller
         self._controller = None
         self.replica_id = replica_id
@@ -38,6 +42,8 @@ class RayFleetClient:
         self._snapshot = FleetSnapshot()
         self._caches: dict[str, CacheView] = {}
         self._task: asyncio.Task | None = None
+        self.mux = mux
+        self._muxes: dict[str, WorkerMux] = {}  # worker id -> its live output stream
 
     def snapshot(self) -> FleetSnapshot:
         return self._snapshot
@@ -59,6 +65,9 @@ class RayFleetClient:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        for mux in self._muxes.values():
+            mux.close()
+        self._muxes.clear()
 
     async def _refresh(self) -> None:
         if self._controller is None:
@@ -102,8 +111,25 @@ class RayFleetClient:
                 failing = True
             await asyncio.sleep(self.refresh_s)
 
-    async def stream(self, view: WorkerView, request_id: str, token_ids, params, cache_salt,
-                     continuation=None):
+    def stream(self, view: WorkerView, request_id: str, token_ids, params, cache_salt,
+               continuation=None):
+        if not self.mux:
+            return self._own_stream(view, request_id, token_ids, params, cache_salt, continuation)
+        return self._mux_for(view).stream(request_id, token_ids, params, cache_salt, continuation)
+
+    def _mux_for(self, view: WorkerView) -> WorkerMux:
+        """The worker's live mux; a new one after the last broke or the worker restarted."""
+        incarnation = view.stats.incarnation if view.stats is not None else None
+        mux = self._muxes.get(view.worker_id)
+        if mux is None or mux.dead is not None or mux.incarnation != incarnation:
+            if mux is not None:
+                mux.close()
+            mux = self._muxes[view.worker_id] = WorkerMux(view.handle, view.worker_id,
+                                                          incarnation, self.replica_id)
+        return mux
+
+    async def _own_stream(self, view: WorkerView, request_id: str, token_ids, params, cache_salt,
+                          continuation=None):
         gen = view.handle.generate.remote(request_id, token_ids, params, cache_salt, continuation)
         complete = False
         try:

@@ -21,6 +21,7 @@ from raypaged.core.engine_core import ERROR
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.outputs import SequenceOutput
 from raypaged.serve.engine_loop import EngineLoop
+from raypaged.serve.output_mux import OutputMux
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class Worker:
         self._streams: dict[str, asyncio.Queue] = {}
         self._seen_stats = None           # the step loop's last published stats, and since when
         self._seen_at = time.monotonic()
+        self._mux = OutputMux(self.generate)  # per-router streams (output_mux.py)
 
     # -- requests --------------------------------------------------------------------------
     async def generate(self, request_id: str, prompt_token_ids: list[int],
@@ -135,6 +137,26 @@ class Worker:
             if remaining:
                 # FIFO inbox: runs after the add_request above even if that is still queued.
                 loop.call_nowait(lambda e: e.abort(request_id))
+
+    # -- the same requests, multiplexed: one stream per router (output_mux.py) ---------------
+    async def submit(self, mux_id: str, request_id: str, prompt_token_ids: list[int],
+                     params: SamplingParams, cache_salt: str | None = None,
+                     continuation: Continuation | None = None) -> None:
+        """Start `generate`; its items go out on the stream `outputs(mux_id)`."""
+        self._mux.submit(mux_id, request_id, prompt_token_ids, params, cache_salt, continuation)
+
+    async def cancel(self, mux_id: str, request_id: str) -> None:
+        """The router left the request: leaving its generate aborts it."""
+        self._mux.cancel(mux_id, request_id)
+
+    async def outputs(self, mux_id: str) -> AsyncIterator[list[tuple[str, object]]]:
+        """[(request_id, batch | Rejected | "end" | WorkerError), ...]: everything ready."""
+        stream = self._mux.stream(mux_id)
+        try:
+            async for items in stream:
+                yield items
+        finally:  # closing it cancels the mux's requests (the router is gone)
+            await stream.aclose()
 
     def abort(self, request_id: str) -> None:
         """A control call: it may run on another thread than generate (its own Ray concurrency

@@ -1,0 +1,166 @@
+"""Serving, raypaged vs vLLM, both measured by vLLM's own benchmark client (`vllm bench serve`).
+
+One run, one machine, one server at a time: `raypaged serve` and, with `--vllm-python`, vLLM's
+OpenAI server (`python -m vllm.entrypoints.openai.api_server`) on the default model, same dtype,
+random prompts (input 256, output 64, ignore_eos, greedy) at each fixed concurrency. Reports
+output tok/s, TTFT and TPOT (mean, p99) per server and the ratios raypaged / vLLM.
+
+    python benchmarks/vs_vllm.py --vllm-python /work/vllm-venv/bin/python
+                                 [--concurrency 1,4,16] [--prompts-per-client 4]
+                                 [--servers raypaged,vllm] [--raypaged-flags "--workers 1"]
+
+The client runs in the vLLM interpreter (benchmarks/vllm_bench_client.py); without
+--vllm-python, vllm must be importable here.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
+from benchmarks.serve_process import free_port, launch, launch_command, stop  # noqa: E402
+
+CLIENT = Path(__file__).resolve().parent / "vllm_bench_client.py"
+SERVED_NAME = "default-model"   # both servers answer to it
+METRICS = ["output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms"]
+
+
+def start_raypaged(model_dir: str, dtype: str, extra: list[str], log: Path):
+    return launch(["--model", model_dir, "--dtype", dtype, "--served-model-name", SERVED_NAME,
+                   "--max-model-len", "1024", *extra], log)
+
+
+def start_vllm(python: str, model_dir: str, dtype: str, log: Path):
+    port = free_port()
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+           "--dtype", dtype, "--served-model-name", SERVED_NAME, "--max-model-len", "1024",
+           "--host", "127.0.0.1", "--port", str(port), "--seed", "0"]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
+    return launch_command(cmd, f"http://127.0.0.1:{port}", log, env)
+
+
+def run_client(python: str, url: str, model_dir: str, concurrency: int, num_prompts: int,
+               args) -> dict:
+    cmd = [python, str(CLIENT), "--backend", "openai", "--endpoint", "/v1/completions",
+           "--base-url", url, "--model", SERVED_NAME, "--tokenizer", model_dir,
+           "--dataset-name", "random", "--random-input-len", str(args.input_len),
+           "--random-output-len", str(args.output_len), "--num-prompts", str(num_prompts),
+           "--max-concurrency", str(concurrency), "--request-rate", "inf", "--ignore-eos",
+           "--temperature", "0", "--seed", str(args.seed), "--num-warmups", str(concurrency),
+           "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+           "--disable-tqdm"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("BENCH_RESULT ")]
+    if not lines:
+        raise RuntimeError(f"vllm bench serve failed:\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
+    return json.loads(lines[-1].split(" ", 1)[1])
+
+
+def bench_server(name: str, start, client_python: str, model_dir: str, args, logs: Path):
+    proc, url = start(logs / f"{name}.log")
+    rows = []
+    try:
+        for c in args.concurrency:
+            n = max(8, args.prompts_per_client * c)
+            r = run_client(client_python, url, model_dir, c, n, args)
+            if r.get("failed"):
+                raise RuntimeError(f"{name}: {r['failed']} of {n} requests failed")
+            rows.append({"server": name, "concurrency": c, "prompts": n,
+                         **{m: r.get(m) for m in METRICS}})
+            print(table(rows[-1:], list(rows[-1])), flush=True)
+    finally:
+        stop(proc)
+    return rows
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    """raypaged / vLLM per concurrency (throughput: > 1 is better; latencies: < 1 is better)."""
+    by = {(r["server"], r["concurrency"]): r for r in rows}
+    out = []
+    for (server, c), ours in by.items():
+        peer = by.get(("vllm", c))
+        if server != "raypaged" or peer is None:
+            continue
+        out.append({"concurrency": c, **{f"{m}_ratio": ours[m] / peer[m] for m in METRICS
+                                         if ours.get(m) and peer.get(m)}})
+    return out
+
+
+def plot(rows: list[dict], name: str) -> None:
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
+    servers = list(dict.fromkeys(r["server"] for r in rows))
+    concs = sorted({r["concurrency"] for r in rows})
+    width = 0.8 / len(servers)
+    for ax, metric, label in zip(axes, ["output_throughput", "mean_tpot_ms", "mean_ttft_ms"],
+                                 ["output tok/s", "mean TPOT (ms)", "mean TTFT (ms)"]):
+        for k, s in enumerate(servers):
+            vals = {r["concurrency"]: r[metric] for r in rows if r["server"] == s}
+            ax.bar([i + k * width for i in range(len(concs))], [vals.get(c, 0) for c in concs],
+                   width, label=s)
+        ax.set_xticks([i + width * (len(servers) - 1) / 2 for i in range(len(concs))],
+                      [f"c={c}" for c in concs])
+        ax.set_title(label)
+    axes[0].legend()
+    fig.suptitle("vllm bench serve: random 256 in / 64 out, same machine, same run")
+    fig.tight_layout()
+    fig.savefig(plot_path(name), dpi=80)
+    print(f"wrote {plot_path(name)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--vllm-python", help="python of a venv with vllm-cpu (client and server)")
+    ap.add_argument("--servers", default="raypaged,vllm")
+    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[1, 4, 16])
+    ap.add_argument("--prompts-per-client", type=int, default=4,
+                    help="prompts per concurrency level = max(8, this x concurrency)")
+    ap.add_argument("--input-len", type=int, default=256)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    ap.add_argument("--raypaged-flags", default="--workers 1",
+                    help="extra `raypaged serve` flags (one string)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--name", default="vs_vllm", help="results file name")
+    args = ap.parse_args()
+
+    import torch
+
+    from raypaged.engine import resolve_dtype_name, resolve_model_dir
+    model_dir = str(resolve_model_dir(None))
+    dtype = resolve_dtype_name(args.dtype, torch.device("cpu"))
+    client_python = args.vllm_python or sys.executable
+    servers = args.servers.split(",")
+    if "vllm" in servers and not args.vllm_python:
+        print("no --vllm-python: vLLM's server is not run")
+        servers.remove("vllm")
+    logs = Path(tempfile.mkdtemp(prefix="vs_vllm-"))
+    starts = {"raypaged": lambda log: start_raypaged(model_dir, dtype,
+                                                     shlex.split(args.raypaged_flags), log),
+              "vllm": lambda log: start_vllm(args.vllm_python, model_dir, dtype, log)}
+    rows = []
+    for s in servers:
+        rows += bench_server(s, starts[s], client_python, model_dir, args, logs)
+    print(f"\n{dtype}, input {args.input_len}, output {args.output_len}, server logs in {logs}")
+    print(table(rows, ["server", "concurrency", "prompts", *METRICS]))
+    rat = ratios(rows)
+    if rat:
+        print("\nraypaged / vLLM")
+        print(table(rat, list(rat[0])))
+    print(f"wrote {write(args.name, {'args': vars(args), 'dtype': dtype, 'rows': rows, 'ratios': rat})}")
+    plot(rows, args.name)
+
+
+if __name__ == "__main__":
+    main()
