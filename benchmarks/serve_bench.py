@@ -151,14 +151,49 @@ def summarize(results: list[Result], duration: float, hits: float, queries: floa
     return out
 
 
+async def running_balance(url: str, stop: asyncio.Event, every_s: float = 0.25) -> list[float]:
+    """Sample /fleet while the load runs: per snapshot with at least one running request per
+    worker, the busiest worker's running requests over the mean across workers."""
+    ratios = []
+    async with httpx.AsyncClient(timeout=30) as client:
+        while not stop.is_set():
+            try:
+                workers = (await client.get(f"{url}/fleet")).json()["workers"]
+            except (httpx.HTTPError, ValueError, KeyError):
+                workers = []
+            running = [w.get("num_running", 0) for w in workers if w.get("state") == "ready"]
+            # fewer running requests than workers leave someone idle whatever the router does
+            if len(running) > 1 and sum(running) >= len(running):
+                ratios.append(max(running) / statistics.fmean(running))
+            try:
+                await asyncio.wait_for(stop.wait(), every_s)
+            except asyncio.TimeoutError:
+                pass
+    return ratios
+
+
+async def run_sampled(url: str, model: str, reqs, ns):
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(running_balance(url, stop))
+    try:
+        results, duration = await run_load(url, model, reqs, ns.max_concurrency,
+                                           ns.request_rate, ns.seed)
+    finally:
+        stop.set()
+    return results, duration, await sampler
+
+
 def bench_url(url: str, reqs, ns) -> dict:
     model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
     hits0, queries0 = prefix_counters(url)
-    results, duration = asyncio.run(run_load(url, model, reqs, ns.max_concurrency,
-                                             ns.request_rate, ns.seed))
+    results, duration, balance = asyncio.run(run_sampled(url, model, reqs, ns))
     time.sleep(1.5)  # one controller poll + one router refresh: the counters catch up
     hits1, queries1 = prefix_counters(url)
-    return summarize(results, duration, hits1 - hits0, queries1 - queries0)
+    out = summarize(results, duration, hits1 - hits0, queries1 - queries0)
+    balance.sort()
+    out["p95_running_max_over_mean"] = (balance[min(len(balance) - 1, int(0.95 * len(balance)))]
+                                        if balance else 0.0)
+    return out
 
 
 def mode_flags(mode: str, ns, prefix_blocks: int) -> list[str]:
@@ -173,10 +208,10 @@ def mode_flags(mode: str, ns, prefix_blocks: int) -> list[str]:
 
 
 # -- main ------------------------------------------------------------------------------------
-COLUMNS = ["mode", "load", "prefix_blocks", "requests", "failed", "request_throughput",
+COLUMNS = ["dataset", "mode", "load", "prefix_blocks", "requests", "failed", "request_throughput",
            "output_throughput", "mean_ttft_ms", "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
            "mean_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2e_ms", "p99_e2e_ms",
-           "prefix_hit_rate", "max_worker_share_over_mean"]
+           "prefix_hit_rate", "max_worker_share_over_mean", "p95_running_max_over_mean"]
 
 
 def parse_args(argv=None):
@@ -187,7 +222,9 @@ def parse_args(argv=None):
                    help="comma list: run the hash mode once per --route-prefix-blocks value")
     p.add_argument("--route-prefix-blocks", type=int, default=4)
     p.add_argument("--route-load-factor", type=float, default=1.25)
-    p.add_argument("--dataset", choices=DATASETS, default="prefix_repetition")
+    p.add_argument("--dataset", default="prefix_repetition",
+                   help=f"one or a comma list of {', '.join(DATASETS)}: each is run in turn, "
+                        "with its own saturation when --loads is given")
     p.add_argument("--turns", type=int, default=4, help="multi_turn: turns per conversation")
     p.add_argument("--num-prompts", type=int, default=96)
     p.add_argument("--max-concurrency", type=int, default=16)
@@ -214,34 +251,20 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     ns = parse_args(argv)
-    reqs = make_dataset(ns)
+    datasets = [d for d in ns.dataset.split(",") if d]
+    for name in datasets:
+        if name not in DATASETS:
+            raise SystemExit(f"unknown dataset {name!r}; choices: {', '.join(DATASETS)}")
     runs = []
-    if ns.url:
-        runs.append({"mode": "url", **bench_url(ns.url, reqs, ns)})
-    else:
-        plan = [(m, ns.route_prefix_blocks) for m in ns.modes.split(",") if m]
-        plan += [("hash_sweep", int(b)) for b in ns.sweep_prefix_blocks.split(",") if b]
-        rates = [(None, ns.request_rate)]
-        if ns.loads:
-            saturated = launch_and_bench("round_robin", ns.route_prefix_blocks, reqs,
-                                         argparse.Namespace(**{**vars(ns), "request_rate":
-                                                               float("inf")}))
-            ns.saturation_rps = saturated["request_throughput"]
-            print(f"-- saturation: {ns.saturation_rps:.3f} requests/s", flush=True)
-            rates = [(float(f), float(f) * ns.saturation_rps) for f in ns.loads.split(",")]
-        for load, rate in rates:
-            for mode, blocks in plan:
-                run_ns = argparse.Namespace(**{**vars(ns), "request_rate": rate})
-                runs.append({"mode": mode, "prefix_blocks": blocks, "load": load,
-                             "request_rate": rate,
-                             **launch_and_bench(mode, blocks, reqs, run_ns)})
-                print(table(runs[-1:], COLUMNS), flush=True)
+    for dataset in datasets:
+        runs += run_dataset(argparse.Namespace(**{**vars(ns), "dataset": dataset}))
     print()
     print(table(runs, COLUMNS))
     summary = {"checks": {}, "lines": []}
-    for load in dict.fromkeys(r.get("load") for r in runs):
-        part = targets([r for r in runs if r.get("load") == load])
-        tag = "" if load is None else f"load {load}: "
+    for dataset, load in dict.fromkeys((r["dataset"], r.get("load")) for r in runs):
+        part = targets([r for r in runs if r["dataset"] == dataset and r.get("load") == load])
+        tag = (f"{dataset}, " if len(datasets) > 1 else "") + ("" if load is None
+                                                                 else f"load {load}: ")
         summary["checks"].update({f"{tag}{k}": v for k, v in part["checks"].items()})
         summary["lines"] += [tag + line for line in part["lines"]]
     for line in summary["lines"]:
@@ -252,6 +275,34 @@ def main(argv=None) -> int:
     plot(runs, plot_path(ns.name))
     print(f"wrote {path} and {plot_path(ns.name)}")
     return 0
+
+
+def run_dataset(ns) -> list[dict]:
+    """Every mode on one dataset, at --request-rate or at each of --loads."""
+    reqs = make_dataset(ns)
+    tag = {"dataset": ns.dataset}
+    if ns.url:
+        return [{"mode": "url", **tag, **bench_url(ns.url, reqs, ns)}]
+    plan = [(m, ns.route_prefix_blocks) for m in ns.modes.split(",") if m]
+    plan += [("hash_sweep", int(b)) for b in ns.sweep_prefix_blocks.split(",") if b]
+    rates = [(None, ns.request_rate)]
+    runs = []
+    if ns.loads:
+        saturated = launch_and_bench("round_robin", ns.route_prefix_blocks, reqs,
+                                     argparse.Namespace(**{**vars(ns), "request_rate":
+                                                           float("inf")}))
+        saturation = saturated["request_throughput"]
+        runs.append({"mode": "saturation", **tag, "load": 1.0, "request_rate": None,
+                     **saturated})
+        print(f"-- {ns.dataset}: saturation {saturation:.3f} requests/s", flush=True)
+        rates = [(float(f), float(f) * saturation) for f in ns.loads.split(",")]
+    for load, rate in rates:
+        for mode, blocks in plan:
+            run_ns = argparse.Namespace(**{**vars(ns), "request_rate": rate})
+            runs.append({"mode": mode, **tag, "prefix_blocks": blocks, "load": load,
+                         "request_rate": rate, **launch_and_bench(mode, blocks, reqs, run_ns)})
+            print(table(runs[-1:], COLUMNS), flush=True)
+    return runs
 
 
 def launch_and_bench(mode: str, blocks: int, reqs, ns) -> dict:
@@ -266,9 +317,13 @@ def launch_and_bench(mode: str, blocks: int, reqs, ns) -> dict:
 
 
 def targets(runs: list[dict]) -> dict:
-    """The issue's targets on the shared-prefix workload, where the runs to compare exist."""
+    """The routing issue's targets, for every policy run beside round robin / one worker."""
     by = {r["mode"]: r for r in runs}
     checks, lines = {}, []
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "MISSED"
+
     for policy in ("hash", "cache_aware"):
         if policy not in by:
             continue
@@ -276,41 +331,53 @@ def targets(runs: list[dict]) -> dict:
         if "single" in by and by["single"]["prefix_hit_rate"]:
             ratio = mine["prefix_hit_rate"] / by["single"]["prefix_hit_rate"]
             checks[f"{policy}_hit_rate_vs_single"] = ratio
-            lines.append(f"hit rate, {policy} / single worker: {ratio:.2f} (target >= 0.95)")
+            lines.append(f"hit rate, {policy} / single worker: {ratio:.2f} "
+                         f"(target >= 0.95: {verdict(ratio >= 0.95)})")
         if "round_robin" in by and mine["mean_ttft_ms"] and mine["mean_e2e_ms"]:
             rr = by["round_robin"]
             for key, target in (("mean_ttft_ms", 2.0), ("mean_e2e_ms", 1.2), ("p99_ttft_ms", 1.0)):
                 ratio = rr[key] / mine[key]
                 checks[f"{policy}_{key}_round_robin_over"] = ratio
-                lines.append(f"{key}, round robin / {policy}: {ratio:.2f}x (target >= {target}: "
-                             f"{'met' if ratio >= target else 'MISSED'})")
+                lines.append(f"{key}, round robin / {policy}: {ratio:.2f}x "
+                             f"(target >= {target}: {verdict(ratio >= target)})")
             ratio = mine["output_throughput"] / rr["output_throughput"]
             checks[f"{policy}_throughput_over_round_robin"] = ratio
-            lines.append(f"output throughput, {policy} / round robin: {ratio:.2f}x (target >= 1.0)")
-        share = mine["max_worker_share_over_mean"]
-        checks[f"{policy}_max_worker_share_over_mean"] = share
-        lines.append(f"requests per worker with {policy}, max / mean: {share:.2f}: "
-                     f"{mine['requests_per_worker']}")
+            lines.append(f"output throughput, {policy} / round robin: {ratio:.2f}x "
+                         f"(target >= 1.0: {verdict(ratio >= 0.995)})")
+        balance = mine["p95_running_max_over_mean"]
+        checks[f"{policy}_p95_running_max_over_mean"] = balance
+        lines.append(f"running requests, busiest worker / mean, p95 of snapshots, {policy}: "
+                     f"{balance:.2f} (target <= 1.5: {verdict(balance <= 1.5)}); requests per "
+                     f"worker: {mine['requests_per_worker']}")
     return {"checks": checks, "lines": lines}
 
 
 def plot(runs: list[dict], path: Path) -> None:
+    """One row per (dataset, load), one panel per figure, one bar per mode."""
     plt = pyplot()
     if plt is None:
         return
-    labels = [r["mode"] + (f"\n{r['prefix_blocks']} blk" if r.get("prefix_blocks") else "")
-              + (f"\nload {r['load']}" if r.get("load") else "") for r in runs]
+    runs = [r for r in runs if r["mode"] != "saturation"]
+    groups = list(dict.fromkeys((r["dataset"], r.get("load")) for r in runs))
     panels = [("mean_ttft_ms", "mean TTFT (ms)"), ("p99_ttft_ms", "p99 TTFT (ms)"),
-              ("prefix_hit_rate", "fleet prefix-cache hit rate"),
+              ("mean_e2e_ms", "mean e2e (ms)"), ("prefix_hit_rate", "prefix-cache hit rate"),
               ("output_throughput", "output tokens/s")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6))
-    for ax, (key, title) in zip(axes, panels):
-        ax.bar(labels, [r[key] for r in runs], color="#4c72b0")
-        ax.set_title(title, fontsize=10)
-        ax.tick_params(axis="x", labelsize=8)
-    fig.suptitle("raypaged serve: routing policies on one workload")
+    fig, axes = plt.subplots(len(groups), len(panels), figsize=(3.4 * len(panels),
+                                                                2.6 * len(groups)),
+                             squeeze=False)
+    for row, (dataset, load) in enumerate(groups):
+        mine = [r for r in runs if (r["dataset"], r.get("load")) == (dataset, load)]
+        labels = [r["mode"] + (f" {r['prefix_blocks']}" if r["mode"] == "hash_sweep" else "")
+                  for r in mine]
+        for col, (key, title) in enumerate(panels):
+            ax = axes[row][col]
+            ax.bar(labels, [r[key] for r in mine], color="#4c72b0")
+            ax.set_title(f"{dataset}" + (f", load {load}" if load else "") + f"\n{title}",
+                         fontsize=8)
+            ax.tick_params(axis="x", labelsize=7, rotation=30)
+    fig.suptitle("raypaged serve: routing policies side by side (one run)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=100)
 
 
 if __name__ == "__main__":
