@@ -102,7 +102,8 @@ def main() -> None:
                 ptx[v.key(), cap] = compile_kernel(v, cap).asm["ptx"]
             except Exception:  # noqa: BLE001 - an fp8 cache on sm_80: a failed build is timed too
                 pass
-            spent[kernel, "total"] += cpu(resource.RUSAGE_SELF) + cpu(resource.RUSAGE_CHILDREN) - start
+            spent[kernel, "total"] += (cpu(resource.RUSAGE_SELF) + cpu(resource.RUSAGE_CHILDREN)
+                                       - start)
             builds[kernel] += 1
     knobs.runtime.add_stages_inspection_hook = None
 
