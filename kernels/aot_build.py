@@ -67,21 +67,25 @@ def cache_key(variant: KernelVariant, capability: int) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 
-def _compile(variant: KernelVariant, capability: int) -> BuildResult:
+def compile_kernel(variant: KernelVariant, capability: int):
+    """triton.compile of one variant for one target: a CompiledKernel, or the compiler's error."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = _jit_function(variant)
-    src = ASTSource(fn, dict(variant.signature), dict(variant.constants),
+    src = ASTSource(_jit_function(variant), dict(variant.signature), dict(variant.constants),
                     {k: [list(a) for a in v] for k, v in variant.attrs})
+    return triton.compile(src, target=GPUTarget("cuda", capability, 32),
+                          options=dict(num_warps=variant.num_warps,
+                                       num_stages=variant.num_stages))
+
+
+def _compile(variant: KernelVariant, capability: int) -> BuildResult:
     log = io.StringIO()
     start = time.perf_counter()
     try:
         with contextlib.redirect_stdout(log):  # TRITON_DUMP_PTXAS_LOG prints ptxas -v here
-            k = triton.compile(src, target=GPUTarget("cuda", capability, 32),
-                               options=dict(num_warps=variant.num_warps,
-                                            num_stages=variant.num_stages))
+            k = compile_kernel(variant, capability)
     except Exception as e:  # noqa: BLE001 - any compiler failure is the result being measured
         # Triton's message opens with the kernel's source; the reason is at the end.
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
