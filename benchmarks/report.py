@@ -22,13 +22,14 @@ def _fmt(v) -> str:
     return "" if v is None else str(v)
 
 
-def write(name: str, payload: dict) -> Path:
+def write(name: str, payload: dict, indent: int | None = 2) -> Path:
+    """benchmarks/results/NAME.json; indent=None for reports of hundreds of rows (size)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     payload = {"benchmark": name, "machine": platform.machine(), "processor": platform.processor(),
                "python": platform.python_version(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
                **payload}
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(payload, indent=2))
+    path.write_text(json.dumps(payload, indent=indent))
     return path
 
 
