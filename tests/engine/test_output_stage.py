@@ -76,7 +76,8 @@ def make_engine(tokenizer, scripts) -> Engine:
     return Engine(core, tokenizer, plan, "scripted", (), runner)  # no EOS: scripts end it
 
 
-def run(engine: Engine, requests: dict[str, SamplingParams], threaded: bool):
+def run(engine: Engine, requests: dict[str, SamplingParams], threaded: bool,
+        prompts: dict[str, list[int]] | None = None):
     """Every request to completion -> ({(request, index): CompletionOutput}, [text deltas])."""
     results: dict[tuple[str, int], CompletionOutput] = {}
     deltas: dict[tuple[str, int], list[str]] = {}
@@ -95,7 +96,7 @@ def run(engine: Engine, requests: dict[str, SamplingParams], threaded: bool):
         engine.start_output_stage(take)
     try:
         for rid, params in requests.items():
-            engine.add_request(rid, [1, 2, 3], params)
+            engine.add_request(rid, (prompts or {}).get(rid, [1, 2, 3]), params)
         while engine.has_unfinished():
             take(engine.step())
         if threaded:
@@ -198,3 +199,28 @@ def test_abort_through_the_stage_ends_every_sample(tok):
     assert finals == [(0, "abort"), (1, "abort")]
     assert [o.new_token_ids for o in got if o.index == 0 and not o.finished] == [(ids[0],), (ids[1],)]
     assert not engine.has_unfinished() and engine.outputs._prompts == {}
+
+
+def test_the_real_model_streams_the_same_through_the_stage(llm):
+    from engine_prompts import PROMPTS
+    tok = llm.get_tokenizer()
+    prompts = {f"p{i}": tok.encode(p) for i, p in enumerate(PROMPTS)}
+    requests = {rid: SamplingParams(max_tokens=24, stop=[" the", ".", "\n"], logprobs=2,
+                                    **({"temperature": 0} if i % 2 else {"seed": i}))
+                for i, rid in enumerate(prompts)}
+    inline = run(llm.engine, requests, threaded=False, prompts=prompts)
+    staged = run(llm.engine, requests, threaded=True, prompts=prompts)
+    # Tokens, text and finish exactly; logprob values to fp32 noise: a stopped sequence stays in
+    # the batch a step longer through the stage, and a different batch shape rounds differently.
+    assert staged[0].keys() == inline[0].keys() and staged[1] == inline[1]
+    for key, want in inline[0].items():
+        got = staged[0][key]
+        assert (got.token_ids, got.text, got.finish_reason, got.stop_reason) == \
+            (want.token_ids, want.text, want.finish_reason, want.stop_reason), key
+        assert [(lp.token_id, lp.rank, [t for t, _ in lp.top]) for lp in got.logprobs] == \
+            [(lp.token_id, lp.rank, [t for t, _ in lp.top]) for lp in want.logprobs], key
+        assert [lp.logprob for lp in got.logprobs] == pytest.approx(
+            [lp.logprob for lp in want.logprobs], abs=1e-4), key
+    assert any(o.finish_reason == "stop" and isinstance(o.stop_reason, str)
+               for o in inline[0].values()), "no stop string ended a request"
+    assert llm.engine.stage is None and not llm.engine.has_unfinished()
