@@ -9,17 +9,23 @@ sequences with 1k-token contexts and 200k cached blocks in the pool. Per step:
     schedule   Scheduler.schedule
     prepare    the runner's input preparation (token ids, positions, block tables, slots)
     sample     the sampler (device work: on this CPU-only machine it runs on the CPU)
+    update     applying the sampled tokens in core (Scheduler.update)
     detok      incremental detokenization and stop-string checks
-    output     applying the sampled tokens (Scheduler.update) and building the step's outputs
+    output     the rest of building the step's outputs (OutputProcessor.process less detok)
     stats      engine.stats(), which the serving loop publishes after every step
     other      the rest of the host's work (the runner's bookkeeping around the model and sampler)
     host       everything but the model and the sampler: the figure the targets bound
     wall       the whole step, as a caller of Engine.step() + stats() sees it
 
+Each configuration runs twice: `inline` (Engine.step detokenizes before returning, as the
+offline LLM does) and `thread` (the serving default, --output-thread: the step hands the token
+ids to the output stage's thread, so detok and output run beside the next step, not in it).
+
 Targets (issue 14): host <= 1 ms at 64 sequences and <= 3 ms at 256; with a 10 ms device step,
 wall <= 1.1 x 10 ms at 256; stats cost independent of the number of cached blocks.
 
     python benchmarks/host_overhead.py [--steps 20] [--device-ms 0,10] [--threads 1]
+                                       [--stage inline,thread]
 """
 from __future__ import annotations
 
@@ -122,10 +128,13 @@ def build(running: int, steps: int, tokenizer, device_ms: float) -> Engine:
     return Engine(core, tokenizer, plan, "stand-in", mcfg.eos_token_ids, runner)
 
 
-def measure(running: int, steps: int, device_ms: float, tokenizer) -> dict:
+def measure(running: int, steps: int, device_ms: float, tokenizer, stage: str) -> dict:
     engine = build(running, steps, tokenizer, device_ms)
     model = engine.runner.model
     vocab = len(tokenizer)
+    staged: list = []  # outputs the stage thread produced
+    if stage == "thread":
+        engine.start_output_stage(staged.extend)
     params = SamplingParams(max_tokens=None, ignore_eos=True)  # the API default: temperature 1
     for i in range(running):
         prompt = [(i * 7919 + j * 31) % vocab for j in range(CONTEXT)]
@@ -133,6 +142,9 @@ def measure(running: int, steps: int, device_ms: float, tokenizer) -> dict:
     model.device_ms, model.vocab = 0, 1
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.core.scheduler.requests.values()):
         engine.step()  # prefill everyone at no device cost: the measured steps are pure decode
+    if engine.stage is not None:
+        assert engine.stage.drain(timeout=600)
+        staged.clear()
     model.device_ms, model.vocab = device_ms, VOCAB
 
     sched, runner = engine.core.scheduler, engine.runner
@@ -141,7 +153,7 @@ def measure(running: int, steps: int, device_ms: float, tokenizer) -> dict:
     runner.prepare = timed(runner.prepare, "prepare")
     runner.sampler = TimedSampler(runner.sampler)
     model.forward = timed(model.forward, "device")
-    engine._outputs = timed(engine._outputs, "outputs")  # includes detok
+    engine.outputs.process = timed(engine.outputs.process, "outputs")  # includes detok
     add = IncrementalDetokenizer.add
     IncrementalDetokenizer.add = timed(add, "detok")
     TIMES.clear()
@@ -154,17 +166,26 @@ def measure(running: int, steps: int, device_ms: float, tokenizer) -> dict:
             engine.stats()
             TIMES["stats"] += time.perf_counter()
             walls.append(time.perf_counter() - t0)
-            assert len(outs) == running, "every sequence decodes every measured step"
+            assert len(outs) == (running if stage == "inline" else 0)
+        if engine.stage is not None:
+            assert engine.stage.drain(timeout=600)
+            outs = staged
+        assert len(outs) == running * (steps if stage == "thread" else 1), \
+            "every sequence decodes every measured step"
     finally:
         IncrementalDetokenizer.add = add
+        engine.stop_output_stage()
     ms = {k: v * 1000 / steps for k, v in TIMES.items()}
     wall = statistics.fmean(walls) * 1000
-    row = {"running": running, "device_ms": device_ms, "schedule": ms["schedule"],
-           "prepare": ms["prepare"], "sample": ms["sample"], "detok": ms["detok"],
-           "output": ms["update"] + ms["outputs"] - ms["detok"], "stats": ms["stats"]}
+    row = {"running": running, "device_ms": device_ms, "stage": stage,
+           "schedule": ms["schedule"], "prepare": ms["prepare"], "sample": ms["sample"],
+           "update": ms["update"], "detok": ms["detok"], "output": ms["outputs"] - ms["detok"],
+           "stats": ms["stats"]}
     row["host"] = wall - ms["device"] - ms["sample"]
     row["wall"] = wall
-    row["other"] = row["host"] - sum(row[p] for p in ("schedule", "prepare", "detok", "output", "stats"))
+    # the phases on the step thread; with the stage, detok and output run on its thread
+    on_step = ["schedule", "prepare", "update", "stats"] + (["detok", "output"] if stage == "inline" else [])
+    row["other"] = row["host"] - sum(row[p] for p in on_step)
     row["wall_p99"] = sorted(walls)[min(len(walls) - 1, int(len(walls) * 0.99))] * 1000
     return row
 
@@ -189,6 +210,8 @@ def main() -> None:
     ap.add_argument("--running", default="1,64,256")
     ap.add_argument("--device-ms", default="0,10", help="stand-in device time per forward, ms")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (the sampler's)")
+    ap.add_argument("--stage", default="inline,thread",
+                    help="where outputs are detokenized: inline (in the step), thread (the stage)")
     ap.add_argument("--name", default="host_overhead", help="results file name (before/after runs)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -196,11 +219,13 @@ def main() -> None:
 
     from raypaged.model.default_model import default_model_dir
     tokenizer = AutoTokenizer.from_pretrained(str(default_model_dir()))
-    rows = [measure(n, args.steps, float(d), tokenizer)
-            for d in args.device_ms.split(",") for n in map(int, args.running.split(","))]
-    cols = ["running", "device_ms", "schedule", "prepare", "sample", "detok", "output", "stats",
-            "other", "host", "wall", "wall_p99"]
-    print("ms per decode step (sample = device work, on the CPU here; host = wall - device - sample)")
+    rows = [measure(n, args.steps, float(d), tokenizer, stage)
+            for d in args.device_ms.split(",") for n in map(int, args.running.split(","))
+            for stage in args.stage.split(",")]
+    cols = ["running", "device_ms", "stage", "schedule", "prepare", "sample", "update", "detok",
+            "output", "stats", "other", "host", "wall", "wall_p99"]
+    print("ms per decode step (sample = device work, on the CPU here; host = wall - device - sample;"
+          " stage=thread: detok and output ran on the output stage's thread, off the step)")
     print(table(rows, cols))
     stats_us = {n: stats_cost(n) for n in (0, CACHED_BLOCKS)}
     print(f"count_by_state: {stats_us[0]:.2f} us with 0 cached blocks, "
@@ -209,11 +234,13 @@ def main() -> None:
     for n, limit in ((64, 1.0), (256, 3.0)):
         for r in rows:
             if r["running"] == n:
-                verdicts.append(f"host <= {limit} ms at {n} seqs, device {r['device_ms']:g} ms: "
+                verdicts.append(f"host <= {limit} ms at {n} seqs, device {r['device_ms']:g} ms, "
+                                f"{r['stage']}: "
                                 f"{r['host']:.2f} ms ({'met' if r['host'] <= limit else 'MISSED'})")
     for r in rows:
         if r["running"] == 256 and r["device_ms"] == 10:
-            verdicts.append(f"wall <= 11 ms at 256 seqs with a 10 ms device step: {r['wall']:.2f} ms "
+            verdicts.append(f"wall <= 11 ms at 256 seqs with a 10 ms device step, {r['stage']}: "
+                            f"{r['wall']:.2f} ms "
                             f"({'met' if r['wall'] <= 11 else 'MISSED'}; sampling alone is "
                             f"{r['sample']:.1f} ms on this CPU)")
     print("\n".join(verdicts))
@@ -223,12 +250,12 @@ def main() -> None:
     plt = pyplot()
     if plt is None:
         return
-    fig, ax = plt.subplots(figsize=(7, 3.8))
-    phases = ["schedule", "prepare", "detok", "output", "stats"]
-    labels = [f"{r['running']} seqs\n{r['device_ms']:g} ms dev" for r in rows]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    phases = ["schedule", "prepare", "update", "detok", "output", "stats"]
+    labels = [f"{r['running']}, {r['device_ms']:g} ms\n{r['stage']}" for r in rows]
     bottom = [0.0] * len(rows)
-    for p in phases:
-        vals = [r[p] for r in rows]
+    for p in phases:  # only the step thread's phases: the stage's detok and output are off it
+        vals = [r[p] if r["stage"] == "inline" or p not in ("detok", "output") else 0.0 for r in rows]
         ax.bar(labels, vals, bottom=bottom, label=p)
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_ylabel("host ms / step (excl. model, sampler)")

@@ -51,6 +51,9 @@ class EngineArgs:
     attention_backend: str | None = setting(None, "default: triton on CUDA, torch elsewhere",
                                             group=SCHEDULER, choices=("torch", "triton"))
     enforce_eager: bool = setting(False, "no CUDA graphs", group=SCHEDULER)
+    output_thread: bool = setting(
+        True, "serving: detokenize and check stop strings on a thread of their own, off the step "
+        "loop (offline generate always does it in line)", group=SCHEDULER)
     device: str | None = setting(None, "torch device; default: cuda if available, else cpu",
                                  group=SCHEDULER, cli=False, serve=False)
     num_threads: int | None = setting(

@@ -8,16 +8,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from raypaged.config import EngineArgs, KVPlan, KVShape, plan_kv_cache
 from raypaged.core.contracts import Continuation, EngineStats, RequestDelta
-from raypaged.core.engine_core import ERROR, EngineCore
+from raypaged.core.engine_core import EngineCore
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.scheduler import Scheduler
-from raypaged.detokenizer import IncrementalDetokenizer
 from raypaged.model.onednn_cache import bound_kernel_caches
+from raypaged.output_processor import OutputProcessor
+from raypaged.output_stage import OutputStage
 from raypaged.outputs import SequenceOutput
 
 log = logging.getLogger(__name__)
@@ -75,18 +77,12 @@ def plan_for(args: EngineArgs) -> KVPlan:
     return plan_kv_cache(shape, args, max_len, free)
 
 
-class _Sequence:
-    """Tokenizer-side state of one sample of one request."""
-
-    __slots__ = ("request_id", "index", "detok", "num_prompt_tokens")
-
-    def __init__(self, request_id: str, index: int, detok: IncrementalDetokenizer, n_prompt: int):
-        self.request_id, self.index, self.detok, self.num_prompt_tokens = request_id, index, detok, n_prompt
-
-
 class Engine:
+    """EngineCore plus the tokenizer side. Outputs come back from `step()` / `abort()` (in line),
+    or, once `start_output_stage(sink)` has run, from the output stage's thread to `sink`."""
+
     def __init__(self, core: EngineCore, tokenizer, plan: KVPlan, model_name: str,
-                 eos_token_ids: tuple[int, ...], runner=None) -> None:
+                 eos_token_ids: tuple[int, ...], runner=None, output_thread: bool = False) -> None:
         self.core = core
         self.tokenizer = tokenizer
         self.plan = plan
@@ -95,8 +91,21 @@ class Engine:
         self.block_size = plan.block_size
         self.eos_token_ids = eos_token_ids
         self.runner = runner
-        self._seqs: dict[str, _Sequence] = {}    # core sequence id -> state
-        self._prompts: dict[str, tuple[list[int], SamplingParams]] = {}  # for forked samples
+        self.output_thread = output_thread  # whether serving should start the output stage
+        self.outputs = OutputProcessor(tokenizer)
+        self.stage: OutputStage | None = None
+
+    def start_output_stage(self, sink: Callable[[list[SequenceOutput]], None]) -> None:
+        """From now on detokenize on a thread of its own: step() and abort() return [] and every
+        output goes to sink, called on that thread. The caller (the serving step thread) must
+        be the only thread calling this engine's other methods."""
+        assert self.stage is None and not self.core.has_unfinished(), "start before any request"
+        self.stage = OutputStage(self.outputs, sink)
+
+    def stop_output_stage(self) -> None:
+        if self.stage is not None:
+            self.stage.stop()
+            self.stage = None
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     cache_salt: str | None = None, continuation: Continuation | None = None) -> None:
@@ -104,7 +113,9 @@ class Engine:
         A continuation resumes one sample begun on another engine (serving's failover)."""
         if not isinstance(request_id, str) or not request_id or "#" in request_id:
             raise ValueError(f"request_id must be a non-empty string without '#', got {request_id!r}")
-        if request_id in self._prompts:
+        # With an output stage this reads the stage thread's map; a dict lookup is atomic, and
+        # a request id the stage is about to forget is one core has finished with anyway.
+        if self.outputs.tracks(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
         # Re-check here whatever the caller validated: nothing unchecked reaches step().
         if not isinstance(params, SamplingParams):
@@ -121,67 +132,46 @@ class Engine:
         if continuation is not None and any(
                 not isinstance(t, int) or not 0 <= t < vocab for t in continuation.output_token_ids):
             raise ValueError(f"continuation token ids must be integers in [0, {vocab})")
-        self.core.add_request(request_id, list(prompt_token_ids), params, eos, cache_salt,
-                              continuation)
-        self._prompts[request_id] = (list(prompt_token_ids), params)
-        seq = self._track(request_id, request_id, continuation.sample_index if continuation else 0)
+        prompt = list(prompt_token_ids)
+        self.core.add_request(request_id, prompt, params, eos, cache_salt, continuation)
+        detok = self.outputs.detokenizer(prompt, params)
         if continuation is not None:
-            try:
-                seq.detok.resume(continuation.output_token_ids, continuation.text_chars)
+            try:  # here, not on the stage: the caller learns at once that it does not fit
+                detok.resume(continuation.output_token_ids, continuation.text_chars)
             except ValueError:
-                self.abort(request_id)
+                self.core.abort(request_id)  # nothing tracks it yet: its deltas go nowhere
                 raise
-
-    def _track(self, seq_id: str, request_id: str, index: int) -> _Sequence:
-        prompt, params = self._prompts[request_id]
-        detok = IncrementalDetokenizer(self.tokenizer, prompt, params.stop,
-                                       params.include_stop_str_in_output)
-        seq = self._seqs[seq_id] = _Sequence(request_id, index, detok, len(prompt))
-        return seq
+        index = continuation.sample_index if continuation else 0
+        if self.stage is None:
+            self.outputs.add(request_id, prompt, params, index, detok)
+        else:
+            self.stage.add(request_id, prompt, params, index, detok)
 
     def step(self) -> list[SequenceOutput]:
-        return self._outputs(self.core.step())
-
-    def _outputs(self, deltas: list[RequestDelta]) -> list[SequenceOutput]:
-        for d in deltas:
-            if d.request_id not in self._seqs:  # a forked sample seen for the first time
-                # Track every new sample before any finish is handled: when all samples end in
-                # the step that forks them (max_tokens=1, say), core has already dropped the
-                # group, and forgetting the first one would drop the prompt its siblings need.
-                self._track(d.request_id, d.parent_id, d.sample_index)
-        outs = []
-        for d in deltas:
-            seq = self._seqs[d.request_id]
-            finish, stop_reason = d.finish_reason, d.stop_reason
-            try:
-                text = seq.detok.add(d.new_token_ids, finished=finish is not None)
-            except Exception as exc:  # noqa: BLE001 - this sample's text failed, not the engine
-                if finish is None:
-                    self.core.abort(d.request_id, ERROR, with_samples=False)
-                text, finish = "", ERROR
-                stop_reason = f"the request failed in the detokenizer: {type(exc).__name__}: {exc}"
-            if seq.detok.stop_reason is not None and finish in (None, "length"):
-                if finish is None:  # still running in core: end this sample only
-                    self.core.abort(d.request_id, "stop", with_samples=False)
-                finish, stop_reason = "stop", seq.detok.stop_reason
-            outs.append(SequenceOutput(
-                request_id=seq.request_id, index=seq.index, new_token_ids=d.new_token_ids,
-                new_text=text, new_logprobs=d.new_logprobs, finish_reason=finish,
-                stop_reason=stop_reason, num_prompt_tokens=seq.num_prompt_tokens,
-                num_cached_tokens=d.num_cached_tokens))
-            if finish is not None:
-                self._forget(d.request_id, seq.request_id)
-        return outs
-
-    def _forget(self, seq_id: str, request_id: str) -> None:
-        del self._seqs[seq_id]
-        if not any(s.request_id == request_id for s in self._seqs.values()) \
-                and not self.core.has_samples(request_id):
-            self._prompts.pop(request_id, None)
+        if self.stage is not None:
+            self._apply_stage_aborts()
+        return self._emit(self.core.step())
 
     def abort(self, request_id: str) -> list[SequenceOutput]:
         """Finish a request and all its samples now, in any state, freeing their blocks."""
-        return self._outputs(self.core.abort(request_id))
+        return self._emit(self.core.abort(request_id))
+
+    def _emit(self, deltas: list[RequestDelta]) -> list[SequenceOutput]:
+        if self.stage is not None:
+            self.stage.submit(deltas)
+            return []
+        outs, aborts = self.outputs.process(deltas)
+        for seq_id, reason in aborts:  # in line: core hears of a stop string before the next step
+            dropped, more = self.outputs.process(self.core.abort(seq_id, reason, with_samples=False))
+            assert not dropped and not more, "a sequence ended by the processor has no more outputs"
+        return outs
+
+    def _apply_stage_aborts(self) -> None:
+        """Sequences the output stage ended (stop strings) leave core before the next step."""
+        aborts = self.stage.aborts
+        while aborts:
+            seq_id, reason = aborts.popleft()
+            self.stage.submit(self.core.abort(seq_id, reason, with_samples=False))
 
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
@@ -209,7 +199,7 @@ def build_engine(args: EngineArgs) -> Engine:
     core, plan, runner = assemble_core(model, mcfg, args, device)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     name = args.model or "SmolLM2-135M-Instruct"
-    return Engine(core, tokenizer, plan, name, mcfg.eos_token_ids, runner)
+    return Engine(core, tokenizer, plan, name, mcfg.eos_token_ids, runner, args.output_thread)
 
 
 def assemble_core(model, mcfg, args: EngineArgs, device: torch.device):

@@ -10,6 +10,11 @@ commands to an inbox, and the step thread runs them between steps:
                                         step() if there is work, else sleep until woken
     on_outputs(outputs) <──────────     hand the step's outputs to the event loop
                                         publish engine.stats() (read by stats(), never blocks)
+
+With the engine's output stage (`output_thread`, raypaged/output_stage.py), step() only hands
+the step's token ids over, and the stage's thread detokenizes them and posts the outputs to the
+event loop itself: the step thread goes straight on to the next step. Engines without one (the
+serving tests' fake) return their outputs from step() as before.
 """
 from __future__ import annotations
 
@@ -33,6 +38,8 @@ class EngineLoop:
         self._wake = threading.Event()
         self._alive = True
         self.stats = engine.stats()      # the latest snapshot; replaced, never mutated
+        if getattr(engine, "output_thread", False):
+            engine.start_output_stage(lambda outputs: self._post(self._on_outputs, outputs))
         self._thread = threading.Thread(target=self._run, name="raypaged-step-loop", daemon=True)
         self._thread.start()
 
@@ -52,6 +59,8 @@ class EngineLoop:
         self._alive = False
         self._wake.set()
         self._thread.join(timeout=10)
+        if getattr(self.engine, "stage", None) is not None:
+            self.engine.stop_output_stage()
 
     # -- the step thread ---------------------------------------------------------------------
     def _run(self) -> None:

@@ -23,7 +23,9 @@ def _live() -> Counter:
 
 def _engine_maps(engine) -> dict[str, int]:
     s = engine.core.scheduler
-    return {"engine._seqs": len(engine._seqs), "engine._prompts": len(engine._prompts),
+    out = engine.outputs
+    return {"outputs._seqs": len(out._seqs), "outputs._prompts": len(out._prompts),
+            "outputs._ended_here": len(out._ended_here),
             "scheduler.requests": len(s.requests), "scheduler.children": len(s.children),
             "scheduler.waiting": len(s.waiting), "scheduler.running": len(s.running),
             "kv.tables": len(s.kv.tables), "kv.block_ids": len(s.kv.block_ids),
@@ -50,7 +52,7 @@ def _run_mixed(engine, rng: random.Random, tag: str, count: int) -> int:
                 engine.abort(rid)
         engine.step()
         step += 1
-        for rid in [r for r in live if r not in engine._prompts]:
+        for rid in [r for r in live if not engine.outputs.tracks(r)]:
             del live[rid]
             finished += 1
     return finished

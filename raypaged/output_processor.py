@@ -1,0 +1,106 @@
+"""OutputProcessor: the engine's token ids -> text deltas, stop strings and finish reasons.
+
+Single-threaded state: either `Engine.step` calls it in line, or the output stage
+(output_stage.py) runs it on its own thread while the step thread goes on to the next step.
+Either way it sees every RequestDelta of every sequence in order, and its results are the same.
+
+A stop string is found here, after core has already sampled the token that completes it, so the
+sequence may still be running in core. `process` then ends the sample in its outputs at once and
+returns the core abort to perform; until core's own final delta for that sequence arrives, any
+further deltas of it (tokens sampled after the stop, when the abort comes a step late) are
+dropped, so the outputs never carry tokens, logprobs or text past the stop.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from raypaged.core.contracts import RequestDelta
+from raypaged.core.engine_core import ERROR
+from raypaged.core.sampling_params import SamplingParams
+from raypaged.detokenizer import IncrementalDetokenizer
+from raypaged.outputs import SequenceOutput
+
+
+class _Sequence:
+    """Tokenizer-side state of one sample of one request."""
+
+    __slots__ = ("request_id", "index", "detok", "num_prompt_tokens")
+
+    def __init__(self, request_id: str, index: int, detok: IncrementalDetokenizer, n_prompt: int):
+        self.request_id, self.index, self.detok, self.num_prompt_tokens = request_id, index, detok, n_prompt
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._seqs: dict[str, _Sequence] = {}    # core sequence id -> state
+        self._prompts: dict[str, tuple[list[int], SamplingParams]] = {}  # for forked samples
+        # Sequences this processor finished (stop string, detokenizer error) whose final delta
+        # from core has not arrived yet: their later deltas are dropped.
+        self._ended_here: set[str] = set()
+
+    def detokenizer(self, prompt: Sequence[int], params: SamplingParams) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self.tokenizer, prompt, params.stop,
+                                      params.include_stop_str_in_output)
+
+    def add(self, request_id: str, prompt: list[int], params: SamplingParams, index: int,
+            detok: IncrementalDetokenizer) -> None:
+        """Track a new request's first sample (index), with its detokenizer made by
+        `detokenizer()` (and resumed, for a continuation)."""
+        self._prompts[request_id] = (prompt, params)
+        self._seqs[request_id] = _Sequence(request_id, index, detok, len(prompt))
+
+    def tracks(self, request_id: str) -> bool:
+        return request_id in self._prompts
+
+    def process(self, deltas: Sequence[RequestDelta]
+                ) -> tuple[list[SequenceOutput], list[tuple[str, str]]]:
+        """This step's deltas -> (outputs, core aborts to perform as (sequence id, reason))."""
+        for d in deltas:
+            if d.request_id not in self._seqs and d.request_id not in self._ended_here:
+                # A forked sample seen for the first time. Track every new sample before any
+                # finish is handled: when all samples end in the step that forks them
+                # (max_tokens=1, say), forgetting the first would drop the prompt the others need.
+                self._track(d.request_id, d.parent_id, d.sample_index)
+        outs, aborts = [], []
+        for d in deltas:
+            if d.request_id in self._ended_here:
+                if d.finish_reason is not None:  # core's last word on it: nothing more comes
+                    self._ended_here.discard(d.request_id)
+                continue
+            seq = self._seqs[d.request_id]
+            finish, stop_reason = d.finish_reason, d.stop_reason
+            try:
+                text = seq.detok.add(d.new_token_ids, finished=finish is not None)
+            except Exception as exc:  # noqa: BLE001 - this sample's text failed, not the engine
+                text, finish = "", ERROR
+                stop_reason = f"the request failed in the detokenizer: {type(exc).__name__}: {exc}"
+                if d.finish_reason is None:
+                    aborts.append((d.request_id, ERROR))
+            if seq.detok.stop_reason is not None and finish in (None, "length"):
+                if finish is None:  # still running in core: end this sample only
+                    aborts.append((d.request_id, "stop"))
+                finish, stop_reason = "stop", seq.detok.stop_reason
+            if finish is not None and d.finish_reason is None:
+                self._ended_here.add(d.request_id)
+            outs.append(SequenceOutput(
+                request_id=seq.request_id, index=seq.index, new_token_ids=d.new_token_ids,
+                new_text=text, new_logprobs=d.new_logprobs, finish_reason=finish,
+                stop_reason=stop_reason, num_prompt_tokens=seq.num_prompt_tokens,
+                num_cached_tokens=d.num_cached_tokens))
+            if finish is not None:
+                self._forget(d.request_id, seq.request_id)
+        return outs, aborts
+
+    def _track(self, seq_id: str, request_id: str, index: int) -> None:
+        prompt, params = self._prompts[request_id]
+        self._seqs[seq_id] = _Sequence(request_id, index, self.detokenizer(prompt, params),
+                                       len(prompt))
+
+    def _forget(self, seq_id: str, request_id: str) -> None:
+        # Core forks all n samples in one step, and this processor tracks all of a step's new
+        # samples before handling any finish, so once no sample of the request is tracked here,
+        # none will come: the prompt can go.
+        del self._seqs[seq_id]
+        if not any(s.request_id == request_id for s in self._seqs.values()):
+            self._prompts.pop(request_id, None)
