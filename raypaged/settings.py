@@ -35,6 +35,14 @@ def setting(default: Any, help: str, *, group: str, choices: tuple | None = None
         "cli": cli, "serve": serve})
 
 
+def same_setting(cls, name: str, *, group: str) -> Any:
+    """The setting `name` of `cls` again, for another settings class whose flag means the same
+    thing (`raypaged batch --workers` is `raypaged serve --workers`): default, bounds, choices
+    and help stay defined once, in `cls`; only the help group differs."""
+    f = cls.__dataclass_fields__[name]
+    return field(default=f.default, metadata={**f.metadata, "group": group})
+
+
 def settings_of(cls) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
 

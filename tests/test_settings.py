@@ -84,3 +84,15 @@ def test_the_readme_names_every_flag():
                for f in settings_of(cls)
                if f.metadata["cli"] and flag(f.name) not in readme]
     assert missing == []
+
+
+def test_batch_reuses_the_serve_fleet_settings_under_its_own_group():
+    serve_fields = {f.name: f for f in dataclasses.fields(ServeOptions)}
+    for name in ("workers", "cpus_per_worker", "gpus_per_worker"):
+        batch, serve = BatchOptions.__dataclass_fields__[name], serve_fields[name]
+        assert batch.default == serve.default, name
+        assert {**batch.metadata, "group": None} == {**serve.metadata, "group": None}, name
+        assert batch.metadata["group"] == "batch"
+    with pytest.raises(ValueError, match="workers must be a positive integer, got 0"):
+        BatchOptions(workers=0)
+    assert BatchOptions().group_prefix_blocks == ServeOptions().route_prefix_blocks == 4
