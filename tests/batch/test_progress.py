@@ -1,0 +1,35 @@
+"""Progress log lines (what `ray job logs` shows), the summary, and the exit status when the job
+cannot start: no Ray, no engine."""
+from __future__ import annotations
+
+from raypaged.batch import progress as progress_module
+from raypaged.batch.progress import BatchSummary, Progress
+from raypaged.cli import main
+
+USAGE = {"prompt_tokens": 100, "completion_tokens": 10,
+         "prompt_tokens_details": {"cached_tokens": 75}}
+
+
+def test_a_plain_line_every_interval_with_rows_failures_tok_s_and_eta(monkeypatch, capsys):
+    now = [1000.0]
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: now[0])
+    p = Progress(rows=10, skipped=2, interval_s=5.0, tty=False)
+    now[0] += 2.0
+    p.row_done(True, USAGE)        # 2 s in: before the interval, no line
+    assert capsys.readouterr().out == ""
+    now[0] += 3.0
+    p.row_done(False)              # 5 s in: 2 rows answered now, 4 of 10 done, 2 rows/5 s
+    assert capsys.readouterr().out == (
+        "raypaged batch: 4/10 rows (40%), 1 failed, 2.0 output tok/s, ETA 0m15s\n")
+    summary = p.finish(startup_s=7.0)
+    assert summary == BatchSummary(rows=10, skipped=2, completed=1, failed=1, prompt_tokens=100,
+                                   completion_tokens=10, cached_tokens=75, wall_s=5.0,
+                                   startup_s=7.0)
+    assert (summary.output_tokens_per_s, summary.prefix_hit_rate) == (2.0, 0.75)
+    assert "prefix cache hit 75.0% of prompt tokens (75 cached)" in summary.report()
+
+
+def test_a_missing_input_exits_2_before_ray_starts(tmp_path, capsys):
+    assert main(["batch", str(tmp_path / "missing.jsonl"), str(tmp_path / "out.jsonl")]) == 2
+    assert capsys.readouterr().err == f"error: input file {tmp_path / 'missing.jsonl'} does not exist\n"
+    assert not (tmp_path / "out.jsonl").exists()
