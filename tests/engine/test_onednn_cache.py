@@ -1,4 +1,5 @@
-"""The oneDNN kernel-cache bound: set before the first matmul, refused when it would crash."""
+"""The oneDNN kernel-cache bound: set before the first matmul (build_engine sets it before the
+model loads), refused when it would crash."""
 from __future__ import annotations
 
 import os
@@ -27,3 +28,27 @@ def test_capacity_zero_is_refused_with_the_fix():
     # ideep's LRU cache segfaults at capacity 0: refuse it before it reaches the library
     with pytest.raises(ValueError, match=r"onednn_cache_capacity must be >= 1, got 0: use 1"):
         bound_kernel_caches(0)
+
+
+def test_build_engine_bounds_the_caches_before_the_model_runs(monkeypatch, tmp_path):
+    # The libraries read the capacity at their first primitive: the bound must be in the
+    # environment by the time the model is loaded (its first forward can follow at once).
+    import raypaged.model.loader as loader
+    from raypaged.config import EngineArgs
+    from raypaged.engine import build_engine
+
+    for name in CACHE_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    seen = {}
+
+    class Loaded(Exception):
+        pass
+
+    def load_model(*_args, **_kw):
+        seen.update({name: os.environ.get(name) for name in CACHE_ENV_VARS})
+        raise Loaded
+
+    monkeypatch.setattr(loader, "load_model", load_model)
+    with pytest.raises(Loaded):
+        build_engine(EngineArgs(model=str(tmp_path), onednn_cache_capacity=48))
+    assert seen == {"LRU_CACHE_CAPACITY": "48", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "48"}
