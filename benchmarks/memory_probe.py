@@ -17,6 +17,7 @@ LD_PRELOAD) runs the same seeded workload in a fresh child process, one after an
 
     python benchmarks/memory_probe.py [--minutes 2.5] [--configs 1024,128,128+tcmalloc,128+jemalloc]
     python benchmarks/memory_probe.py --cache-cost    # what one new shape costs oneDNN's caches
+                                                      # (benchmarks/results/memory_probe_cache_cost.json)
 
 The allocators come from Debian (libtcmalloc-minimal4, libjemalloc2); a missing one is skipped.
 """
@@ -228,6 +229,7 @@ def main() -> None:
     if args.cache_cost:
         rows = kernel_cache_cost()
         print(table(rows, list(rows[0])))
+        print(f"wrote {write('memory_probe_cache_cost', {'rows': rows})}")
         return
     libs = {"tcmalloc": "libtcmalloc_minimal", "jemalloc": "libjemalloc"}
     rows, runs = [], {}

