@@ -1,23 +1,13 @@
 """fp8 (e4m3) KV cache: top-1 agreement with the full-precision cache, teacher-forced."""
-from raypaged import LLM, SamplingParams
-from raypaged.core.contracts import ScheduledBatch, ScheduledRequest
+import sys
+from pathlib import Path
+
+from raypaged import LLM
 
 from engine_prompts import PROMPTS
 
-
-def teacher_forced_top1(llm, ids, chunk=16):
-    """Prefill `ids` in chunks through the paged cache (so every chunk reads the earlier ones back
-    from the cache) and return the argmax prediction at every position."""
-    runner = llm.engine.runner
-    bs = llm.engine.block_size
-    table = list(range(-(-len(ids) // bs)))  # the engine is idle and owns these blocks exclusively
-    preds = []
-    for start in range(0, len(ids), chunk):
-        sr = ScheduledRequest("tf", ids[start:start + chunk], start, table, 0, SamplingParams(), ids, [])
-        input_ids, positions, meta = runner.prepare(ScheduledBatch((sr,)))
-        hidden = runner.model(input_ids, positions, runner.kv_caches, meta)
-        preds += runner.model.compute_logits(hidden).argmax(-1).tolist()
-    return preds
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/ runs from the checkout
+from benchmarks.fp8_kv_agreement import teacher_forced_top1  # noqa: E402
 
 
 def test_fp8_cache_agrees_on_at_least_95_percent_of_positions(default_model_dir, hf_greedy, llm):
