@@ -7,8 +7,9 @@ compiled matmul primitives keyed by the exact input shape, ~0.6 MiB per shape (i
 every mixed prefill/decode step a new token count, so each step adds ~4 entries (qkv, o,
 gate_up, down share one token count) until ~0.6 GiB per worker is held by kernels of shapes
 that never come back. A small LRU keeps the shapes that do come back (decode steps of the
-current batch sizes); a miss costs ~1.3-2 ms per linear shape on an idle core, once per step,
-not per layer.
+current batch sizes); a miss costs building the primitive, once per new shape and step, not per
+layer (`memory_probe.py --cache-cost`: 2.3 vs 0.45 ms per matmul at 1-64 tokens, miss vs hit, on a
+shared machine; benchmarks/results/memory_probe_cache_cost.json).
 
 Both libraries read their capacity once, at their first primitive: set it before the process's
 first bf16 matmul (build_engine does, before the model runs). fp32 linears go through MKL, which
