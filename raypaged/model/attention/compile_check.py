@@ -15,9 +15,9 @@ by kernels/aot_build.py in parallel, the frontend shared between targets (one AS
 from sm_80's TTGIR; a sample also built per target from the AST must match byte for byte), and
 cached by source hash.
 
-Profiles: "full" is all of it (1,728 builds, about 1,050 CPU s cold with the shared frontend, an
-estimate: over what CI can spend; README "Profiles").
-"ci" (what `make test` runs: 232 kernels, 696 builds, about 390 CPU s cold) keeps, for every
+Profiles: "full" is all of it (1,728 builds, about 1,000-1,200 CPU s cold with the shared
+frontend, an estimate: over what CI can spend; README "Profiles").
+"ci" (what `make test` runs: 232 kernels, 696 builds, 438 CPU s measured cold) keeps, for every
 kernel and target,
   - every variant at the engine's default block size (16): every model/cache dtype pair, head dim,
     GQA group, kv-head count and split count (the default configurations the spill gate
