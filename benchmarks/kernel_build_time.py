@@ -1,16 +1,23 @@
-"""Where a kernel build's CPU time goes, and what the compile check's profiles cost cold.
+"""Where a kernel build's CPU time goes, what sharing the frontend saves, and what the compile
+check's profiles cost cold.
 
 A seeded sample of kernel variants (the same number per kernel) from the full profile is built
-in this process for sm_80, sm_89 and sm_90a, exactly as kernels/aot_build.py builds them, with a
-CPU-time meter around each Triton stage:
+in this process for sm_80, sm_89 and sm_90a two ways:
 
-    source -> ttir -> ttgir -> llir (MLIR lowering + LLVM -O3) -> ptx -> cubin (ptxas, a child)
+- direct: each target alone from the AST, with a CPU-time meter around each Triton stage
+      source -> ttir -> ttgir -> llir (MLIR lowering + LLVM -O3) -> ptx -> cubin (ptxas, a child)
+  "other" is what triton.compile spends outside the stages (AST to TTIR, writing its cache)
+  plus our Python;
+- shared: the three targets together as kernels/aot_build.py builds them (build_targets: one
+  AST to TTIR, sm_89 from sm_80's TTGIR), whose PTX and cubin must equal the direct builds'
+  byte for byte (counted and printed).
 
-"other" is what triton.compile spends outside the stages (AST to TTIR, writing its cache) plus
-our Python. Also printed: what a pool worker pays once (importing triton, torch and the kernels),
-how many sm_80/sm_89 PTX pairs are equal apart from the `.target` line (if they were, one
-frontend run could serve both), and each profile's cold CPU seconds estimated from the per-kernel
-means. CPU seconds, not wall: the machine is shared, compare the shares within one run.
+The two alternate which goes first per variant. Also printed: what a fresh interpreter pays to
+import triton, torch and the kernels (pool workers are forked, so they do not), how many
+sm_80/sm_89 PTX pairs are equal apart from the `.target` line (LLVM runs its SLP vectorizer for
+sm_89, not sm_80, so the LLVM stage cannot be shared), and each profile's cold CPU seconds
+estimated from the per-kernel means, direct and shared. CPU seconds, not wall: the machine is
+shared, compare the figures within one run.
 
     python benchmarks/kernel_build_time.py [--per-kernel 5] [--seed 0]
 """
@@ -18,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import io
 import os
 import random
 import re
@@ -25,6 +34,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+from hashlib import sha256
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,6 +43,7 @@ os.environ.pop("TRITON_INTERPRET", None)  # compiled Triton: the interpreter com
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 os.environ["TRITON_ALWAYS_COMPILE"] = "1"
 os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-scratch-")
+os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"  # build_targets reads ptxas -v
 
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
 
@@ -62,7 +73,7 @@ def main() -> None:
 
     from triton import knobs
 
-    from raypaged.kernels.aot_build import compile_kernel
+    from raypaged.kernels.aot_build import build_targets, compile_kernel
     from raypaged.kernels.paged_decode import MAX_SPLITS
     from raypaged.model.attention.compile_check import (PROFILES, TARGETS, engine_launches,
                                                          record_variants)
@@ -92,20 +103,50 @@ def main() -> None:
                                             + cpu(resource.RUSAGE_CHILDREN) - start)
             stages[name] = timed
 
-    knobs.runtime.add_stages_inspection_hook = meter
-    builds, ptx = collections.Counter(), {}
-    for v in sample:
-        kernel = v.kernel
+    builds, ptx, equal, compared = collections.Counter(), {}, 0, 0
+
+    def direct(v):
+        out = {}
+        knobs.runtime.add_stages_inspection_hook = meter
         for cap in TARGETS:
             start = cpu(resource.RUSAGE_SELF) + cpu(resource.RUSAGE_CHILDREN)
             try:
-                ptx[v.key(), cap] = compile_kernel(v, cap).asm["ptx"]
+                with contextlib.redirect_stdout(io.StringIO()):  # the ptxas -v log
+                    k = compile_kernel(v, cap)
+                ptx[v.key(), cap] = k.asm["ptx"]
+                out[cap] = (sha256(k.asm["ptx"].encode()).hexdigest(),
+                            sha256(k.asm["cubin"]).hexdigest())
             except Exception:  # noqa: BLE001 - an fp8 cache on sm_80: a failed build is timed too
-                pass
+                out[cap] = None
             spent[kernel, "total"] += (cpu(resource.RUSAGE_SELF) + cpu(resource.RUSAGE_CHILDREN)
                                        - start)
             builds[kernel] += 1
-    knobs.runtime.add_stages_inspection_hook = None
+        knobs.runtime.add_stages_inspection_hook = None
+        return out
+
+    def shared(v):
+        start = cpu(resource.RUSAGE_SELF) + cpu(resource.RUSAGE_CHILDREN)
+        results = build_targets(v, TARGETS)
+        spent[kernel, "shared"] += (cpu(resource.RUSAGE_SELF) + cpu(resource.RUSAGE_CHILDREN)
+                                    - start)
+        return {r.capability: (r.ptx_sha256, r.cubin_sha256) if r.compiled else None
+                for r in results}
+
+    for i, v in enumerate(sample):
+        kernel = v.kernel
+        if i % 2:
+            b = shared(v)
+            a = direct(v)
+        else:
+            a = direct(v)
+            b = shared(v)
+        compared += len(TARGETS)
+        equal += sum(a[cap] == b[cap] for cap in TARGETS)
+        for cap in TARGETS:
+            if a[cap] != b[cap]:
+                built = {True: "built", False: "failed"}
+                print(f"shared != direct: {v.label} sm_{cap}: direct {built[bool(a[cap])]}, "
+                      f"shared {built[bool(b[cap])]}")
 
     rows = []
     for kernel in by_kernel:
@@ -114,14 +155,19 @@ def main() -> None:
         rows.append({"kernel": kernel, "builds": builds[kernel],
                      **{s: round(x / builds[kernel], 3) for s, x in staged.items()},
                      "other": round(other / builds[kernel], 3),
-                     "cpu_s_per_build": round(spent[kernel, "total"] / builds[kernel], 3)})
+                     "cpu_s_per_build": round(spent[kernel, "total"] / builds[kernel], 3),
+                     "shared_cpu_s_per_build": round(spent[kernel, "shared"] / builds[kernel], 3),
+                     "shared_vs_direct": round(spent[kernel, "shared"] / spent[kernel, "total"],
+                                               3)})
     everything = sum(spent[k, "total"] for k in by_kernel)
     shares = {s: round(sum(spent[k, s] for k in by_kernel) / everything, 3)
               for s in ("ttir", "ttgir", "llir", "ptx", "cubin")}
     shares["other"] = round(1 - sum(shares.values()), 3)
     print(table(rows, ["kernel", "builds", "ttir", "ttgir", "llir", "ptx", "cubin", "other",
-                       "cpu_s_per_build"]))
-    print("share of CPU:", ", ".join(f"{s} {x:.0%}" for s, x in shares.items()))
+                       "cpu_s_per_build", "shared_cpu_s_per_build", "shared_vs_direct"]))
+    print("share of CPU (direct):", ", ".join(f"{s} {x:.0%}" for s, x in shares.items()))
+    print(f"shared builds equal to direct ones (PTX and cubin, or both failed): "
+          f"{equal} of {compared}")
 
     pairs = [k for k, cap in ptx if cap == 80 and (k, 89) in ptx]
     untargeted = lambda text: re.sub(r"\.target sm_\w+", "", text)  # noqa: E731
@@ -130,19 +176,22 @@ def main() -> None:
     start_cpu = worker_start_seconds()
     print(f"{WORKER_START}: {start_cpu:.2f} CPU s")
 
-    per_build = {r["kernel"]: r["cpu_s_per_build"] for r in rows}
     estimates = {}
     for name, keep in PROFILES.items():
         kept = [v for v, us in zip(variants, users) if any(map(keep, us))]
-        cpu_s = sum(per_build[v.kernel] * len(TARGETS) for v in kept)
-        estimates[name] = {"kernels": len(kept), "builds": len(kept) * len(TARGETS),
-                           "cpu_s": round(cpu_s), "idle_2_core_min": round(cpu_s / 2 / 60, 1)}
-        print(f"profile {name}: {len(kept)} kernels x {len(TARGETS)} targets, about "
-              f"{cpu_s:.0f} CPU s cold, {cpu_s / 120:.1f} min on an idle 2-core machine")
+        estimates[name] = {"kernels": len(kept), "builds": len(kept) * len(TARGETS)}
+        for how, column in (("direct", "cpu_s_per_build"), ("shared", "shared_cpu_s_per_build")):
+            per_build = {r["kernel"]: r[column] for r in rows}
+            cpu_s = sum(per_build[v.kernel] * len(TARGETS) for v in kept)
+            estimates[name][how] = {"cpu_s": round(cpu_s),
+                                    "idle_2_core_min": round(cpu_s / 2 / 60, 1)}
+            print(f"profile {name}, {how}: {len(kept)} kernels x {len(TARGETS)} targets, about "
+                  f"{cpu_s:.0f} CPU s cold, {cpu_s / 120:.1f} min on an idle 2-core machine")
     path = write("kernel_build_time", {
         "command": f"python benchmarks/kernel_build_time.py --per-kernel {args.per_kernel} "
                    f"--seed {args.seed}",
         "per_kernel": rows, "shares": shares, "sm80_sm89_ptx_equal": [same, len(pairs)],
+        "shared_equal_to_direct": [equal, compared],
         "worker_start_cpu_s": round(start_cpu, 2), "profiles": estimates})
     print(f"wrote {path}")
 

@@ -1,16 +1,34 @@
 """Compile recorded kernel variants for NVIDIA targets with no GPU, and read their resources.
 
-    KernelVariant x capability ──triton.compile(ASTSource, GPUTarget("cuda", cap, 32))──>
+    KernelVariant x capabilities ──triton.compile, frontend shared between targets──>
         PTX + cubin (ptxas from the Triton wheel; sm_90 builds as sm_90a)
         -> BuildResult: compiled or the compiler's error; registers/thread, spill bytes,
-           stack bytes (ptxas -v), shared memory (Triton's launch metadata), and whether the PTX
-           uses tensor-core instructions (mma.sync: sm_80+, wgmma: sm_90a)
+           stack bytes (ptxas -v), shared memory (Triton's launch metadata), whether the PTX
+           uses tensor-core instructions (mma.sync: sm_80+, wgmma: sm_90a), and hashes of the
+           PTX and cubin
+
+One variant's targets are built together, and the frontend runs once (build_targets):
+
+    AST ──codegen + make_ttir──> TTIR ──make_ttgir(sm_80)──> TTGIR ──> LLIR, PTX, cubin  sm_80
+                                  │                           └─"cuda:89"─> LLIR, PTX, cubin  sm_89
+                                  └──make_ttgir(sm_90)──> TTGIR ──> LLIR, PTX, cubin       sm_90a
+
+The TTIR is target-independent for these kernels (make_ttir's passes differ only in rewriting
+tensor descriptors, which they do not use; the options that differ between targets, the fp8
+dtypes a target accepts and fp8 x fp8 dot accumulation, only refuse fp8 on sm_80 or touch dots
+they do not have), and make_ttgir takes the same branches for every 8.x capability, so sm_89
+lowers sm_80's TTGIR with its target attribute changed. Where the first target's frontend
+refuses the variant (an fp8 cache on sm_80) the next one starts from the AST. That this changes
+nothing is checked, not assumed: `direct_build` compiles a sample from the AST for each target
+alone, and the compile check requires its PTX and cubin to equal the shared builds' byte for
+byte (README "Kernel builds"). It saves the skipped AST/TTIR and sm_89 TTGIR work, about a
+ninth of the CPU (benchmarks/kernel_build_time.py); LLVM, PTX and ptxas stay per target.
 
 Results are cached as JSON files named by a hash of everything that decides the build: Triton's
 version, the kernel's source hash (Triton's `cache_key`, which covers the @triton.jit functions it
 calls), signature, constants, attributes, options and target. A source edit misses the cache;
-anything else is a file read. Builds run in a process pool (each one is single-threaded LLVM +
-ptxas work).
+anything else is a file read. Builds run in a process pool, one variant (all its targets) per
+task (each one is single-threaded LLVM + ptxas work).
 """
 from __future__ import annotations
 
@@ -53,47 +71,80 @@ class BuildResult:
     mma: bool | None            # mma.sync in the PTX (Ampere-style tensor cores)
     wgmma: bool | None          # wgmma.mma_async in the PTX (Hopper warpgroup tensor cores)
     num_warps: int
-    seconds: float              # compile time when built (0 from the cache)
+    seconds: float              # CPU seconds of this target's part of the build (0 from cache)
+    built_from: str             # "ast", or the IR of another target it started from: "ttir@80"
+    ptx_sha256: str | None      # what the sharing check compares with a build from the AST
+    cubin_sha256: str | None
 
 
 def _jit_function(variant: KernelVariant):
     return getattr(importlib.import_module(variant.module), variant.kernel)
 
 
-def cache_key(variant: KernelVariant, capability: int) -> str:
+def cache_key(variant: KernelVariant, capability: int, how: str = "shared") -> str:
     import triton
     parts = [triton.__version__, _jit_function(variant).cache_key, repr(variant.key()),
-             str(capability)]
+             str(capability), how]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 
-def compile_kernel(variant: KernelVariant, capability: int):
-    """triton.compile of one variant for one target: a CompiledKernel, or the compiler's error."""
-    import triton
+def _options(variant: KernelVariant) -> dict:
+    return dict(num_warps=variant.num_warps, num_stages=variant.num_stages)
+
+
+def _target(capability: int):
     from triton.backends.compiler import GPUTarget
+    return GPUTarget("cuda", capability, 32)
+
+
+def compile_kernel(variant: KernelVariant, capability: int):
+    """triton.compile of one variant for one target from its AST: a CompiledKernel, or raises."""
+    import triton
     from triton.compiler import ASTSource
 
     src = ASTSource(_jit_function(variant), dict(variant.signature), dict(variant.constants),
                     {k: [list(a) for a in v] for k, v in variant.attrs})
-    return triton.compile(src, target=GPUTarget("cuda", capability, 32),
-                          options=dict(num_warps=variant.num_warps,
-                                       num_stages=variant.num_stages))
+    return triton.compile(src, target=_target(capability), options=_options(variant))
 
 
-def _compile(variant: KernelVariant, capability: int) -> BuildResult:
+def _compile_ir(variant: KernelVariant, text: str, ext: str, capability: int):
+    """triton.compile from IR text ("ttir": from make_ttgir on; "ttgir": from make_llir on)."""
+    import triton
+
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / f"{variant.kernel}.{ext}"
+        path.write_text(text)
+        return triton.compile(str(path), target=_target(capability), options=_options(variant))
+
+
+def _retarget_ttgir(ttgir: str, capability: int) -> str:
+    # module attributes {..., ttg.target = "cuda:80", ...}
+    new, count = re.subn(r'(\bttg\.target"? = )"cuda:\d+"', rf'\1"cuda:{capability}"', ttgir)
+    if count != 1:
+        raise RuntimeError(f"expected one ttg.target attribute in the TTGIR, found {count}")
+    return new
+
+
+# make_ttgir (nvidia backend) branches on capability // 10 only: every 8.x target gets the same
+# passes, so sm_89 starts from sm_80's TTGIR. sm_90 has its own (wgmma, TMA).
+_SAME_TTGIR = {89: 80}
+
+
+def _measured(variant: KernelVariant, capability: int, how: str, build):
+    """(BuildResult, the CompiledKernel or None) of build(), timed in CPU seconds."""
     log = io.StringIO()
-    start = time.perf_counter()
+    start = _cpu_seconds()
     try:
         with contextlib.redirect_stdout(log):  # TRITON_DUMP_PTXAS_LOG prints ptxas -v here
-            k = compile_kernel(variant, capability)
+            k = build()
     except Exception as e:  # noqa: BLE001 - any compiler failure is the result being measured
         # Triton's message opens with the kernel's source; the reason is at the end.
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         return BuildResult(variant.kernel, variant.label, capability, False,
                            f"{type(e).__name__}: " + " | ".join(lines[-2:])[-400:],
                            None, None, None, None, None, None, None, variant.num_warps,
-                           time.perf_counter() - start)
-    seconds = time.perf_counter() - start
+                           _cpu_seconds() - start, how, None, None), None
+    seconds = _cpu_seconds() - start
     text = log.getvalue()
     regs, frame = _REGISTERS.search(text), _FRAME.search(text)
     if regs is None or frame is None:
@@ -103,7 +154,38 @@ def _compile(variant: KernelVariant, capability: int) -> BuildResult:
     return BuildResult(variant.kernel, variant.label, capability, True, None,
                        int(regs.group(1)), int(frame.group(2)), int(frame.group(3)),
                        int(frame.group(1)), int(k.metadata.shared),
-                       "mma.sync" in ptx, "wgmma.mma_async" in ptx, variant.num_warps, seconds)
+                       "mma.sync" in ptx, "wgmma.mma_async" in ptx, variant.num_warps, seconds,
+                       how, hashlib.sha256(ptx.encode()).hexdigest(),
+                       hashlib.sha256(k.asm["cubin"]).hexdigest()), k
+
+
+def build_targets(variant: KernelVariant, capabilities: tuple[int, ...]) -> list[BuildResult]:
+    """One variant for each capability (ascending), the frontend shared (module docstring)."""
+    results, first, kernels = [], None, {}  # first: (capability, kernel) built from the AST
+    for cap in sorted(capabilities):
+        if first is None:
+            how, build = "ast", lambda cap=cap: compile_kernel(variant, cap)
+        elif _SAME_TTGIR.get(cap) in kernels:
+            base = _SAME_TTGIR[cap]
+            ttgir = _retarget_ttgir(kernels[base].asm["ttgir"], cap)
+            how, build = f"ttgir@{base}", lambda cap=cap, ir=ttgir: _compile_ir(variant, ir,
+                                                                               "ttgir", cap)
+        else:
+            ttir = first[1].asm["ttir"]
+            how, build = f"ttir@{first[0]}", lambda cap=cap, ir=ttir: _compile_ir(variant, ir,
+                                                                                "ttir", cap)
+        result, k = _measured(variant, cap, how, build)
+        results.append(result)
+        if k is not None:
+            kernels[cap] = k
+            if first is None:
+                first = (cap, k)
+    return results
+
+
+def direct_build(variant: KernelVariant, capability: int) -> BuildResult:
+    """The same target alone, from the AST: what the sharing is checked against."""
+    return _measured(variant, capability, "ast", lambda: compile_kernel(variant, capability))[0]
 
 
 def _worker_init(triton_cache: str) -> None:
@@ -115,8 +197,17 @@ def _worker_init(triton_cache: str) -> None:
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, stated
 
 
-def _build_one(job: tuple[KernelVariant, int]) -> BuildResult:
-    return _compile(*job)
+def _build_job(job: tuple[KernelVariant, tuple[int, ...], bool]) -> list[BuildResult]:
+    variant, capabilities, direct = job
+    if direct:
+        return [direct_build(variant, cap) for cap in capabilities]
+    return build_targets(variant, capabilities)
+
+
+def _cpu_seconds() -> float:
+    # this process and the ptxas processes it reaped
+    return sum(t for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+               for t in resource.getrusage(who)[:2])
 
 
 def _children_cpu_seconds() -> float:
@@ -126,34 +217,54 @@ def _children_cpu_seconds() -> float:
 
 
 def build_all(variants: list[KernelVariant], capabilities: tuple[int, ...], cache_dir: Path,
-              workers: int | None = None) -> tuple[list[BuildResult], dict]:
-    """Every variant for every capability, from the cache where it holds the result.
+              workers: int | None = None, direct: list[tuple[KernelVariant, int]] = ()
+              ) -> tuple[list[BuildResult], list[BuildResult], dict]:
+    """Every variant for every capability, from the cache where it holds the result; and the
+    `direct` (variant, capability) pairs built alone from the AST, to check the sharing against.
 
-    Returns (results in variant x capability order, stats: builds, cache hits, wall seconds and
-    the CPU seconds of the workers and their ptxas runs: on a shared machine the wall time says
-    more about the neighbours, CPU seconds / cores is the time on an idle one)."""
+    Returns (results in variant x capability order, direct results in their order, stats:
+    builds, cache hits, wall seconds and the CPU seconds of the workers and their ptxas runs: on
+    a shared machine the wall time says more about the neighbours, CPU seconds / cores is the
+    time on an idle one)."""
     start, cpu_start = time.perf_counter(), _children_cpu_seconds()
     cache_dir.mkdir(parents=True, exist_ok=True)
-    jobs = [(v, cap) for v in variants for cap in capabilities]
-    results: list[BuildResult | None] = [None] * len(jobs)
-    todo = []
-    for i, (v, cap) in enumerate(jobs):
-        path = cache_dir / f"{cache_key(v, cap)}.json"
+    keys = [(v, cap, "shared") for v in variants for cap in capabilities]
+    keys += [(v, cap, "direct") for v, cap in direct]
+    found: dict[tuple, BuildResult] = {}
+    for v, cap, how in keys:
+        path = cache_dir / f"{cache_key(v, cap, how)}.json"
         if path.is_file():
-            results[i] = BuildResult(**{**json.loads(path.read_text()), "label": v.label})
-        else:
-            todo.append(i)
-    if todo:
+            found[v.key(), cap, how] = BuildResult(**{**json.loads(path.read_text()),
+                                                      "label": v.label})
+    jobs: dict[tuple, tuple] = {}  # one task per variant and kind: its missing targets
+    for v, cap, how in keys:
+        if (v.key(), cap, how) not in found:
+            _, caps, _ = jobs.setdefault((v.key(), how), (v, [], how == "direct"))
+            caps.append(cap)
+    tasks = [(v, tuple(caps), d) for v, caps, d in jobs.values()]
+    builds = sum(len(caps) for _, caps, _ in tasks)
+    if tasks:
+        # slowest kernels first, one variant per task: the pool ends together
+        tasks.sort(key=lambda t: _EXPECTED_COST.get(t[0].kernel, 1.0) * len(t[1]), reverse=True)
         with tempfile.TemporaryDirectory() as scratch, ProcessPoolExecutor(
                 workers or os.cpu_count() or 1, initializer=_worker_init,
                 initargs=(scratch,)) as pool:
-            for i, r in zip(todo, pool.map(_build_one, [jobs[i] for i in todo], chunksize=4)):
-                results[i] = r
-                path = cache_dir / f"{cache_key(*jobs[i])}.json"
-                path.write_text(json.dumps(asdict(r)))
-    stats = dict(builds=len(todo), cache_hits=len(jobs) - len(todo),
+            for (v, _, d), rs in zip(tasks, pool.map(_build_job, tasks)):
+                how = "direct" if d else "shared"
+                for r in rs:
+                    found[v.key(), r.capability, how] = r
+                    path = cache_dir / f"{cache_key(v, r.capability, how)}.json"
+                    path.write_text(json.dumps(asdict(r)))
+    stats = dict(builds=builds, cache_hits=len(keys) - builds,
                  seconds=round(time.perf_counter() - start, 1),
                  cpu_seconds=round(_children_cpu_seconds() - cpu_start, 1))
     print(f"kernel builds: {stats['builds']} compiled, {stats['cache_hits']} from cache, "
           f"{stats['seconds']} s ({stats['cpu_seconds']} CPU s)", file=sys.stderr)
-    return results, stats
+    results = [found[v.key(), cap, "shared"] for v in variants for cap in capabilities]
+    return results, [found[v.key(), cap, "direct"] for v, cap in direct], stats
+
+
+# CPU seconds per build relative to store_kv's (benchmarks/kernel_build_time.py): only orders
+# the pool's tasks, so a prefill build does not start last.
+_EXPECTED_COST = {"_paged_prefill_kernel": 15.0, "_paged_decode_kernel": 4.5,
+                  "_merge_kernel": 1.5, "_store_kv_kernel": 1.0}

@@ -23,7 +23,9 @@ tokens, where for 16-bit queries (tensor cores)
     ROWS = 64, BLOCK_N = 64 if head_dim <= 128 else 32, num_warps = 4 at head_dim <= 64, else 8:
     the fp32 accumulator [ROWS, HEAD_DIM_PAD] plus the Q tile outgrow 255 registers per thread at
     4 warps from head_dim 128 on (ptxas spilled 20-216 bytes per thread on sm_80/sm_89/sm_90;
-    benchmarks/kernel_resources.py), 8 warps halve the share;
+    benchmarks/kernel_resources.py), 8 warps halve the share; with an fp8 cache BLOCK_N = 16
+    above head_dim 128: sm_89 widens fp8 K/V tiles to 16 bits in registers, and at 32 keys it
+    reached 255 registers and spilled 12-20 bytes per thread (16 keys: 194, no spill);
 and for fp32 queries (FMA-unit dots: ptxas spilled 0.2 to 80 KB per thread with the 64-row tile)
     ROWS = 16, BLOCK_N = 32, num_warps = 8, which spills nothing at head dims 64-256.
 """
@@ -142,7 +144,8 @@ def _paged_prefill_kernel(
     tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-def prefill_tiles(group: int, head_dim: int, query_dtype: torch.dtype) -> dict:
+def prefill_tiles(group: int, head_dim: int, query_dtype: torch.dtype,
+                  cache_dtype: torch.dtype) -> dict:
     """The static tile rule (module docstring) as the prefill kernel's launch options."""
     group_pad = triton.next_power_of_2(group)
     head_dim_pad = triton.next_power_of_2(head_dim)
@@ -150,7 +153,7 @@ def prefill_tiles(group: int, head_dim: int, query_dtype: torch.dtype) -> dict:
         rows, block_n, num_warps = 16, 32, 8
     else:
         rows, num_warps = 64, 4 if head_dim_pad <= 64 else 8
-        block_n = 64 if head_dim_pad <= 128 else 32
+        block_n = 64 if head_dim_pad <= 128 else 16 if cache_dtype.itemsize == 1 else 32
     return dict(BLOCK_M=max(1, rows // group_pad), GROUP_PAD=group_pad, BLOCK_N=block_n,
                 HEAD_DIM_PAD=head_dim_pad, num_warps=num_warps)
 
@@ -179,7 +182,7 @@ def paged_prefill(query: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
     if num_tokens == 0 or num_seqs == 0 or max_query_len == 0:
         return out
     group = num_heads // num_kv_heads
-    tiles = prefill_tiles(group, head_dim, query.dtype)
+    tiles = prefill_tiles(group, head_dim, query.dtype, key_cache.dtype)
     grid = (triton.cdiv(max_query_len, tiles["BLOCK_M"]), num_seqs, num_kv_heads)
     _paged_prefill_kernel[grid](
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out,
