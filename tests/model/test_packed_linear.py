@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -25,9 +26,9 @@ CONFIG = ModelConfig(
     attention_bias=True, o_proj_bias=True, eos_token_ids=(0,), bos_token_id=None)
 
 
-def random_model() -> LlamaModel:
+def random_model(config: ModelConfig) -> LlamaModel:
     torch.manual_seed(0)
-    model = LlamaModel(CONFIG, get_attention_backend("torch", "cpu"))
+    model = LlamaModel(config, get_attention_backend("torch", "cpu"))
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.2)
@@ -47,12 +48,16 @@ def logits_of_a_prefill_then_a_decode(model: LlamaModel) -> list[torch.Tensor]:
     return out
 
 
-def test_packing_replaces_every_linear_and_gives_the_same_bits():
-    eager = random_model()
+@pytest.mark.parametrize("tied", [False, True])
+def test_packing_replaces_every_linear_and_gives_the_same_bits(tied):
+    config = dataclasses.replace(CONFIG, tie_word_embeddings=tied)
+    eager = random_model(config)
     packed = copy.deepcopy(eager)
-    assert pack_linears(packed) == 2 * 4 + 1  # qkv, o, gate_up, down per layer; lm_head
+    # qkv, o, gate_up, down per layer; the lm_head (for a tied model, a packed embedding copy)
+    assert pack_linears(packed) == 2 * 4 + 1
     assert not any(isinstance(m, nn.Linear) for m in packed.modules())
     assert sum(isinstance(m, PackedLinear) for m in packed.modules()) == 9
+    assert isinstance(packed.lm_head, PackedLinear)
     for want, got in zip(logits_of_a_prefill_then_a_decode(eager),
                          logits_of_a_prefill_then_a_decode(packed), strict=True):
         assert torch.equal(want, got)
