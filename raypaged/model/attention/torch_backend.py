@@ -49,14 +49,14 @@ class TorchAttentionBackend:
     name = "torch"
 
     def __init__(self) -> None:
-        # (metadata, its plan): holding the metadata keeps `is` a safe identity test. A step's
+        # (metadata, block size, plan): holding the metadata keeps `is` a safe identity test. A step's
         # metadata is never mutated once built (InputBuffers makes a new one each step).
-        self._last: tuple[AttentionMetadata, _StepPlan] | None = None
+        self._last: tuple[AttentionMetadata, int, _StepPlan] | None = None
 
     def _plan(self, meta: AttentionMetadata, block_size: int) -> _StepPlan:
-        if self._last is None or self._last[0] is not meta:
-            self._last = (meta, _plan_step(meta, block_size))
-        return self._last[1]
+        if self._last is None or self._last[0] is not meta or self._last[1] != block_size:
+            self._last = (meta, block_size, _plan_step(meta, block_size))
+        return self._last[2]
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, cache: LayerKVCache,
                  meta: AttentionMetadata) -> None:
