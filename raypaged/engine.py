@@ -188,6 +188,7 @@ def build_engine(args: EngineArgs) -> Engine:
     from transformers import AutoTokenizer
 
     from raypaged.model.loader import load_model
+    from raypaged.model.packed_linear import can_pack, pack_linears
 
     bound_kernel_caches(args.onednn_cache_capacity)  # before the first matmul reads it
     if args.num_threads:
@@ -196,6 +197,8 @@ def build_engine(args: EngineArgs) -> Engine:
     device = resolve_device(args.device)
     model, mcfg = load_model(model_dir, resolve_dtype_name(args.dtype, device), device,
                              args.attention_backend)
+    if args.packed_linears and can_pack(next(model.parameters()).dtype, device):
+        pack_linears(model)
     core, plan, runner = assemble_core(model, mcfg, args, device)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     name = args.model or "SmolLM2-135M-Instruct"

@@ -14,6 +14,8 @@ Blocks are gathered with index_select (several times faster on CPU than advanced
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -21,74 +23,84 @@ from raypaged.kernels.numerics import FP8_E4M3_MAX
 from raypaged.model.attention.base import AttentionMetadata, LayerKVCache
 
 
+@dataclass
+class _DecodePlan:
+    """What every layer's decode attention shares within one step (only block ids and lengths)."""
+    seqs: list[int]               # sequences with query_len 1
+    rows: torch.Tensor | None     # [n] their query rows; None: sequence b at row b, b < n
+    blocks: torch.Tensor          # [n * num_blocks] int64 block ids, sequence-major
+    length: int                   # L = num_blocks * block_size, the padded key length
+    visible: torch.Tensor         # [n, 1, 1, L] bool, key position < seq_len
+
+
+@dataclass
+class _StepPlan:
+    """Built once per step (per AttentionMetadata object) and reused by all layers, so the
+    per-layer work is the attention itself, not 30 rebuilds of masks and index lists."""
+    valid_rows: torch.Tensor | None  # rows of new K/V with a slot; None: all of them
+    slots: torch.Tensor              # [rows written] slot per written row
+    starts: list[int]                # first query row of each sequence
+    prefill: list[int]               # sequences with query_len > 1
+    decode: _DecodePlan | None
+    covers_all_rows: bool            # decode rows are exactly 0..T-1: no zero-filled output
+
 
 class TorchAttentionBackend:
     name = "torch"
 
+    def __init__(self) -> None:
+        # (metadata, block size, plan): holding the metadata keeps `is` a safe identity test. A step's
+        # metadata is never mutated once built (InputBuffers makes a new one each step).
+        self._last: tuple[AttentionMetadata, int, _StepPlan] | None = None
+
+    def _plan(self, meta: AttentionMetadata, block_size: int) -> _StepPlan:
+        if self._last is None or self._last[0] is not meta or self._last[1] != block_size:
+            self._last = (meta, block_size, _plan_step(meta, block_size))
+        return self._last[2]
+
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, cache: LayerKVCache,
                  meta: AttentionMetadata) -> None:
         """key/value [T, Hkv, D] -> cache slots meta.slot_mapping[t]; rows with slot -1 are skipped."""
-        slots = meta.slot_mapping
-        valid = slots >= 0
-        if not bool(valid.all()):
-            slots, key, value = slots[valid], key[valid], value[valid]
-        _scatter(cache.key, key, slots, cache.k_scale)
-        _scatter(cache.value, value, slots, cache.v_scale)
+        plan = self._plan(meta, cache.block_size)
+        if plan.valid_rows is not None:
+            key, value = key.index_select(0, plan.valid_rows), value.index_select(0, plan.valid_rows)
+        _scatter(cache.key, key, plan.slots, cache.k_scale)
+        _scatter(cache.value, value, plan.slots, cache.v_scale)
 
     def attend(self, query: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata,
                scale: float) -> torch.Tensor:
         """query [T, H, D] -> [T, H, D]; rows outside every sequence (padding) come back zero."""
+        plan = self._plan(meta, cache.block_size)
+        if plan.covers_all_rows:
+            return self._decode(query, cache, plan.decode, scale)
         out = torch.zeros_like(query)
-        starts, decode, prefill = [], [], []
-        start = 0
-        for b, q_len in enumerate(meta.query_lens_cpu):
-            starts.append(start)
-            if q_len == 1 and meta.seq_lens_cpu[b] > 0:
-                decode.append(b)
-            elif q_len > 1:
-                prefill.append(b)
-            start += q_len
-        if decode:
-            self._decode(query, out, cache, meta, decode, starts, scale)
-        for b in prefill:
-            s, q_len = starts[b], meta.query_lens_cpu[b]
+        if plan.decode is not None:
+            o = self._decode(query, cache, plan.decode, scale)
+            if plan.decode.rows is None:
+                out[:len(plan.decode.seqs)] = o
+            else:
+                out.index_copy_(0, plan.decode.rows, o)
+        for b in plan.prefill:
+            s, q_len = plan.starts[b], meta.query_lens_cpu[b]
             out[s:s + q_len] = self._prefill(query[s:s + q_len], cache, meta.block_tables[b],
                                              meta.seq_lens_cpu[b], scale)
         return out
 
-    def _decode(self, query: torch.Tensor, out: torch.Tensor, cache: LayerKVCache,
-                meta: AttentionMetadata, seqs: list[int], starts: list[int], scale: float) -> None:
-        n = len(seqs)
+    def _decode(self, query: torch.Tensor, cache: LayerKVCache, plan: _DecodePlan,
+                scale: float) -> torch.Tensor:
+        """-> [n, H, D] for the plan's n decoding sequences, in plan order."""
+        n, L = len(plan.seqs), plan.length
         _, H, D = query.shape
         Hkv = cache.key.shape[2]
-        # The usual pure-decode batch has sequence b at row b: slice instead of gathering.
-        contiguous = seqs == list(range(n))
-        if contiguous:
-            q, block_tables, seq_lens = query[:n], meta.block_tables[:n], meta.seq_lens[:n]
-        else:
-            rows = torch.tensor([starts[b] for b in seqs], device=query.device)
-            seq_idx = torch.tensor(seqs, device=query.device)
-            q = query.index_select(0, rows)
-            block_tables = meta.block_tables.index_select(0, seq_idx)
-            seq_lens = meta.seq_lens.index_select(0, seq_idx)
-        max_len = max(meta.seq_lens_cpu[b] for b in seqs)
-        num_blocks = -(-max_len // cache.block_size)
-        blocks = block_tables[:, :num_blocks].reshape(-1).long()     # [n * num_blocks]
-        L = num_blocks * cache.block_size
-        k = _gather(cache.key, blocks, cache.k_scale, query.dtype)   # [n * num_blocks, bs, Hkv, D]
-        v = _gather(cache.value, blocks, cache.v_scale, query.dtype)
-        k = k.view(n, L, Hkv, D).transpose(1, 2)                     # [n, Hkv, L, D]
+        q = query[:n] if plan.rows is None else query.index_select(0, plan.rows)
+        k = _gather(cache.key, plan.blocks, cache.k_scale, query.dtype)   # [n * blocks, bs, Hkv, D]
+        v = _gather(cache.value, plan.blocks, cache.v_scale, query.dtype)
+        k = k.view(n, L, Hkv, D).transpose(1, 2)                          # [n, Hkv, L, D]
         v = v.view(n, L, Hkv, D).transpose(1, 2)
-        visible = torch.arange(L, device=query.device)[None, :] < seq_lens[:, None]  # [n, L]
         # Query head h reads kv head h // G, so [n, H, D] -> [n, Hkv, G, D] groups them.
         qg = q.view(n, Hkv, H // Hkv, D)
-        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=visible[:, None, None, :],
-                                           scale=scale)               # [n, Hkv, G, D]
-        o = o.reshape(n, H, D)
-        if contiguous:
-            out[:n] = o
-        else:
-            out.index_copy_(0, rows, o)
+        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=plan.visible, scale=scale)
+        return o.reshape(n, H, D)                                         # [n, Hkv, G, D] -> [n, H, D]
 
     def _prefill(self, q: torch.Tensor, cache: LayerKVCache, block_table: torch.Tensor,
                  seq_len: int, scale: float) -> torch.Tensor:
@@ -130,3 +142,45 @@ def _gather(cache: torch.Tensor, blocks: torch.Tensor, scale: float,
         raw = cache.view(torch.uint8).index_select(0, blocks).view(torch.float8_e4m3fn)
         return raw.to(dtype) * scale
     return cache.index_select(0, blocks)
+
+
+def _plan_step(meta: AttentionMetadata, block_size: int) -> _StepPlan:
+    slots = meta.slot_mapping
+    valid = slots >= 0
+    valid_rows = None
+    if not bool(valid.all()):  # padding rows (graph buckets); one device read per step
+        valid_rows = valid.nonzero().squeeze(1)
+        slots = slots.index_select(0, valid_rows)
+    starts, decode, prefill = [], [], []
+    start = 0
+    for b, q_len in enumerate(meta.query_lens_cpu):
+        starts.append(start)
+        if q_len == 1 and meta.seq_lens_cpu[b] > 0:
+            decode.append(b)
+        elif q_len > 1:
+            prefill.append(b)
+        start += q_len
+    plan = _decode_plan(meta, decode, starts, block_size) if decode else None
+    covers_all = (plan is not None and plan.rows is None and not prefill
+                  and len(decode) == len(meta.slot_mapping))
+    return _StepPlan(valid_rows, slots, starts, prefill, plan, covers_all)
+
+
+def _decode_plan(meta: AttentionMetadata, seqs: list[int], starts: list[int],
+                 block_size: int) -> _DecodePlan:
+    n = len(seqs)
+    device = meta.seq_lens.device
+    # The usual pure-decode batch has sequence b at row b: slice instead of gathering.
+    if seqs == list(range(n)):
+        rows, block_tables, seq_lens = None, meta.block_tables[:n], meta.seq_lens[:n]
+    else:
+        rows = torch.tensor([starts[b] for b in seqs], device=device)
+        seq_idx = torch.tensor(seqs, device=device)
+        block_tables = meta.block_tables.index_select(0, seq_idx)
+        seq_lens = meta.seq_lens.index_select(0, seq_idx)
+    max_len = max(meta.seq_lens_cpu[b] for b in seqs)
+    num_blocks = -(-max_len // block_size)
+    L = num_blocks * block_size
+    blocks = block_tables[:, :num_blocks].reshape(-1).long()             # [n * num_blocks]
+    visible = torch.arange(L, device=device)[None, :] < seq_lens[:, None]  # [n, L]
+    return _DecodePlan(seqs, rows, blocks, L, visible[:, None, None, :])
