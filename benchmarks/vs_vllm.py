@@ -8,6 +8,11 @@ output tok/s, TTFT and TPOT (mean, p99) per server and the ratios raypaged / vLL
     python benchmarks/vs_vllm.py --vllm-python /work/vllm-venv/bin/python
                                  [--concurrency 1,4,16] [--prompts-per-client 4]
                                  [--servers raypaged,vllm] [--raypaged-flags "--workers 1"]
+                                 [--variant NAME="more raypaged flags" ...]
+
+A --variant is one more `raypaged serve`, with --raypaged-flags plus its own flags, measured in
+the same run (e.g. `--variant "alloc_off=--onednn-cache-capacity 1024 --worker-allocator
+system"`); its ratios to the plain raypaged server are reported too.
 
 The client runs in the vLLM interpreter (benchmarks/vllm_bench_client.py); without
 --vllm-python, vllm must be importable here.
@@ -81,16 +86,18 @@ def bench_server(name: str, start, client_python: str, model_dir: str, args, log
     return rows
 
 
-def ratios(rows: list[dict]) -> list[dict]:
-    """raypaged / vLLM per concurrency (throughput: > 1 is better; latencies: < 1 is better)."""
+def ratios(rows: list[dict], base: str = "vllm") -> list[dict]:
+    """Each other server / `base`, per concurrency (throughput: > 1 is better; latencies: < 1 is
+    better)."""
     by = {(r["server"], r["concurrency"]): r for r in rows}
     out = []
     for (server, c), ours in by.items():
-        peer = by.get(("vllm", c))
-        if server != "raypaged" or peer is None:
+        peer = by.get((base, c))
+        if server in (base, "vllm") or peer is None:
             continue
-        out.append({"concurrency": c, **{f"{m}_ratio": ours[m] / peer[m] for m in METRICS
-                                         if ours.get(m) and peer.get(m)}})
+        out.append({"server": server, "concurrency": c,
+                    **{f"{m}_ratio": ours[m] / peer[m] for m in METRICS
+                       if ours.get(m) and peer.get(m)}})
     return out
 
 
@@ -131,6 +138,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     ap.add_argument("--raypaged-flags", default="--workers 1",
                     help="extra `raypaged serve` flags (one string)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
+                    help="one more raypaged server: --raypaged-flags plus FLAGS (repeatable)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default="vs_vllm", help="results file name")
     args = ap.parse_args()
@@ -149,6 +158,13 @@ def main() -> None:
     starts = {"raypaged": lambda log: start_raypaged(model_dir, dtype,
                                                      shlex.split(args.raypaged_flags), log),
               "vllm": lambda log: start_vllm(args.vllm_python, model_dir, dtype, log)}
+    for spec in args.variant:
+        name, sep, flags = spec.partition("=")
+        if not sep or not name or name in starts:
+            ap.error(f"--variant {spec!r}: expected NAME=FLAGS with a new NAME")
+        starts[name] = (lambda log, extra=shlex.split(args.raypaged_flags) + shlex.split(flags):
+                        start_raypaged(model_dir, dtype, extra, log))
+        servers.append(name)
     rows = []
     for s in servers:
         rows += bench_server(s, starts[s], client_python, model_dir, args, logs)
@@ -158,7 +174,13 @@ def main() -> None:
     if rat:
         print("\nraypaged / vLLM")
         print(table(rat, list(rat[0])))
-    print(f"wrote {write(args.name, {'args': vars(args), 'dtype': dtype, 'rows': rows, 'ratios': rat})}")
+    variant_rat = ratios(rows, base="raypaged") if args.variant else []
+    if variant_rat:
+        print("\nvariant / raypaged")
+        print(table(variant_rat, list(variant_rat[0])))
+    payload = {"args": vars(args), "dtype": dtype, "rows": rows, "ratios": rat,
+               "variant_ratios": variant_rat}
+    print(f"wrote {write(args.name, payload)}")
     plot(rows, args.name)
 
 
