@@ -54,6 +54,10 @@ class EngineArgs:
     output_thread: bool = setting(
         True, "serving: detokenize and check stop strings on a thread of their own, off the step "
         "loop (offline generate always does it in line)", group=SCHEDULER)
+    async_scheduling: bool | None = setting(
+        None, "overlapped scheduling: schedule and prepare the next step while the model runs "
+        "this one (default: on with CUDA, off on CPU, where the model holds every core)",
+        group=SCHEDULER)
     device: str | None = setting(None, "torch device; default: cuda if available, else cpu",
                                  group=SCHEDULER, cli=False, serve=False)
     num_threads: int | None = setting(
