@@ -54,9 +54,9 @@ class EngineArgs:
     output_thread: bool = setting(
         True, "serving: detokenize and check stop strings on a thread of their own, off the step "
         "loop (offline generate always does it in line)", group=SCHEDULER)
-    async_scheduling: bool | None = setting(
-        None, "overlapped scheduling: schedule and prepare the next step while the model runs "
-        "this one (default: on with CUDA, off on CPU, where the model holds every core)",
+    async_scheduling: bool = setting(
+        False, "overlapped scheduling: schedule the next step while the model runs this one "
+        "(off by default: on this CPU it does not pay, and no GPU has measured it yet)",
         group=SCHEDULER)
     device: str | None = setting(None, "torch device; default: cuda if available, else cpu",
                                  group=SCHEDULER, cli=False, serve=False)

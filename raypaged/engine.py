@@ -241,12 +241,4 @@ def assemble_core(model, mcfg, args: EngineArgs, device: torch.device):
     runner = ModelRunner(model, kv_caches, buffers, Sampler(args.seed), graphs)
     scheduler = Scheduler(plan.num_blocks, args.block_size, max_len, args.max_num_seqs,
                           args.max_num_batched_tokens, args.enable_prefix_caching)
-    return EngineCore(scheduler, runner, overlapped(args, device)), plan, runner
-
-
-def overlapped(args: EngineArgs, device: torch.device) -> bool:
-    """async_scheduling, resolved: unset means on with CUDA, off on a CPU (benchmarks/
-    host_overhead.py: there the forward holds every core, so the host's work gains nothing)."""
-    if args.async_scheduling is not None:
-        return args.async_scheduling
-    return device.type == "cuda"
+    return EngineCore(scheduler, runner, args.async_scheduling), plan, runner

@@ -21,7 +21,7 @@ def summary(outputs):
 
 
 def test_the_engine_overlaps_only_when_asked(llm, overlapped):
-    assert llm.engine.core.executor is None  # on a CPU the default is off
+    assert llm.engine.core.executor is None  # off by default
     assert overlapped.engine.core.executor is not None
 
 
