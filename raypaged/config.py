@@ -54,6 +54,10 @@ class EngineArgs:
     output_thread: bool = setting(
         True, "serving: detokenize and check stop strings on a thread of their own, off the step "
         "loop (offline generate always does it in line)", group=SCHEDULER)
+    async_scheduling: bool = setting(
+        False, "overlapped scheduling: schedule the next step while the model runs this one "
+        "(off by default: on this CPU it does not pay, and no GPU has measured it yet)",
+        group=SCHEDULER)
     device: str | None = setting(None, "torch device; default: cuda if available, else cpu",
                                  group=SCHEDULER, cli=False, serve=False)
     num_threads: int | None = setting(

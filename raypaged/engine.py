@@ -244,4 +244,4 @@ def assemble_core(model, mcfg, args: EngineArgs, device: torch.device):
     runner = ModelRunner(model, kv_caches, buffers, Sampler(args.seed), graphs)
     scheduler = Scheduler(plan.num_blocks, args.block_size, max_len, args.max_num_seqs,
                           args.max_num_batched_tokens, args.enable_prefix_caching)
-    return EngineCore(scheduler, runner), plan, runner
+    return EngineCore(scheduler, runner, args.async_scheduling), plan, runner

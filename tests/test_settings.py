@@ -72,7 +72,8 @@ def test_serve_arguments_split_into_options_and_the_engine_settings_that_were_se
     assert engine == {"dtype": "auto", "block_size": 16, "kv_memory_mb": 64.0, "kv_dtype": "auto",
                       "enable_prefix_caching": True, "max_num_seqs": 256,
                       "max_num_batched_tokens": 2048, "enforce_eager": False, "num_threads": 1,
-                      "onednn_cache_capacity": 128, "output_thread": True, "packed_linears": True}
+                      "onednn_cache_capacity": 128, "output_thread": True, "packed_linears": True,
+                      "async_scheduling": False}
     assert EngineArgs(**engine) == dataclasses.replace(EngineArgs(), kv_memory_mb=64.0,
                                                        num_threads=1)
 

@@ -6,10 +6,44 @@ per step); they are read-only and valid only during the call that receives them.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
 from raypaged.core.sampling_params import SamplingParams
+
+
+class TokensView(SequenceABC):
+    """The first `length` ids of an append-only list, then `tail`: O(1) to make, and unchanged
+    by later appends, so a step in flight can read a request's outputs while core appends."""
+
+    __slots__ = ("_base", "_length", "_tail")
+
+    def __init__(self, base: Sequence[int], length: int, tail: tuple[int, ...] = ()) -> None:
+        self._base, self._length, self._tail = base, length, tail
+
+    def __len__(self) -> int:
+        return self._length + len(self._tail)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self._base[i] if i < self._length else self._tail[i - self._length]
+
+    def __iter__(self):
+        yield from self._base[:self._length]
+        yield from self._tail
+
+    def extended(self, tail: tuple[int, ...]) -> "TokensView":
+        return TokensView(self._base, self._length, self._tail + tail)
+
+
+# A token id not known yet when its step was scheduled (see ScheduledRequest.num_placeholders).
+PLACEHOLDER = -1
 
 
 @dataclass(frozen=True)
@@ -33,6 +67,10 @@ class ScheduledRequest:
     output_token_ids: Sequence[int]   # for penalties, min_tokens, per-step seeds
     sample_index: int = 0             # which of the n samples this sequence is (seeds differ)
     eos_token_id: int | None = None
+    # Overlapped scheduling: the last `num_placeholders` entries of token_ids are PLACEHOLDER,
+    # the tokens the step before this one samples for this request; they are filled in (and
+    # appended to output_token_ids) from that step's result before this step runs.
+    num_placeholders: int = 0
 
     @property
     def num_tokens(self) -> int:

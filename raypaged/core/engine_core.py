@@ -1,4 +1,11 @@
-"""EngineCore: schedule -> run the model -> apply the sampled tokens. No torch, no ray."""
+"""EngineCore: schedule -> run the model -> apply the sampled tokens. No torch, no ray.
+
+With `async_scheduling`, the model runs on a StepExecutor thread and step() schedules the next
+step before waiting for the running one (see step_executor.py): each call returns the outputs of
+the step before, and the host's scheduling and output work overlap the model's. A sequence that
+ends (stop, length, abort) in step N may already sit in step N+1: its slot there is computed and
+dropped, never emitted. Tokens are the same either way.
+"""
 from __future__ import annotations
 
 import logging
@@ -9,6 +16,7 @@ from raypaged.core.contracts import (Continuation, EngineStats, ModelRunner, Req
 from raypaged.core.request import Request
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.scheduler import Scheduler
+from raypaged.core.step_executor import StepExecutor, StepRefused, fill_placeholders
 
 logger = logging.getLogger(__name__)
 
@@ -17,10 +25,13 @@ ERROR = "error"
 
 
 class EngineCore:
-    def __init__(self, scheduler: Scheduler, runner: ModelRunner) -> None:
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner,
+                 async_scheduling: bool = False) -> None:
         self.scheduler = scheduler
         self.runner = runner
         self.num_steps = 0
+        self.executor = StepExecutor(runner) if async_scheduling else None
+        self._running = None  # (batch, future) of the step on the executor, not applied yet
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                     eos_token_id: int | None = None, cache_salt: str | None = None,
@@ -44,6 +55,8 @@ class EngineCore:
                                    output_token_ids=outputs))
 
     def step(self) -> list[RequestDelta]:
+        if self.executor is not None:
+            return self._step_overlapped()
         batch = self.scheduler.schedule()
         if not batch.requests:
             return []
@@ -54,15 +67,50 @@ class EngineCore:
         self.num_steps += 1
         return self.scheduler.update(batch, result)
 
-    def _step_isolating(self, batch: ScheduledBatch, exc: Exception) -> list[RequestDelta]:
+    def _step_overlapped(self) -> list[RequestDelta]:
+        """Queue step N+1, then wait for step N and apply it: N+1 runs while we do."""
+        batch = self.scheduler.schedule()
+        queued = (batch, self.executor.submit(batch)) if batch.requests else None
+        running, self._running = self._running, queued
+        if running is None:
+            return []
+        batch, future = running
+        try:
+            result = future.result()
+        except Exception as exc:  # noqa: BLE001 - as in step(); the queued step was refused
+            return self._recover(batch, exc)
+        self.num_steps += 1
+        return self.scheduler.update(batch, result)
+
+    def _recover(self, batch: ScheduledBatch, exc: Exception) -> list[RequestDelta]:
+        """Step N failed, and step N+1 (queued behind it) was refused without running. Isolate
+        N on this thread while the executor is idle, then queue N+1 again, its placeholders
+        filled from N's isolated result (requests that failed in N leave it)."""
+        queued, self._running = self._running, None
+        if queued is not None:
+            try:
+                queued[1].result()
+            except StepRefused:
+                pass
+        # N's own placeholders come from the step before it, which the executor still holds
+        deltas = self._step_isolating(batch, exc, fill_placeholders(batch, self.executor.last))
+        sampled = {d.request_id: d.new_token_ids for d in deltas if d.new_token_ids}
+        self.executor.resume(sampled)
+        if queued is not None:
+            self._running = (queued[0], self.executor.submit(queued[0]))
+        return deltas
+
+    def _step_isolating(self, batch: ScheduledBatch, exc: Exception,
+                        runnable: ScheduledBatch | None = None) -> list[RequestDelta]:
         """The batched step raised. Run each request of it alone: those that fail alone caused
         it and finish with finish_reason "error" (blocks freed); every other request gets this
         step's tokens as if nothing had happened. Re-running is safe: nothing was committed
         (update() never ran), K/V rewrites put the same values in the same slots, and
         copy-on-write copies are idempotent (their sources are shared, so nobody writes them).
-        If two or more requests all fail alone, the engine itself is broken: raise."""
+        If two or more requests all fail alone, the engine itself is broken: raise.
+        `runnable`: the batch as the runner runs it (placeholders filled), when it differs."""
         sampled, logprobs, culprits = {}, {}, {}
-        for sr in batch.requests:
+        for sr in (runnable or batch).requests:
             single = ScheduledBatch((sr,), batch.block_copies, batch.finished_request_ids)
             try:
                 one = self.runner.execute(single)
@@ -94,7 +142,8 @@ class EngineCore:
                 for r in self.scheduler.abort(request_id, reason, with_samples)]
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Requests to serve, or a step still running (its result is applied by one more step)."""
+        return self.scheduler.has_unfinished() or self._running is not None
 
     def has_samples(self, request_id: str) -> bool:
         return self.scheduler.has_samples(request_id)

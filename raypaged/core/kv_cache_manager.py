@@ -113,7 +113,8 @@ class KVCacheManager:
             return
         rid = request.request_id
         table = self.tables[rid]
-        num_full = request.num_computed_tokens // self.block_size
+        # computed may run past the known tokens by a running step's placeholder
+        num_full = min(request.num_computed_tokens, request.num_tokens) // self.block_size
         start = self._num_registered.get(rid, 0)
         if num_full <= start:
             return

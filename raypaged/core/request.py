@@ -5,6 +5,11 @@ There is no prefill/decode flag. `num_computed_tokens` catches up with `num_toke
     all_token_ids:  | prompt ............................ | outputs ...... |
                     0                num_computed_tokens ^          num_tokens
     a step schedules n more tokens (a prefill chunk, or the one token of a decode).
+
+`num_computed_tokens` advances when a step is scheduled (its KV is being or has been written).
+Tokens that scheduled steps will sample but that are not appended yet are `num_placeholders`:
+with overlapped scheduling the next step is scheduled before the running one's tokens are known,
+so it feeds a placeholder that the runner fills from the running step's sampled ids.
 """
 from __future__ import annotations
 
@@ -43,6 +48,7 @@ class Request:
         self.arrival = arrival                # admission order, for FCFS and "newest" preemption
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
+        self.num_placeholders = 0             # tokens sampled by scheduled steps, not appended yet
         self.num_cached_tokens = 0            # prefix-cache hit at first admission (reported)
         self.num_preemptions = 0
         self.forked = sampling.n == 1         # n > 1 forks once, when its prompt is done

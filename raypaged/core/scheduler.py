@@ -4,13 +4,20 @@ Each step: running requests first (oldest first; one token for a decode, the nex
 long prompt), then waiting requests FCFS while the budget, max_num_seqs and free blocks allow.
 When a running request needs a block and none is free, the newest running request is preempted
 by recompute: its blocks are freed and it goes back to the head of the waiting queue.
+
+A scheduled step advances `num_computed_tokens` at once and counts the tokens it will sample as
+placeholders, so `schedule()` may run again before the step's result is applied (overlapped
+scheduling, see engine_core.py): a request whose last step is still running then gets one more
+decode step that feeds a placeholder for the token that step samples. A request whose running
+step forks it (n > 1) or surely ends it (max_tokens, max_model_len) waits for that step.
 """
 from __future__ import annotations
 
 import itertools
 from collections import deque
 
-from raypaged.core.contracts import RequestDelta, ScheduledBatch, ScheduledRequest, StepResult
+from raypaged.core.contracts import (PLACEHOLDER, RequestDelta, ScheduledBatch, ScheduledRequest,
+                                     StepResult, TokensView)
 from raypaged.core.kv_cache_manager import KVCacheManager
 from raypaged.core.request import Request, RequestStatus
 
@@ -34,9 +41,13 @@ class Scheduler:
         self.num_blocked = 0
         self._left: set[str] = set()  # left the running set since the last batch (runner drops state)
         self._arrivals = itertools.count()
+        # id(batch) -> its requests and their preemption counts, until update(batch): a request
+        # finished or preempted since it was scheduled gets nothing from that step
+        self._scheduled_reqs: dict[int, list[tuple[Request, int]]] = {}
         self.num_preemptions = 0
         self.num_finished = 0
-        # sum of num_tokens - num_computed_tokens over waiting and running requests, kept at
+        # sum of num_tokens + num_placeholders - num_computed_tokens over waiting and running
+        # requests (the tokens still to be fed), kept at
         # every transition: routers read it in every stats() call, at any queue length
         self.num_queued_tokens = 0
 
@@ -80,7 +91,8 @@ class Scheduler:
         return done
 
     def _finish(self, req: Request, reason: str, stop_reason: int | str | None = None) -> None:
-        self.num_queued_tokens -= req.num_tokens - req.num_computed_tokens
+        self.num_queued_tokens -= req.num_tokens + req.num_placeholders - req.num_computed_tokens
+        req.num_placeholders = 0
         req.status = RequestStatus.FINISHED
         req.finish_reason, req.stop_reason = reason, stop_reason
         self.kv.free(req)
@@ -117,7 +129,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if req.num_placeholders and (not req.forked or self._surely_ends(req)):
+                i += 1  # its running step forks it or ends it: schedule it after that step
+                continue
+            n = min(req.num_tokens + req.num_placeholders - req.num_computed_tokens, budget)
             while not self.kv.allocate(req, n):
                 victim = self.running.pop()  # the newest; never one already chosen (those are older)
                 self._preempt(victim)
@@ -160,28 +175,47 @@ class Scheduler:
             finished_request_ids=frozenset(self._left),
         )
         self._left = set()
+        if chosen:
+            self._scheduled_reqs[id(batch)] = [(req, req.num_preemptions) for req, _ in chosen]
         return batch
 
+    def _surely_ends(self, req: Request) -> bool:
+        """Whether the tokens its scheduled steps sample end it by length, whatever they are."""
+        return (req.num_output_tokens + req.num_placeholders >= req.max_tokens
+                or req.num_tokens + req.num_placeholders >= self.max_model_len)
+
     def _scheduled(self, req: Request, n: int) -> ScheduledRequest:
+        """The step's share for req; marks its n tokens computed and its samples as placeholders."""
         start = req.num_computed_tokens
-        reaches_end = start + n == req.num_tokens
-        return ScheduledRequest(
+        known = req.all_token_ids[start:start + n]
+        unknown = n - len(known)  # placeholders: sampled by the step still running
+        reaches_end = start + n == req.num_tokens + req.num_placeholders
+        num_samples = (req.sampling.n if not req.forked else 1) if reaches_end else 0
+        sr = ScheduledRequest(
             request_id=req.request_id,
-            token_ids=req.all_token_ids[start:start + n],
+            token_ids=known + [PLACEHOLDER] * unknown,
             start_position=start,
             block_table=self.kv.block_ids[req.request_id],
-            num_samples=(req.sampling.n if not req.forked else 1) if reaches_end else 0,
+            num_samples=num_samples,
             sampling=req.sampling,
             prompt_token_ids=req.prompt_token_ids,
-            output_token_ids=req.output_token_ids,
+            # frozen length: core may append while the step runs
+            output_token_ids=TokensView(req.output_token_ids, req.num_output_tokens),
             sample_index=req.sample_index,
             eos_token_id=req.eos_token_id,
+            num_placeholders=unknown,
         )
+        req.num_computed_tokens += n
+        req.num_placeholders += num_samples
+        self.num_queued_tokens += num_samples - n
+        return sr
 
     def _preempt(self, req: Request) -> None:
         self.kv.free(req)
-        self.num_queued_tokens += req.num_computed_tokens  # recomputed from the start
+        # recomputed from the start; a running step's sample for it is dropped
+        self.num_queued_tokens += req.num_computed_tokens - req.num_placeholders
         req.num_computed_tokens = 0
+        req.num_placeholders = 0
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -191,21 +225,19 @@ class Scheduler:
     # -- apply the runner's result -----------------------------------------------------------
     def update(self, batch: ScheduledBatch, result: StepResult) -> list[RequestDelta]:
         deltas: list[RequestDelta] = []
-        for sr in batch.requests:
-            req = self.requests.get(sr.request_id)
-            if req is None:  # aborted while the step ran
-                continue
-            req.num_computed_tokens += len(sr.token_ids)
-            self.num_queued_tokens -= len(sr.token_ids)
+        for sr, (req, preemptions) in zip(batch.requests, self._scheduled_reqs.pop(id(batch))):
+            if req.is_finished or req.num_preemptions != preemptions:
+                continue  # aborted, stopped or preempted since this step was scheduled
             self.kv.cache_full_blocks(req)
             if sr.num_samples == 0:
                 continue
             tokens = result.sampled[sr.request_id]
             logprobs = result.logprobs.get(sr.request_id, ())
+            # placeholders -> tokens: the queued count is unchanged (forked samples feed theirs)
+            req.num_placeholders -= len(tokens)
             seqs = [req] if len(tokens) == 1 else [req, *self._fork(req, len(tokens))]
             for k, (seq, token) in enumerate(zip(seqs, tokens)):
                 seq.append_token(token)
-                self.num_queued_tokens += 1  # fed back in next step
                 self._check_stop(seq, token)
                 deltas.append(RequestDelta(
                     request_id=seq.request_id, new_token_ids=(token,),

@@ -6,10 +6,11 @@ from fake_runner import FakeRunner
 
 
 def make_engine(num_blocks=64, block_size=4, max_model_len=4096, max_num_seqs=256,
-                max_num_batched_tokens=2048, prefix=True) -> EngineCore:
+                max_num_batched_tokens=2048, prefix=True, overlap=False, runner=None) -> EngineCore:
+    """overlap: async scheduling (the runner runs on the engine's step executor thread)."""
     sched = Scheduler(num_blocks, block_size, max_model_len, max_num_seqs,
                       max_num_batched_tokens, prefix)
-    return EngineCore(sched, FakeRunner(num_blocks, block_size))
+    return EngineCore(sched, runner or FakeRunner(num_blocks, block_size), overlap)
 
 
 def run_to_completion(engine: EngineCore, max_steps: int = 100_000) -> dict[str, list[int]]:

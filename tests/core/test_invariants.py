@@ -1,6 +1,7 @@
 """Property-based: random add / step / abort / fork sequences keep the block accounting sound."""
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,15 +44,16 @@ def check_invariants(eng):
         assert block.block_hash == bh
     # the scheduler's queued-token counter agrees with a full walk of its queues
     sched = eng.scheduler
-    assert sched.num_queued_tokens == sum(r.num_tokens - r.num_computed_tokens
+    assert sched.num_queued_tokens == sum(r.num_tokens + r.num_placeholders - r.num_computed_tokens
                                           for q in (sched.waiting, sched.running) for r in q)
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 @settings(max_examples=150, deadline=None)
-@given(ops)
-def test_random_operations_keep_invariants_and_free_everything(operations):
+@given(operations=ops)
+def test_random_operations_keep_invariants_and_free_everything(operations, overlap):
     eng = make_engine(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, max_model_len=64,
-                      max_num_batched_tokens=16, max_num_seqs=6)
+                      max_num_batched_tokens=16, max_num_seqs=6, overlap=overlap)
     next_id = 0
     for op in operations:
         if op[0] == "add":

@@ -1,0 +1,149 @@
+"""Overlapped scheduling (async_scheduling) gives exactly the tokens, finish reasons and block
+accounting of the synchronous loop: stops, max_tokens, aborts mid-stream, preemption under a
+tiny KV budget, forks. The fake runner checks every KV read, so a block reused while a step
+still needed it shows up as a wrong read."""
+import threading
+
+import pytest
+
+from core_engine import make_engine
+from fake_runner import FakeRunner, next_token
+from raypaged.core.contracts import PLACEHOLDER
+from raypaged.core.sampling_params import SamplingParams
+
+
+def run(engine, max_steps=10_000):
+    """Step until idle: each sequence's tokens, finish and stop reasons; nothing after a finish."""
+    tokens, finish = {}, {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            return tokens, finish
+        for d in engine.step():
+            assert d.request_id not in finish, f"{d.request_id} produced after finishing"
+            tokens.setdefault(d.request_id, []).extend(d.new_token_ids)
+            if d.finished:
+                finish[d.request_id] = (d.finish_reason, d.stop_reason)
+    raise AssertionError("engine did not finish")
+
+
+def add_mix(engine, stops=None):
+    """Prompts of several lengths (chunked at a small budget), n > 1, stop ids, max_tokens."""
+    for i in range(8):
+        prompt = [(i * 37 + j * 11) % 1000 for j in range(5 + 5 * i)]
+        engine.add_request(f"m{i}", prompt, SamplingParams(
+            max_tokens=4 + 2 * i, n=1 + (i % 3 == 1), temperature=0,
+            stop_token_ids=(stops[f"m{i}"],) if stops and f"m{i}" in stops else ()))
+
+
+def both(stops=None, **kw):
+    """The mix run synchronously, then overlapped: [(outputs, engine), (outputs, engine)]."""
+    out = []
+    for overlap in (False, True):
+        engine = make_engine(overlap=overlap, **kw)
+        add_mix(engine, stops)
+        out.append((run(engine), engine))
+    return out
+
+
+@pytest.mark.parametrize("kv", [dict(num_blocks=200, max_num_batched_tokens=24),
+                                dict(num_blocks=20, max_num_batched_tokens=64)],
+                         ids=["roomy", "tiny_kv_preempts"])
+def test_overlap_gives_the_same_tokens_and_finish_reasons(kv):
+    (sync, sync_engine), (over, over_engine) = both(**kv)
+    assert over == sync
+    assert over_engine.scheduler.kv.pool.num_free == kv["num_blocks"]  # every block back
+    assert not over_engine.scheduler.kv.tables
+    if kv["num_blocks"] == 20:  # the budget really did preempt, in both modes
+        assert sync_engine.stats().num_preemptions > 0
+        assert over_engine.stats().num_preemptions > 0
+
+
+def test_stop_token_ends_at_the_same_token_and_its_queued_step_is_dropped():
+    (free_run, _), _ = both(num_blocks=200)
+    # the third output token of each single-sample request becomes its stop token
+    stops = {rid: toks[2] for rid, toks in free_run[0].items() if "#" not in rid and len(toks) > 3}
+    (sync, sync_engine), (over, engine) = both(stops, num_blocks=200)
+    assert over == sync
+    stopped = [rid for rid, (why, _) in over[1].items() if why == "stop"]
+    assert stopped, "the stop ids ended some requests"
+    for rid in stopped:  # ends at the first occurrence of its stop id, which is emitted once
+        toks = over[0][rid]
+        assert toks[-1] == stops[rid] and stops[rid] not in toks[:-1]
+        assert over[1][rid] == ("stop", stops[rid])
+
+        def sampling_steps(e):
+            return sum(1 for b in e.runner.batches for r in b.requests
+                       if r.request_id == rid and r.num_samples)
+        # overlapped, the step after the stop was already queued with it: run, then dropped
+        assert sampling_steps(sync_engine) == len(toks)
+        assert sampling_steps(engine) == len(toks) + 1
+
+
+def test_max_tokens_requests_are_not_scheduled_past_their_last_token():
+    engine = make_engine(overlap=True)
+    engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    tokens, finish = run(engine)
+    assert len(tokens["a"]) == 3 and finish["a"] == ("length", None)
+    # prefill + 2 decodes: the step that would feed the 3rd token is never scheduled
+    assert [len(b.requests) for b in engine.runner.batches] == [1, 1, 1]
+
+
+def test_placeholders_are_filled_with_the_previous_steps_token():
+    engine = make_engine(overlap=True)
+    engine.add_request("a", [5, 6, 7], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    engine.step()  # queues the prefill
+    engine.step()  # queues decode 1 with a placeholder, applies the prefill
+    run(engine)
+    fed = [list(r.token_ids) for b in engine.runner.batches for r in b.requests]
+    assert PLACEHOLDER not in sum(fed, [])
+    t1 = next_token([5, 6, 7])
+    assert fed[:2] == [[5, 6, 7], [t1]]
+
+
+class GatedRunner(FakeRunner):
+    """Holds each step until the test lets it go, so the test acts while a step is running."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.gate = threading.Semaphore(0)
+
+    def execute(self, batch):
+        assert self.gate.acquire(timeout=10)
+        return super().execute(batch)
+
+
+def test_abort_while_its_next_step_is_queued_frees_every_block_and_emits_nothing_more():
+    runner = GatedRunner(32, 4)
+    engine = make_engine(num_blocks=32, overlap=True, runner=runner)
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    engine.add_request("a", list(range(1, 10)), params)
+    engine.add_request("b", list(range(20, 29)), params)
+    got = {"a": [], "b": []}
+    for _ in range(4):  # a few tokens each; step N+1 is always queued behind step N
+        runner.gate.release()
+        for d in engine.step():
+            got[d.request_id] += d.new_token_ids
+    assert len(got["a"]) >= 2
+    aborted = engine.abort("a")
+    assert [(d.request_id, d.finish_reason) for d in aborted] == [("a", "abort")]
+    assert "a" not in engine.scheduler.kv.tables  # freed at once, while a's queued step waits
+    for _ in range(100):
+        runner.gate.release()
+    tokens, finish = run(engine)
+    assert "a" not in tokens and finish["b"] == ("length", None)
+    assert len(got["b"]) + len(tokens["b"]) == 20
+    assert engine.stats().memory.blocks_used == 0
+
+
+def test_a_reused_request_id_never_gets_the_dropped_slot_of_its_predecessor():
+    engine = make_engine(overlap=True)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    engine.add_request("x", [1, 2, 3], params)
+    engine.step()
+    engine.step()
+    engine.abort("x")  # its decode step is queued
+    engine.add_request("x", [9, 9, 9, 9], params)
+    tokens, finish = run(engine)
+    clean = make_engine()
+    clean.add_request("x", [9, 9, 9, 9], params)
+    assert (tokens, finish) == run(clean)
