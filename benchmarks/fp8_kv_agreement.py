@@ -14,20 +14,13 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "engine"))  # the prompts the engine tests check against HF
 
 from benchmarks.report import pyplot, plot_path, table, write  # noqa: E402
+from engine_prompts import PROMPTS  # noqa: E402
 
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time, in a small village by the sea,",
-    "List three primary colours:",
-    "The quick brown fox",
-    "Water boils at a temperature of",
-    "In 1969, the first humans to walk on the Moon were",
-    "A haiku about autumn leaves:\n",
-]
 TARGET = 0.95
 
 
