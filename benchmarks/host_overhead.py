@@ -62,7 +62,8 @@ BLOCK = 16
 CONTEXT = 1024
 CACHED_BLOCKS = 200_000
 
-TIMES: dict[str, float] = defaultdict(float)  # phase -> seconds, summed over the measured steps
+# (phase, start, end) of every timed call, on whichever thread made it
+SPANS: list[tuple[str, float, float]] = []
 
 
 def timed(fn, phase: str):
@@ -71,8 +72,23 @@ def timed(fn, phase: str):
         try:
             return fn(*args, **kwargs)
         finally:
-            TIMES[phase] += time.perf_counter() - t0
+            SPANS.append((phase, t0, time.perf_counter()))  # list.append is atomic
     return wrapper
+
+
+def phase_seconds(start: float, end: float, whole: tuple[str, ...]) -> dict[str, float]:
+    """Seconds per phase inside the window [start, end]. Overlapped, the step executor is
+    already inside a step when the window opens and inside the next when it closes: only the
+    part of those calls within the window counts (counting them whole, or not at all, moves a
+    whole sampler call into or out of `host`). `whole`: phases counted whole however late they
+    end (the output stage's detokenization of the window's steps, finished by the drain)."""
+    out: dict[str, float] = defaultdict(float)
+    for phase, t0, t1 in SPANS:
+        if phase in whole:
+            out[phase] += t1 - t0 if t0 >= start else 0.0
+        else:
+            out[phase] += max(0.0, min(t1, end) - max(t0, start))
+    return out
 
 
 class TimedSampler:
@@ -152,13 +168,7 @@ def measure(running: int, steps: int, device_ms: float, tokenizer, stage: str, o
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.core.scheduler.requests.values()):
         engine.step()  # prefill everyone at no device cost: the measured steps are pure decode
     model.device_ms, model.vocab = device_ms, VOCAB
-    # one unmeasured decode step: overlapped, the last prefill is applied and a full decode
-    # step is running when the measurement starts (the steady state)
-    engine.step()
-    if engine.stage is not None:
-        assert engine.stage.drain(timeout=600)
-        staged.clear()
-
+    # timed from here on: the step running when the window opens is timed too (see phase_seconds)
     sched, runner = engine.core.scheduler, engine.runner
     sched.schedule = timed(sched.schedule, "schedule")
     sched.update = timed(sched.update, "update")
@@ -168,17 +178,24 @@ def measure(running: int, steps: int, device_ms: float, tokenizer, stage: str, o
     engine.outputs.process = timed(engine.outputs.process, "outputs")  # includes detok
     add = IncrementalDetokenizer.add
     IncrementalDetokenizer.add = timed(add, "detok")
-    TIMES.clear()
+    stats = timed(engine.stats, "stats")
+    SPANS.clear()
     walls = []
     try:
+        # one unmeasured decode step: overlapped, the last prefill is applied and a full decode
+        # step is running when the measurement starts (the steady state)
+        engine.step()
+        if engine.stage is not None:
+            assert engine.stage.drain(timeout=600)
+            staged.clear()
+        start = time.perf_counter()
         for _ in range(steps):
             t0 = time.perf_counter()
             outs = engine.step()
-            TIMES["stats"] -= time.perf_counter()
-            engine.stats()
-            TIMES["stats"] += time.perf_counter()
+            stats()
             walls.append(time.perf_counter() - t0)
             assert len(outs) == (running if stage == "inline" else 0)
+        end = time.perf_counter()
         if engine.stage is not None:
             assert engine.stage.drain(timeout=600)
             outs = staged
@@ -187,7 +204,11 @@ def measure(running: int, steps: int, device_ms: float, tokenizer, stage: str, o
     finally:
         IncrementalDetokenizer.add = add
         engine.stop_output_stage()
-    ms = {k: v * 1000 / steps for k, v in TIMES.items()}
+        if engine.core.executor is not None:
+            # the step still queued runs to its end here, not beside the next configuration
+            engine.core.executor.shutdown()
+    ms = defaultdict(float, {k: v * 1000 / steps for k, v in
+                             phase_seconds(start, end, whole=("detok", "outputs")).items()})
     wall = statistics.fmean(walls) * 1000
     row = {"running": running, "device_ms": device_ms, "stage": stage, "overlap": overlap,
            "schedule": ms["schedule"], "prepare": ms["prepare"], "sample": ms["sample"],

@@ -56,7 +56,8 @@ class EngineArgs:
         "loop (offline generate always does it in line)", group=SCHEDULER)
     async_scheduling: bool = setting(
         False, "overlapped scheduling: schedule the next step while the model runs this one "
-        "(off by default: on this CPU it does not pay, and no GPU has measured it yet)",
+        "(off by default: on this CPU it saves a few ms per step only at 256 sequences and costs "
+        "~0.3 ms at 1, and no GPU has measured it yet)",
         group=SCHEDULER)
     device: str | None = setting(None, "torch device; default: cuda if available, else cpu",
                                  group=SCHEDULER, cli=False, serve=False)

@@ -3,6 +3,7 @@ accounting of the synchronous loop: stops, max_tokens, aborts mid-stream, preemp
 tiny KV budget, forks. The fake runner checks every KV read, so a block reused while a step
 still needed it shows up as a wrong read."""
 import threading
+import time
 
 import pytest
 
@@ -147,3 +148,29 @@ def test_a_reused_request_id_never_gets_the_dropped_slot_of_its_predecessor():
     clean = make_engine()
     clean.add_request("x", [9, 9, 9, 9], params)
     assert (tokens, finish) == run(clean)
+
+
+class SlowRunner(FakeRunner):
+    """Each step takes `seconds` of wall time without using the CPU (a device step)."""
+
+    def __init__(self, *args, seconds: float) -> None:
+        super().__init__(*args)
+        self.seconds = seconds
+
+    def execute(self, batch):
+        time.sleep(self.seconds)
+        return super().execute(batch)
+
+
+def test_the_step_thread_sleeps_while_it_waits_for_the_running_step():
+    """Waiting for step N blocks on the future: no polling loop that would take CPU (and the
+    GIL) from the executor and the output stage while the device works."""
+    engine = make_engine(overlap=True, runner=SlowRunner(64, 4, seconds=0.25))
+    engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    engine.step()  # queues the prefill
+    wall, cpu = time.perf_counter(), time.thread_time()
+    engine.step()  # queues the first decode, waits ~0.25 s for the prefill
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    assert wall >= 0.2
+    assert cpu < 0.05, f"the step thread used {cpu:.3f} s of CPU in {wall:.3f} s of waiting"
+    run(engine)

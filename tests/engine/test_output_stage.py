@@ -19,6 +19,7 @@ from raypaged.core.engine_core import EngineCore
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.scheduler import Scheduler
 from raypaged.engine import Engine
+from raypaged.output_stage import OutputStage
 from raypaged.outputs import CompletionOutput
 
 TEXT = " The answer is Paris, of course. Paris is lovely in spring."
@@ -224,3 +225,17 @@ def test_the_real_model_streams_the_same_through_the_stage(llm):
     assert any(o.finish_reason == "stop" and isinstance(o.stop_reason, str)
                for o in inline[0].values()), "no stop string ended a request"
     assert llm.engine.stage is None and not llm.engine.has_unfinished()
+
+
+def test_an_idle_stage_thread_sleeps_instead_of_polling():
+    """The stage blocks on its queue: waiting for deltas takes no CPU (nor the GIL the step
+    thread and the step executor need)."""
+    stage = OutputStage(processor=None, sink=lambda outputs: None)  # idle: neither is called
+    try:
+        clock = time.pthread_getcpuclockid(stage._thread.ident)
+        cpu = time.clock_gettime(clock)
+        time.sleep(0.3)
+        assert time.clock_gettime(clock) - cpu < 0.03
+    finally:
+        stage.stop()
+    assert not stage._thread.is_alive()
