@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,11 @@ def report(tmp_path_factory) -> dict:
                            "--profile", "ci", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(out.read_text())
+    report = json.loads(out.read_text())
+    if report["flaky"]:  # compiled on aot_build's retry: passes, but in the warnings summary
+        warnings.warn(f"{report['flaky']} kernel builds failed once and compiled on the retry; "
+                      f"first: {report['first_flaky_error']}")
+    return report
 
 
 def test_every_variant_compiles_exactly_where_the_engine_accepts_it(report):

@@ -227,7 +227,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{report['builds']} built in {report['seconds']} s ({report['cpu_seconds']} CPU s); "
           f"shared frontend equal to a build from the AST in "
           f"{sum(c['equal'] for c in report['sharing_check'])} of {len(report['sharing_check'])} "
-          f"sampled builds")
+          f"sampled builds; {report['flaky']} compiled only on the retry"
+          + (f" (first: {report['first_flaky_error']})" if report["flaky"] else ""))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
 
