@@ -44,7 +44,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from .aot_capture import KernelVariant
@@ -75,6 +75,9 @@ class BuildResult:
     built_from: str             # "ast", or the IR of another target it started from: "ttir@80"
     ptx_sha256: str | None      # what the sharing check compares with a build from the AST
     cubin_sha256: str | None
+    # a failed build is retried once (_with_retry): the first attempt's error, when it failed;
+    # set with compiled=True, the build was flaky
+    retry_of: str | None = None
 
 
 def _jit_function(variant: KernelVariant):
@@ -174,7 +177,7 @@ def build_targets(variant: KernelVariant, capabilities: tuple[int, ...]) -> list
             ttir = first[1].asm["ttir"]
             how, build = f"ttir@{first[0]}", lambda cap=cap, ir=ttir: _compile_ir(variant, ir,
                                                                                 "ttir", cap)
-        result, k = _measured(variant, cap, how, build)
+        result, k = _with_retry(variant, cap, how, build)
         results.append(result)
         if k is not None:
             kernels[cap] = k
@@ -183,9 +186,25 @@ def build_targets(variant: KernelVariant, capabilities: tuple[int, ...]) -> list
     return results
 
 
+def _with_retry(variant: KernelVariant, capability: int, how: str, build):
+    """_measured, once more when it fails or raises. Twice a build failed and then passed when
+    run again (cause not found); a deterministic failure (fp8 on sm_80) fails both times, in a
+    few milliseconds, and stays a failure. The first error is kept on the result (retry_of)."""
+    try:
+        result, k = _measured(variant, capability, how, build)
+        if result.compiled:
+            return result, k
+        first = result.error
+    except Exception as e:  # noqa: BLE001 - e.g. no ptxas report: the retry raises it again
+        first = f"{type(e).__name__}: {str(e)[-400:]}"
+    result, k = _measured(variant, capability, how, build)
+    return replace(result, retry_of=first), k
+
+
 def direct_build(variant: KernelVariant, capability: int) -> BuildResult:
     """The same target alone, from the AST: what the sharing is checked against."""
-    return _measured(variant, capability, "ast", lambda: compile_kernel(variant, capability))[0]
+    return _with_retry(variant, capability, "ast",
+                       lambda: compile_kernel(variant, capability))[0]
 
 
 def _worker_init(triton_cache: str) -> None:
@@ -255,13 +274,26 @@ def build_all(variants: list[KernelVariant], capabilities: tuple[int, ...], cach
                     found[v.key(), r.capability, how] = r
                     path = cache_dir / f"{cache_key(v, r.capability, how)}.json"
                     path.write_text(json.dumps(asdict(r)))
+    results = [found[v.key(), cap, "shared"] for v in variants for cap in capabilities]
+    direct_results = [found[v.key(), cap, "direct"] for v, cap in direct]
     stats = dict(builds=builds, cache_hits=len(keys) - builds,
                  seconds=round(time.perf_counter() - start, 1),
-                 cpu_seconds=round(_children_cpu_seconds() - cpu_start, 1))
+                 cpu_seconds=round(_children_cpu_seconds() - cpu_start, 1),
+                 **retries(results + direct_results))
     print(f"kernel builds: {stats['builds']} compiled, {stats['cache_hits']} from cache, "
-          f"{stats['seconds']} s ({stats['cpu_seconds']} CPU s)", file=sys.stderr)
-    results = [found[v.key(), cap, "shared"] for v in variants for cap in capabilities]
-    return results, [found[v.key(), cap, "direct"] for v, cap in direct], stats
+          f"{stats['seconds']} s ({stats['cpu_seconds']} CPU s); {stats['retried']} retried, "
+          f"{stats['flaky']} compiled on the retry", file=sys.stderr)
+    return results, direct_results, stats
+
+
+def retries(results: list[BuildResult]) -> dict:
+    """How many builds were retried (failed once: _with_retry), how many of those compiled the
+    second time (flaky: they pass, but show here), and the first flaky build's first error.
+    Cached results keep what happened when they were built."""
+    flaky = [r for r in results if r.compiled and r.retry_of is not None]
+    return dict(retried=sum(r.retry_of is not None for r in results), flaky=len(flaky),
+                first_flaky_error=(f"{flaky[0].label} sm_{flaky[0].capability}: "
+                                   f"{flaky[0].retry_of}" if flaky else None))
 
 
 # CPU seconds per build relative to store_kv's (benchmarks/kernel_build_time.py): only orders

@@ -27,7 +27,13 @@ tokens, where for 16-bit queries (tensor cores)
     above head_dim 128: sm_89 widens fp8 K/V tiles to 16 bits in registers, and at 32 keys it
     reached 255 registers and spilled 12-20 bytes per thread (16 keys: 194, no spill);
 and for fp32 queries (FMA-unit dots: ptxas spilled 0.2 to 80 KB per thread with the 64-row tile)
-    ROWS = 16, BLOCK_N = 32, num_warps = 8, which spills nothing at head dims 64-256.
+    ROWS = 16, num_warps = 8, and BLOCK_N = 32 except 16 at head_dim 128; at head_dim 256
+    num_stages = 2. With 32 keys and 3 stages ptxas spilled 8-16 bytes per thread at only 80
+    registers in a few block size / group mixes (sm_89: block size 32 head dim 128 groups 1-3,
+    block size 8 head dim 256 group 5; the page arithmetic differs, the tile does not). 16 keys
+    cure head dim 128 (56-70 registers) but spill at 256 (8-20 bytes at 64-80 registers, sm_80
+    and sm_89), as do 4 warps there (255 registers on sm_80); 32 keys with one tile in flight
+    instead of two: 102-164 registers, no spill, on every block size, group and target.
 """
 from __future__ import annotations
 
@@ -149,13 +155,16 @@ def prefill_tiles(group: int, head_dim: int, query_dtype: torch.dtype,
     """The static tile rule (module docstring) as the prefill kernel's launch options."""
     group_pad = triton.next_power_of_2(group)
     head_dim_pad = triton.next_power_of_2(head_dim)
+    num_stages = 3  # Triton's default: two KV tiles in flight while one is used
     if query_dtype == torch.float32:
-        rows, block_n, num_warps = 16, 32, 8
+        rows, num_warps = 16, 8
+        block_n = 16 if head_dim_pad == 128 else 32
+        num_stages = 2 if head_dim_pad > 128 else 3
     else:
         rows, num_warps = 64, 4 if head_dim_pad <= 64 else 8
         block_n = 64 if head_dim_pad <= 128 else 16 if cache_dtype.itemsize == 1 else 32
     return dict(BLOCK_M=max(1, rows // group_pad), GROUP_PAD=group_pad, BLOCK_N=block_n,
-                HEAD_DIM_PAD=head_dim_pad, num_warps=num_warps)
+                HEAD_DIM_PAD=head_dim_pad, num_warps=num_warps, num_stages=num_stages)
 
 
 def paged_prefill(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,

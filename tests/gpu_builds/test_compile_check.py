@@ -1,12 +1,12 @@
-"""The "ci" profile's Triton kernel variants compiled for sm_80, sm_89 and sm_90 (no GPU).
-
-"ci" is every variant at block size 16 and, at block sizes 8 and 32, a bf16 probe shape
-(raypaged/model/attention/compile_check.py says why not all 576 per target).
+"""Every Triton kernel variant the engine can launch (the "full" profile: 576 per target)
+compiled for sm_80, sm_89 and sm_90 (no GPU): raypaged/model/attention/compile_check.py.
 
 The check runs in its own interpreter: it needs compiled Triton (tests/kernels sets
 TRITON_INTERPRET for this process) and it swaps Triton's driver while it records launches.
 Results are cached by source hash in .kernel-builds/, so only a kernel edit pays the compile
-again (cold: see README "Kernel builds for real GPUs", Profiles).
+again (cold: about 1,180 CPU s, an estimate; README "Kernel builds for real GPUs", Profiles).
+A build that fails is retried once (kernels/aot_build.py); one that passes only on the retry
+passes here with a warning naming it.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -36,10 +37,16 @@ def report(tmp_path_factory) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     proc = subprocess.run([sys.executable, "-m", "raypaged.model.attention.compile_check",
-                           "--profile", "ci", "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+                           "--profile", "full", "--out", str(out)],
+                          # cold: ~10 min on 2 idle cores; a guard against a hang, not a budget
+                          # (a shared 2-core dev machine took 18 min wall for the 2.5x smaller "ci")
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=5400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(out.read_text())
+    report = json.loads(out.read_text())
+    if report["flaky"]:  # compiled on aot_build's retry: passes, but in the warnings summary
+        warnings.warn(f"{report['flaky']} kernel builds failed once and compiled on the retry; "
+                      f"first: {report['first_flaky_error']}")
+    return report
 
 
 def test_every_variant_compiles_exactly_where_the_engine_accepts_it(report):
@@ -70,14 +77,18 @@ def test_every_kernel_dtype_pair_and_target_is_built_and_every_block_size(report
             (bs, cache) for bs in (8, 16, 32) for cache in ("bf16", "fp8")}
 
 
-def test_every_shape_is_built_in_every_dtype_pair_at_block_size_16(report):
-    """At the default block size the profile is the full cross product: every kernel built."""
-    at_16 = [r for r in report["results"]
-             if r["block_size"] == 16 or r["kernel"] == "_merge_kernel"]
-    per_target = collections.Counter(r["capability"] for r in at_16)
+def test_every_shape_is_built_in_every_dtype_pair_at_every_block_size(report):
+    """The full cross product: every kernel the engine can launch is built."""
+    per_target = collections.Counter((r["capability"], r["block_size"]) for r in report["results"]
+                                     if r["kernel"] != "_merge_kernel")
+    merges = collections.Counter(r["capability"] for r in report["results"]
+                                 if r["kernel"] == "_merge_kernel")
     # 5 dtype pairs x 3 head dims: store_kv x 4 kv-head pads, decode x (group 1, > 1) x (split
-    # or not), prefill x 4 group pads; the merge: 3 output dtypes x 3 head dims x 4 split pads
-    assert per_target == {cap: 5 * 3 * (4 + 2 * 2 + 4) + 3 * 3 * 4 for cap in (80, 89, 90)}
+    # or not), prefill x 4 group pads; the merge (the page size never reaches it): 3 output
+    # dtypes x 3 head dims x 4 split pads
+    assert per_target == {(cap, bs): 5 * 3 * (4 + 2 * 2 + 4)
+                          for cap in (80, 89, 90) for bs in (8, 16, 32)}
+    assert merges == {cap: 3 * 3 * 4 for cap in (80, 89, 90)}
 
 
 def test_no_register_spills_in_decode_and_prefill_default_configurations(report):
@@ -90,8 +101,9 @@ def test_no_register_spills_in_decode_and_prefill_default_configurations(report)
 
 
 def test_no_register_spills_in_any_decode_or_prefill_variant(report):
-    """Prefill with an fp8 cache at head dim 256 spilled on sm_89 (255 registers) until its KV
-    tile went from 32 to 16 keys there (kernels/paged_prefill.py)."""
+    """Spills found and fixed by shrinking the prefill KV tile (kernels/paged_prefill.py): an
+    fp8 cache at head dim 256 on sm_89 (255 registers, 32 -> 16 keys), and fp32 queries from head
+    dim 128 at block sizes 8 and 32 on sm_89 (8-16 bytes at 80 registers, 32 -> 16 keys)."""
     spills = [(r["label"], r["capability"], r["spill_stores"], r["spill_loads"])
               for r in report["results"] if r["compiled"] and r["kernel"] in DECODE_PREFILL
               and (r["spill_stores"] or r["spill_loads"])]

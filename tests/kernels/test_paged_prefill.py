@@ -51,6 +51,8 @@ def reference(batch, scale):
     (8, 128, 16, FP16, FP16),
     (8, 64, 8, FP32, FP8),
     (1, 256, 16, FP16, FP8),  # the fp8 tile above head dim 128 (BLOCK_N 16)
+    (1, 128, 32, FP32, FP32),  # the fp32 tile at head dim 128 (BLOCK_N 16)
+    (5, 256, 8, FP32, FP32),   # fp32 at head dim 256 (2 stages)
 ], ids=case_id)
 def test_prefill_matches_reference_on_a_mixed_batch(group, head_dim, block_size, dtype, kv_dtype):
     batch = mixed_batch(group, head_dim, block_size, dtype, kv_dtype)
