@@ -51,7 +51,7 @@ bench: $(STAMP)
 # only: the test suite does not need it. ~10 minutes at 256 requests on 2 cores.
 bench-batch: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
-	PYTHONPATH=$(CURDIR) $(BIN)/python benchmarks/batch_throughput.py --requests 256
+	PYTHONPATH=$(CURDIR) $(BIN)/python benchmarks/batch_throughput.py
 
 # On a GPU machine: kernel tests on CUDA, end-to-end backend equality, kernel + graph benchmarks.
 gpu-check:

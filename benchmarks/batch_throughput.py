@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import tempfile
@@ -136,6 +137,7 @@ def main() -> None:
                       args.seed)
     engine = dict(dtype=args.dtype, kv_memory_mb=args.kv_memory_mb, max_model_len=1024)
     slice_ = args.cpus_per_engine
+    load_at_start = os.getloadavg()[0]
     rows = [run_offline(bodies, engine, slice_)]
     ray.init(address="local", num_cpus=2 * slice_, include_dashboard=False,
              _node_ip_address="127.0.0.1", log_to_driver=False)
@@ -160,10 +162,12 @@ def main() -> None:
     print(table(rows, ["run", "grouping", "seconds", "output_tokens", "tok_per_s", "x_offline",
                        "x_1_engine", "x_raypaged", "prefix_hit_rate", "startup_s",
                        "output_files", "engines_per_prefix"]))
-    print("the machine is shared: other jobs ran on its cores during this run")
+    load = {"at_start": load_at_start, "at_end": os.getloadavg()[0], "cpus": os.cpu_count()}
+    print(f"load average (1 min) {load['at_start']:.2f} at the start, {load['at_end']:.2f} at the "
+          f"end, on {load['cpus']} CPUs: this run's own engines and driver count in it")
     # without the Ray Data rows, the file the README's earlier batch row names
     name = "batch_throughput" if args.no_ray_data else "batch_throughput_ray_data"
-    print(f"wrote {write(name, {'args': vars(args), 'rows': rows})}")
+    print(f"wrote {write(name, {'args': vars(args), 'load_average': load, 'rows': rows})}")
     plt = pyplot()
     if plt is None:
         return
