@@ -16,7 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
+#include <type_traits>
 
 namespace {
 
@@ -47,10 +47,10 @@ inline float dot(const float* a, const float* b, int64_t D) {  // D % LANES == 0
   return s;
 }
 
-template <typename T>
+// D is a template argument so the row loops are fully unrolled with no remainder handling.
+template <typename T, int64_t D>
 void decode(const T* q, const T* k, const T* v, const int32_t* tables, const int32_t* lens, T* out,
-            int64_t n, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t max_blocks,
-            float scale) {
+            int64_t n, int64_t H, int64_t Hkv, int64_t bs, int64_t max_blocks, float scale) {
   const int64_t G = H / Hkv, token_stride = Hkv * D, block_stride = bs * Hkv * D;
   at::parallel_for(0, n * Hkv, 1, [&](int64_t begin, int64_t end) {
     alignas(64) float qf[MAX_GROUP][MAX_DIM], acc[MAX_GROUP][MAX_DIM], row[MAX_DIM];
@@ -60,7 +60,7 @@ void decode(const T* q, const T* k, const T* v, const int32_t* tables, const int
       for (int64_t g = 0; g < G; ++g) {
         load_row(q + (b * H + h * G + g) * D, qf[g], D);
         for (int64_t d = 0; d < D; ++d) { qf[g][d] *= scale; acc[g][d] = 0.f; }
-        m[g] = -std::numeric_limits<float>::infinity();
+        m[g] = -1e30f;  // finite: -ffast-math assumes no infinities
         l[g] = 0.f;
       }
       for (int64_t blk = 0; blk * bs < len; ++blk) {
@@ -73,7 +73,7 @@ void decode(const T* q, const T* k, const T* v, const int32_t* tables, const int
         for (int64_t g = 0; g < G; ++g) {             // online softmax over this block
           float top = m[g];
           for (int64_t t = 0; t < ntok; ++t) top = std::max(top, p[g][t]);
-          const float rescale = std::exp(m[g] - top);  // 0 on the first block (m = -inf)
+          const float rescale = std::exp(m[g] - top);  // 0 on the first block (m = -1e30)
           l[g] *= rescale;
           for (int64_t d = 0; d < D; ++d) acc[g][d] *= rescale;
           for (int64_t t = 0; t < ntok; ++t) { p[g][t] = std::exp(p[g][t] - top); l[g] += p[g][t]; }
@@ -111,18 +111,24 @@ torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key, torch::Tensor
   TORCH_CHECK(key.size(3) == D && H % Hkv == 0 && H / Hkv <= MAX_GROUP && D <= MAX_DIM &&
               D % LANES == 0 && bs <= MAX_BLOCK, "unsupported head layout");
   TORCH_CHECK(block_tables.size(0) >= n && seq_lens.size(0) >= n, "one table row per sequence");
+  TORCH_CHECK(D == 64 || D == 128, "head dim 64 or 128 (the ones instantiated)");
+  TORCH_CHECK(query.scalar_type() == at::kFloat || query.scalar_type() == at::kBFloat16,
+              "fp32 or bf16");
   auto out = torch::empty_like(query);
   const float s = float(scale);
-  if (query.scalar_type() == at::kFloat) {
-    decode<float>(query.data_ptr<float>(), key.data_ptr<float>(), value.data_ptr<float>(),
-                  block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(),
-                  out.data_ptr<float>(), n, H, Hkv, D, bs, block_tables.size(1), s);
-  } else {
-    TORCH_CHECK(query.scalar_type() == at::kBFloat16, "fp32 or bf16");
-    decode<at::BFloat16>(query.data_ptr<at::BFloat16>(), key.data_ptr<at::BFloat16>(),
-                         value.data_ptr<at::BFloat16>(), block_tables.data_ptr<int32_t>(),
-                         seq_lens.data_ptr<int32_t>(), out.data_ptr<at::BFloat16>(),
-                         n, H, Hkv, D, bs, block_tables.size(1), s);
-  }
+  const int64_t mb = block_tables.size(1);
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  auto run = [&](auto zero, auto dim) {
+    using T = decltype(zero);
+    decode<T, decltype(dim)::value>(query.data_ptr<T>(), key.data_ptr<T>(), value.data_ptr<T>(),
+                                    tables, lens, out.data_ptr<T>(), n, H, Hkv, bs, mb, s);
+  };
+  using D64 = std::integral_constant<int64_t, 64>;
+  using D128 = std::integral_constant<int64_t, 128>;
+  if (query.scalar_type() == at::kFloat)
+    D == 64 ? run(float(), D64()) : run(float(), D128());
+  else
+    D == 64 ? run(at::BFloat16(), D64()) : run(at::BFloat16(), D128());
   return out;
 }
