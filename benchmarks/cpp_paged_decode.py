@@ -98,7 +98,7 @@ def check(module) -> list[dict]:
 @torch.inference_mode()
 def sample(fn, sample_s: float) -> tuple[float, float]:
     """-> (process CPU us, wall us) per call, the mean over enough calls to last ~sample_s."""
-    calls, wall = 1, 0.0
+    calls = 1
     while True:
         c0, w0 = time.process_time(), time.perf_counter()
         for _ in range(calls):
@@ -106,9 +106,8 @@ def sample(fn, sample_s: float) -> tuple[float, float]:
         cpu, wall = time.process_time() - c0, time.perf_counter() - w0
         if wall >= sample_s or calls >= 1 << 16:
             return cpu / calls * 1e6, wall / calls * 1e6
-        calls *= 2 if wall < sample_s / 4 else 1
-        if wall >= sample_s / 4:
-            calls = max(calls + 1, int(calls * sample_s / max(wall, 1e-9)))
+        # double while far off; once a sample is long enough to trust, jump to the target
+        calls = calls * 2 if wall < sample_s / 4 else max(calls + 1, int(calls * sample_s / wall))
 
 
 def measure(module, threads: int, batch: int, context: int, repeats: int, sample_s: float) -> dict:
