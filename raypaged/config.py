@@ -67,7 +67,8 @@ class EngineArgs:
                         cli=False, serve=False)
     # 1024 is the libraries' own default, which grows a CPU worker's RSS by ~0.6 GiB under
     # varied load; 128 chosen by benchmarks/memory_probe.py (raypaged/model/onednn_cache.py).
-    # benchmarks/forward_step.py: decode 1.31x / 1.25x / 1.12x at batch 1 / 4 / 16 (bf16, 1 thread)
+    # benchmarks/forward_step.py (results/forward_step.json): packing alone makes the forward step
+    # 1.47x / 1.32x / 1.15x faster at decode batch 1 / 4 / 16 (bf16, 1 thread)
     packed_linears: bool = setting(
         True, "CPU bf16: reorder linear weights once into oneDNN's blocked layout instead of on "
         "every matmul (same bits, faster decode)", group=SCHEDULER)

@@ -3,10 +3,8 @@
 An eager bf16 `F.linear` on a CPU goes through oneDNN with the weight in torch's plain [out, in]
 layout, and oneDNN reorders it into its blocked layout on every call. For decode-sized inputs
 (1-16 rows) that reorder costs about as much as the product itself. Reordering once at load
-time (what inductor's freezing pass does) gives the same kernel the same bits:
-
-    576 -> 3072, bf16, 1 thread:   1 row  113 us -> 59 us   16 rows  207 us -> 143 us
-    (benchmarks/forward_step.py measures the whole forward)
+time (what inductor's freezing pass does) gives the same kernel the same bits;
+benchmarks/forward_step.py measures what it does to the whole forward step.
 
 Outputs are bit-identical to `F.linear` (the same oneDNN kernel runs; only the reorder moves).
 fp32 linears run through MKL, not oneDNN, and are left alone, so fp32 tokens stay those of HF.
