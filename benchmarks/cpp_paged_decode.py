@@ -1,13 +1,12 @@
-"""Decode attention read from the paged cache in place (C++/OpenMP) vs the torch backend's path.
+"""The CPU decode attention kernel (kernels/cpu_paged_decode.cpp) vs the gather + SDPA path.
 
-A measured prototype, not wired into the engine. `cpp_paged_decode.cpp` is built here with
-`torch.utils.cpp_extension.load_inline` (-O3 -march=native; -ffast-math so expf vectorizes, 2x
-here; -fopenmp, at::parallel_for over (sequence, KV head) pairs; a fresh build directory, so the
-build time printed is a cold build).
-The torch side is `TorchAttentionBackend.attend` on the same cache and metadata: gather each
-sequence's blocks into a padded copy, then one masked SDPA with GQA grouping. The step plan is
-built once before timing, as the engine builds it once per step for all 30 layers, so both sides
-are timed per layer call.
+The kernel reads each sequence's blocks of the paged KV cache in place (C++/OpenMP, -O3
+-march=native -ffast-math, at::parallel_for over (sequence, KV head) pairs); it is built here in
+a fresh TORCH_EXTENSIONS_DIR, so the build time printed is a cold build.
+The torch side is `TorchAttentionBackend.attend` on the same cache and metadata without the
+kernel: gather each sequence's blocks into a padded copy, then one masked SDPA with GQA grouping.
+The step plan is built once before timing, as the engine builds it once per step for all 30
+layers, so both sides are timed per layer call.
 
 Shapes are the default model's (SmolLM2-135M: 9 query heads, 3 KV heads, head dim 64), block size
 16, each sequence's blocks scattered over the cache (a shuffled block pool). Both implementations
@@ -20,6 +19,7 @@ both process CPU time (all threads; what the step costs the machine) and wall ti
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -29,24 +29,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from torch.utils.cpp_extension import load_inline  # noqa: E402
 
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
+from raypaged.kernels import cpu_paged_decode  # noqa: E402
 from raypaged.model.attention.base import AttentionMetadata, LayerKVCache  # noqa: E402
 from raypaged.model.attention.torch_backend import TorchAttentionBackend  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
-SOURCE = Path(__file__).with_suffix(".cpp")
 
 
-def build() -> tuple[object, float]:
-    """-> (extension module, seconds of wall time for a cold build)."""
+def build() -> float:
+    """Build the kernel in an empty extensions folder -> seconds of wall time (a cold build)."""
+    os.environ["TORCH_EXTENSIONS_DIR"] = tempfile.mkdtemp(prefix="cpu_paged_decode_")
+    cpu_paged_decode.load.cache_clear()
     start = time.perf_counter()
-    module = load_inline(
-        name="cpp_paged_decode", cpp_sources=[SOURCE.read_text()], functions=["paged_decode"],
-        extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"], extra_ldflags=["-fopenmp"],
-        build_directory=tempfile.mkdtemp(prefix="cpp_paged_decode_"), verbose=False)
-    return module, time.perf_counter() - start
+    cpu_paged_decode.load()
+    return time.perf_counter() - start
 
 
 def decode_case(batch: int, context: int, dtype: torch.dtype, seed: int = 0):
@@ -70,26 +68,26 @@ def decode_case(batch: int, context: int, dtype: torch.dtype, seed: int = 0):
     return query, cache, meta
 
 
-def runners(module, batch: int, context: int, dtype: torch.dtype):
+def runners(batch: int, context: int, dtype: torch.dtype):
     """-> {"torch": fn, "cpp": fn}, each one layer's decode attention on the same inputs."""
     query, cache, meta = decode_case(batch, context, dtype)
     scale = HEAD_DIM ** -0.5
-    backend = TorchAttentionBackend()
-    backend.attend(query, cache, meta, scale)  # the step plan, built once per step in the engine
-    return {"torch": lambda: backend.attend(query, cache, meta, scale),
-            "cpp": lambda: module.paged_decode(query, cache.key, cache.value, meta.block_tables,
-                                               meta.seq_lens, scale)}
+    gather, kernel = TorchAttentionBackend(), TorchAttentionBackend(cpu_paged_decode.paged_decode)
+    for backend in (gather, kernel):  # the step plan, built once per step in the engine
+        backend.attend(query, cache, meta, scale)
+    return {"torch": lambda: gather.attend(query, cache, meta, scale),
+            "cpp": lambda: kernel.attend(query, cache, meta, scale)}
 
 
 @torch.inference_mode()
-def check(module) -> list[dict]:
+def check() -> list[dict]:
     """Max abs difference to the torch path: bf16 outputs, and fp32 (must agree within 1e-5)."""
     rows = []
     for dtype in (torch.bfloat16, torch.float32):
         worst = 0.0
         for batch in (1, 4, 16, 64):
             for context in (0, 15, 16, 255, 256, 1024):
-                fns = runners(module, batch, context, dtype)
+                fns = runners(batch, context, dtype)
                 worst = max(worst, (fns["torch"]().float() - fns["cpp"]().float()).abs().max().item())
         rows.append({"dtype": str(dtype).removeprefix("torch."), "max_abs_diff": worst})
     return rows
@@ -110,9 +108,9 @@ def sample(fn, sample_s: float) -> tuple[float, float]:
         calls = calls * 2 if wall < sample_s / 4 else max(calls + 1, int(calls * sample_s / wall))
 
 
-def measure(module, threads: int, batch: int, context: int, repeats: int, sample_s: float) -> dict:
+def measure(threads: int, batch: int, context: int, repeats: int, sample_s: float) -> dict:
     torch.set_num_threads(threads)
-    fns = runners(module, batch, context, torch.bfloat16)
+    fns = runners(batch, context, torch.bfloat16)
     cpu = {name: [] for name in fns}
     wall = {name: [] for name in fns}
     for fn in fns.values():
@@ -166,14 +164,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()
 
-    module, build_s = build()
+    build_s = build()
     print(f"cold build: {build_s:.1f} s")
-    checks = check(module)
+    checks = check()
     print(table(checks, ["dtype", "max_abs_diff"]))
     fp32 = next(c for c in checks if c["dtype"] == "float32")["max_abs_diff"]
     if fp32 > 1e-5:
         raise SystemExit(f"fp32 outputs differ from the torch path by {fp32:.3g} > 1e-5")
-    rows = [measure(module, t, b, c, args.repeats, args.sample_ms / 1e3)
+    rows = [measure(t, b, c, args.repeats, args.sample_ms / 1e3)
             for t in args.threads for c in args.contexts for b in args.batches]
     print(table(rows, ["threads", "batch", "context", "cpu_torch_us", "cpu_cpp_us", "cpu_speedup",
                        "wall_torch_us", "wall_cpp_us", "wall_speedup"]))

@@ -5,8 +5,8 @@ all variants live in this one process and are timed interleaved (variant order r
 repeat), so a shared machine slows them alike, and only the ratios to `baseline` (every
 optimisation off) are reported. Time is the process's CPU time, not wall time: on a machine
 shared with other jobs, waiting for a core is not the step's cost (with --threads 1 the step
-runs on the calling thread). Steps: decode of 1, 4 and 16 sequences at --context tokens each,
-and a prefill of --prefill tokens of one sequence.
+runs on the calling thread). Steps: decode of --batches sequences (1, 4, 16, 64) at --context
+tokens each, and a prefill of --prefill tokens of one sequence.
 
     python benchmarks/forward_step.py [--repeats 9] [--threads 1] [--dtype bfloat16]
 """
@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
+from raypaged.kernels import cpu_paged_decode  # noqa: E402
 from raypaged.model.attention.base import AttentionMetadata  # noqa: E402
 from raypaged.model.attention.torch_backend import TorchAttentionBackend  # noqa: E402
 from raypaged.model.default_model import default_model_dir  # noqa: E402
@@ -43,7 +44,8 @@ class PerLayerPlan(TorchAttentionBackend):
 
 # variant -> the optimisations it turns on; "default" is what build_engine gives on a CPU
 VARIANTS = {"baseline": (), "packed_linears": ("packed_linears",), "step_plan": ("step_plan",),
-            "default": ("packed_linears", "step_plan")}
+            "packed+plan": ("packed_linears", "step_plan"),
+            "default": ("packed_linears", "step_plan", "decode_kernel")}
 
 
 def build(variant: str, dtype: str):
@@ -51,7 +53,9 @@ def build(variant: str, dtype: str):
     on = VARIANTS[variant]
     if "packed_linears" in on:
         pack_linears(model)
-    if "step_plan" not in on:
+    if "decode_kernel" in on:  # the C++ decode attention, over the per-step plan
+        model.backend = TorchAttentionBackend(cpu_paged_decode.paged_decode)
+    elif "step_plan" not in on:
         model.backend = PerLayerPlan()
     return model, cfg
 
@@ -91,11 +95,12 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     ap.add_argument("--context", type=int, default=256, help="tokens cached per decoding sequence")
     ap.add_argument("--prefill", type=int, default=256)
+    ap.add_argument("--batches", default="1,4,16,64", help="decoding sequences per step")
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=VARIANTS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     variants = ["baseline", *(v for v in args.variants if v != "baseline")]
-    cases = [(f"decode x{b}", b, args.context, 1) for b in (1, 4, 16)]
+    cases = [(f"decode x{b}", int(b), args.context, 1) for b in args.batches.split(",")]
     cases.append((f"prefill {args.prefill}", 1, 0, args.prefill))
     built = {v: build(v, args.dtype) for v in variants}
     cfg = built["baseline"][1]

@@ -72,6 +72,11 @@ class EngineArgs:
     packed_linears: bool = setting(
         True, "CPU bf16: reorder linear weights once into oneDNN's blocked layout instead of on "
         "every matmul (same bits, faster decode)", group=SCHEDULER)
+    # benchmarks/forward_step.py measures the step with and without it
+    cpu_decode_kernel: bool = setting(
+        True, "CPU: decode attention by a C++ kernel that reads the paged KV cache in place "
+        "(built once per machine with the local g++, then cached; where it cannot be built, "
+        "a warning and the gather + SDPA path)", group=SCHEDULER)
     onednn_cache_capacity: int = setting(
         128, "oneDNN kernels kept per input shape on CPU bf16 (1024: the libraries' default, "
         "which grows RSS by ~0.6 GiB under load)", group=SCHEDULER, ge=1)

@@ -205,9 +205,29 @@ def build_engine(args: EngineArgs) -> Engine:
     return Engine(core, tokenizer, plan, name, mcfg.eos_token_ids, runner, args.output_thread)
 
 
+def cpu_decode_kernel(mcfg, cache, dtype: torch.dtype):
+    """The C++ decode attention for this model and cache, or None (with a warning saying why and
+    what to do) where it cannot serve them or cannot be built here."""
+    from raypaged.kernels import cpu_paged_decode
+
+    why = cpu_paged_decode.unsupported(dtype, cache.key.dtype, mcfg.num_heads, mcfg.num_kv_heads,
+                                       mcfg.head_dim, cache.block_size)
+    if why is None:
+        try:
+            cpu_paged_decode.load()
+        except RuntimeError as e:
+            why = str(e)
+    if why is not None:
+        log.warning("C++ decode attention off, gather + SDPA instead: %s (install g++ and "
+                       "ninja, or pass --no-cpu-decode-kernel to choose this path)", why)
+        return None
+    return cpu_paged_decode.paged_decode
+
+
 def assemble_core(model, mcfg, args: EngineArgs, device: torch.device):
     """Model in hand -> (EngineCore, KVPlan, ModelRunner): KV cache sized by the plan, attention
     workspace, CUDA graphs, scheduler. GPU tests call this with randomly initialised models."""
+    from raypaged.model.attention.torch_backend import TorchAttentionBackend
     from raypaged.model.cuda_graphs import CudaGraphDecoder
     from raypaged.model.input_buffers import InputBuffers
     from raypaged.model.kv_cache import allocate_kv_caches
@@ -229,6 +249,8 @@ def assemble_core(model, mcfg, args: EngineArgs, device: torch.device):
     plan = plan_kv_cache(shape, args, max_len, free)
     kv_caches = allocate_kv_caches(mcfg, plan.num_blocks, args.block_size, dtype,
                                    args.kv_dtype, device)
+    if device.type == "cpu" and model.backend.name == "torch" and args.cpu_decode_kernel:
+        model.backend = TorchAttentionBackend(cpu_decode_kernel(mcfg, kv_caches[0], dtype))
     if model.backend.name == "triton":
         # size the split-K workspace for this engine's batch; a fixed split rule (from
         # max_model_len) keeps decode launches identical between graph capture and replay

@@ -13,6 +13,18 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_sessionstart(session) -> None:
+    """Build the CPU decode attention once, before any test: engines built inside Ray workers
+    would otherwise each wait, under a test's timeout, on the first (~40 s) compile. A machine
+    that cannot build it gets the tests' own clear failures instead."""
+    from raypaged.kernels import cpu_paged_decode
+
+    try:
+        cpu_paged_decode.load()
+    except RuntimeError:
+        pass
+
+
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """The default model (SmolLM2-135M-Instruct) as a Hugging Face folder, from the normal cache

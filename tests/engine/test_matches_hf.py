@@ -13,6 +13,15 @@ def token_ids(outputs):
 
 
 def test_one_mixed_length_batch_matches_hf(llm, hf_greedy):
+    # the default CPU engine decodes through the C++ kernel that reads the paged cache in place
+    assert llm.engine.runner.model.backend.decode_kernel is not None
+    assert token_ids(llm.generate(PROMPTS, GREEDY32, use_tqdm=False)) == hf_greedy
+
+
+def test_gather_decode_path_matches_hf_too(default_model_dir, hf_greedy):
+    llm = LLM(str(default_model_dir), dtype="float32", kv_memory_mb=64, max_model_len=512,
+              cpu_decode_kernel=False)
+    assert llm.engine.runner.model.backend.decode_kernel is None
     assert token_ids(llm.generate(PROMPTS, GREEDY32, use_tqdm=False)) == hf_greedy
 
 

@@ -5,6 +5,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 
+from raypaged.kernels import cpu_paged_decode
+from raypaged.model.attention.torch_backend import TorchAttentionBackend
 from raypaged.model.kv_cache import allocate_kv_caches
 from raypaged.model.loader import load_model
 from paged_metadata import make_metadata, positions_for, scattered_block_tables
@@ -43,8 +45,10 @@ def hf_and_ours(request, tmp_path_factory):
     return hf, ours, config
 
 
-def test_mixed_batch_chunked_prefill_then_decode_matches_transformers(hf_and_ours):
+@pytest.mark.parametrize("decode", ["gather", "cpp"])
+def test_mixed_batch_chunked_prefill_then_decode_matches_transformers(hf_and_ours, decode):
     hf, ours, config = hf_and_ours
+    ours.backend = TorchAttentionBackend(cpu_paged_decode.paged_decode if decode == "cpp" else None)
     gen = torch.Generator().manual_seed(1)
     # Sequence A: 21-token prompt prefilled in chunks of 13 and 8 (crossing a block boundary),
     # then one decode. Sequence B: 6-token prompt at once, a decode beside A's second chunk,

@@ -1,15 +1,24 @@
-"""TorchAttentionBackend against a naive per-token reference, over mixed paged batches."""
+"""TorchAttentionBackend against a naive per-token reference, over mixed paged batches, with
+decode rows through the gather + SDPA path and through the C++ kernel that reads the cache in
+place (raypaged.kernels.cpu_paged_decode)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from raypaged.model.attention.base import LayerKVCache
+from raypaged.kernels import cpu_paged_decode
 from raypaged.model.attention.torch_backend import FP8_E4M3_MAX, TorchAttentionBackend
 from paged_metadata import make_metadata, scattered_block_tables
 
 HEAD_DIM = 32
 NUM_BLOCKS = 64
+
+
+@pytest.fixture(params=["gather", "cpp"])
+def decode_kernel(request):
+    """None (gather + SDPA) or the C++ decode kernel, built here (a test machine has g++)."""
+    return cpu_paged_decode.paged_decode if request.param == "cpp" else None
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: int,
@@ -40,11 +49,12 @@ def empty_cache(block_size: int, num_kv_heads: int, kv_dtype: str) -> LayerKVCac
     return LayerKVCache(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype), *scales)
 
 
-def run_step(seq_lens, query_lens, block_size, num_heads, num_kv_heads, kv_dtype):
+def run_step(seq_lens, query_lens, block_size, num_heads, num_kv_heads, kv_dtype,
+             decode_kernel=None):
     """Write every sequence's cached prefix in an earlier step, then this step's K/V, then attend.
     Returns (ours, reference), both [T, H, D]."""
     gen = torch.Generator().manual_seed(block_size * 100 + num_heads)
-    backend = TorchAttentionBackend()
+    backend = TorchAttentionBackend(decode_kernel)
     cache = empty_cache(block_size, num_kv_heads, kv_dtype)
     tables = scattered_block_tables(seq_lens, block_size, NUM_BLOCKS, seed=block_size)
     ks = [torch.randn(s, num_kv_heads, HEAD_DIM, generator=gen) for s in seq_lens]
@@ -74,22 +84,24 @@ def run_step(seq_lens, query_lens, block_size, num_heads, num_kv_heads, kv_dtype
 @pytest.mark.parametrize("kv_dtype", ["fp32", "fp8"])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (6, 2), (8, 2)])  # GQA groups 1, 3, 4
 @pytest.mark.parametrize("block_size", [8, 16, 32])
-def test_mixed_batch_matches_per_token_reference(block_size, num_heads, num_kv_heads, kv_dtype):
+def test_mixed_batch_matches_per_token_reference(block_size, num_heads, num_kv_heads, kv_dtype,
+                                                  decode_kernel):
     bs = block_size
     # decode at 2*bs (a full last block), a fresh prefill of bs+1, a decode at 1 token,
     # a chunk of 5 over a cached prefix of 3*bs-5 (ends on a block boundary), a decode at bs+1.
     seq_lens = [2 * bs, bs + 1, 1, 3 * bs, bs + 1]
     query_lens = [1, bs + 1, 1, 5, 1]
-    ours, expected = run_step(seq_lens, query_lens, bs, num_heads, num_kv_heads, kv_dtype)
+    ours, expected = run_step(seq_lens, query_lens, bs, num_heads, num_kv_heads, kv_dtype,
+                              decode_kernel)
     assert ours.shape == expected.shape and ours.dtype == torch.float32
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp32", "fp8"])
 @pytest.mark.parametrize("block_size", [8, 16, 32])
-def test_pure_decode_batch_matches_per_token_reference(block_size, kv_dtype):
+def test_pure_decode_batch_matches_per_token_reference(block_size, kv_dtype, decode_kernel):
     seq_lens = [1, block_size, block_size + 1, 2 * block_size - 1, 3 * block_size]
-    ours, expected = run_step(seq_lens, [1] * 5, block_size, 6, 2, kv_dtype)
+    ours, expected = run_step(seq_lens, [1] * 5, block_size, 6, 2, kv_dtype, decode_kernel)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -124,8 +136,8 @@ def test_fp8_write_divides_by_scale_and_clamps_to_the_e4m3_range():
     assert stored.tolist() == [10.0, -20.0, 448.0, -448.0]  # value / 0.05, clamped, not NaN
 
 
-def test_padding_rows_with_zero_seq_len_come_back_zero():
-    backend = TorchAttentionBackend()
+def test_padding_rows_with_zero_seq_len_come_back_zero(decode_kernel):
+    backend = TorchAttentionBackend(decode_kernel)
     cache = empty_cache(block_size=8, num_kv_heads=2, kv_dtype="fp32")
     meta = make_metadata([[1], [2]], [1, 1], [3, 1], block_size=8)
     meta.seq_lens_cpu = [3, 0]  # sequence 1 is a CUDA-graph padding row
@@ -137,11 +149,11 @@ def test_padding_rows_with_zero_seq_len_come_back_zero():
     assert torch.equal(out[1], torch.zeros(4, HEAD_DIM))
 
 
-def test_bfloat16_queries_and_cache_stay_close_to_the_fp32_result():
+def test_bfloat16_queries_and_cache_stay_close_to_the_fp32_result(decode_kernel):
     seq_lens, query_lens = [20, 9], [1, 9]
     ours32, _ = run_step(seq_lens, query_lens, 8, 6, 2, "fp32")
     gen = torch.Generator().manual_seed(8 * 100 + 6)  # same draws as run_step's
-    backend = TorchAttentionBackend()
+    backend = TorchAttentionBackend(decode_kernel)
     shape = (NUM_BLOCKS, 8, 2, HEAD_DIM)
     cache = LayerKVCache(torch.zeros(shape, dtype=torch.bfloat16), torch.zeros(shape, dtype=torch.bfloat16))
     tables = scattered_block_tables(seq_lens, 8, NUM_BLOCKS, seed=8)
@@ -153,3 +165,58 @@ def test_bfloat16_queries_and_cache_stay_close_to_the_fp32_result():
     out = backend.attend(q.bfloat16(), cache, make_metadata(tables, query_lens, seq_lens, 8), HEAD_DIM ** -0.5)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ours32, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp32", "bf16", "fp8"])
+@pytest.mark.parametrize("head_dim", [24, 64, 80, 128])  # 64, 128 compiled for; the others at run time
+def test_cpp_decode_kernel_matches_gather_path_across_head_dims(head_dim, kv_dtype):
+    """Long sequences over many scattered blocks, GQA group 3, each head dim the kernel handles."""
+    gen = torch.Generator().manual_seed(head_dim)
+    block_size, num_blocks, seq_lens = 16, 96, [1, 17, 300, 512]
+    query_dtype = torch.bfloat16 if kv_dtype == "bf16" else torch.float32
+    cache_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}[kv_dtype]
+    shape = (num_blocks, block_size, 2, head_dim)
+    cache = LayerKVCache(torch.randn(shape, generator=gen).to(cache_dtype),
+                         torch.randn(shape, generator=gen).to(cache_dtype),
+                         *((0.5, 2.0) if kv_dtype == "fp8" else (1.0, 1.0)))
+    meta = make_metadata(scattered_block_tables(seq_lens, block_size, num_blocks, seed=1),
+                         [1] * 4, seq_lens, block_size)
+    q = torch.randn(4, 6, head_dim, generator=gen).to(query_dtype)
+    kernel = TorchAttentionBackend(cpu_paged_decode.paged_decode).attend(q, cache, meta, 0.125)
+    gather = TorchAttentionBackend().attend(q, cache, meta, 0.125)
+    assert kernel.dtype == query_dtype
+    tol = 2e-2 if query_dtype == torch.bfloat16 else 1e-5  # bf16: one rounding of the output
+    torch.testing.assert_close(kernel.float(), gather.float(), atol=tol, rtol=tol)
+
+
+def test_cpp_decode_kernel_refuses_what_it_cannot_serve():
+    """The engine asks `unsupported` first and keeps the gather path, with the reason, instead."""
+    ok = dict(query_dtype=torch.bfloat16, cache_dtype=torch.bfloat16, num_heads=9,
+              num_kv_heads=3, head_dim=64, block_size=16)
+    assert cpu_paged_decode.unsupported(**ok) is None
+    assert cpu_paged_decode.unsupported(**{**ok, "cache_dtype": torch.float8_e4m3fn}) is None
+    assert "float16" in cpu_paged_decode.unsupported(**{**ok, "query_dtype": torch.float16,
+                                                         "cache_dtype": torch.float16})
+    assert "at most 16 per KV head" in cpu_paged_decode.unsupported(**{**ok, "num_heads": 51,
+                                                                       "num_kv_heads": 3})
+    assert "head dim 512" in cpu_paged_decode.unsupported(**{**ok, "head_dim": 512})
+
+
+def test_engine_keeps_the_gather_path_with_a_warning_where_the_kernel_cannot_serve(
+        monkeypatch, caplog):
+    from types import SimpleNamespace
+
+    from raypaged.engine import cpu_decode_kernel
+
+    mcfg = SimpleNamespace(num_heads=6, num_kv_heads=2, head_dim=HEAD_DIM)
+    cache = empty_cache(block_size=16, num_kv_heads=2, kv_dtype="fp32")
+    assert cpu_decode_kernel(mcfg, cache, torch.float32) is cpu_paged_decode.paged_decode
+    assert cpu_decode_kernel(mcfg, cache, torch.float16) is None  # a dtype it does not take
+    assert "dtype torch.float16" in caplog.text and "--no-cpu-decode-kernel" in caplog.text
+
+    def no_compiler():
+        raise RuntimeError("the C++ decode attention could not be built (g++: not found)")
+    monkeypatch.setattr(cpu_paged_decode, "load", no_compiler)
+    caplog.clear()
+    assert cpu_decode_kernel(mcfg, cache, torch.float32) is None
+    assert "g++: not found" in caplog.text

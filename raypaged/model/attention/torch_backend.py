@@ -11,10 +11,13 @@ A step's sequences are split by query length:
         query i  sees all of these | up to and including ctx+i     (ctx = seq_len - query_len)
 
 Blocks are gathered with index_select (several times faster on CPU than advanced indexing).
+Given a `decode_kernel` (on CPUs, the C++ kernel of raypaged.kernels.cpu_paged_decode), decode
+rows skip the gather and the padded SDPA: the kernel reads each sequence's blocks in place.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -28,9 +31,12 @@ class _DecodePlan:
     """What every layer's decode attention shares within one step (only block ids and lengths)."""
     seqs: list[int]               # sequences with query_len 1
     rows: torch.Tensor | None     # [n] their query rows; None: sequence b at row b, b < n
-    blocks: torch.Tensor          # [n * num_blocks] int64 block ids, sequence-major
+    block_tables: torch.Tensor    # [n, max_blocks] int32, contiguous (the kernel's input)
+    seq_lens: torch.Tensor        # [n] int32, contiguous
+    # The gather + SDPA path's (None when a decode kernel reads the cache in place):
+    blocks: torch.Tensor | None   # [n * num_blocks] int64 block ids, sequence-major
     length: int                   # L = num_blocks * block_size, the padded key length
-    visible: torch.Tensor         # [n, 1, 1, L] bool, key position < seq_len
+    visible: torch.Tensor | None  # [n, 1, 1, L] bool, key position < seq_len
 
 
 @dataclass
@@ -45,17 +51,24 @@ class _StepPlan:
     covers_all_rows: bool            # decode rows are exactly 0..T-1: no zero-filled output
 
 
+# (query [n, H, D] contiguous, key cache, value cache, block_tables [n, mb] int32, seq_lens [n]
+#  int32, scale, k_scale, v_scale) -> [n, H, D]: raypaged.kernels.cpu_paged_decode.paged_decode
+DecodeKernel = Callable[..., torch.Tensor]
+
+
 class TorchAttentionBackend:
     name = "torch"
 
-    def __init__(self) -> None:
+    def __init__(self, decode_kernel: DecodeKernel | None = None) -> None:
+        self.decode_kernel = decode_kernel
         # (metadata, block size, plan): holding the metadata keeps `is` a safe identity test. A step's
         # metadata is never mutated once built (InputBuffers makes a new one each step).
         self._last: tuple[AttentionMetadata, int, _StepPlan] | None = None
 
     def _plan(self, meta: AttentionMetadata, block_size: int) -> _StepPlan:
         if self._last is None or self._last[0] is not meta or self._last[1] != block_size:
-            self._last = (meta, block_size, _plan_step(meta, block_size))
+            self._last = (meta, block_size,
+                          _plan_step(meta, block_size, gather=self.decode_kernel is None))
         return self._last[2]
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, cache: LayerKVCache,
@@ -93,6 +106,9 @@ class TorchAttentionBackend:
         _, H, D = query.shape
         Hkv = cache.key.shape[2]
         q = query[:n] if plan.rows is None else query.index_select(0, plan.rows)
+        if self.decode_kernel is not None:
+            return self.decode_kernel(q.contiguous(), cache.key, cache.value, plan.block_tables,
+                                      plan.seq_lens, scale, cache.k_scale, cache.v_scale)
         k = _gather(cache.key, plan.blocks, cache.k_scale, query.dtype)   # [n * blocks, bs, Hkv, D]
         v = _gather(cache.value, plan.blocks, cache.v_scale, query.dtype)
         k = k.view(n, L, Hkv, D).transpose(1, 2)                          # [n, Hkv, L, D]
@@ -144,7 +160,7 @@ def _gather(cache: torch.Tensor, blocks: torch.Tensor, scale: float,
     return cache.index_select(0, blocks)
 
 
-def _plan_step(meta: AttentionMetadata, block_size: int) -> _StepPlan:
+def _plan_step(meta: AttentionMetadata, block_size: int, gather: bool) -> _StepPlan:
     slots = meta.slot_mapping
     valid = slots >= 0
     valid_rows = None
@@ -160,14 +176,14 @@ def _plan_step(meta: AttentionMetadata, block_size: int) -> _StepPlan:
         elif q_len > 1:
             prefill.append(b)
         start += q_len
-    plan = _decode_plan(meta, decode, starts, block_size) if decode else None
+    plan = _decode_plan(meta, decode, starts, block_size, gather) if decode else None
     covers_all = (plan is not None and plan.rows is None and not prefill
                   and len(decode) == len(meta.slot_mapping))
     return _StepPlan(valid_rows, slots, starts, prefill, plan, covers_all)
 
 
 def _decode_plan(meta: AttentionMetadata, seqs: list[int], starts: list[int],
-                 block_size: int) -> _DecodePlan:
+                 block_size: int, gather: bool) -> _DecodePlan:
     n = len(seqs)
     device = meta.seq_lens.device
     # The usual pure-decode batch has sequence b at row b: slice instead of gathering.
@@ -178,9 +194,12 @@ def _decode_plan(meta: AttentionMetadata, seqs: list[int], starts: list[int],
         seq_idx = torch.tensor(seqs, device=device)
         block_tables = meta.block_tables.index_select(0, seq_idx)
         seq_lens = meta.seq_lens.index_select(0, seq_idx)
+    block_tables, seq_lens = block_tables.contiguous(), seq_lens.contiguous()
+    if not gather:
+        return _DecodePlan(seqs, rows, block_tables, seq_lens, None, 0, None)
     max_len = max(meta.seq_lens_cpu[b] for b in seqs)
     num_blocks = -(-max_len // block_size)
     L = num_blocks * block_size
     blocks = block_tables[:, :num_blocks].reshape(-1).long()             # [n * num_blocks]
     visible = torch.arange(L, device=device)[None, :] < seq_lens[:, None]  # [n, L]
-    return _DecodePlan(seqs, rows, blocks, L, visible[:, None, None, :])
+    return _DecodePlan(seqs, rows, block_tables, seq_lens, blocks, L, visible[:, None, None, :])

@@ -1,0 +1,77 @@
+"""Build and load the C++ decode attention for CPUs (`cpu_paged_decode.cpp`).
+
+Built once per machine with the local C++ compiler through torch's extension mechanism
+(`torch.utils.cpp_extension.load`: ninja, cached under TORCH_EXTENSIONS_DIR, default
+~/.cache/torch_extensions, rebuilt when the source or flags change); later loads take about a
+second. -march=native compiles for this CPU, so the build's name carries a digest of the CPU's
+feature flags: machines of another kind sharing a home directory build their own copy instead of
+loading one that may hold instructions they lack. -ffast-math lets expf vectorize (2x on the
+softmax here); the kernel keeps its maxima finite, which is what that flag assumes.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import platform
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_paged_decode.cpp")
+# Mirrors the limits at the top of cpu_paged_decode.cpp.
+MAX_GROUP, MAX_DIM, MAX_BLOCK = 16, 256, 64
+QUERY_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def unsupported(query_dtype: torch.dtype, cache_dtype: torch.dtype, num_heads: int,
+                num_kv_heads: int, head_dim: int, block_size: int) -> str | None:
+    """Why the kernel cannot serve this model and cache, or None when it can."""
+    if query_dtype not in QUERY_DTYPES:
+        return f"dtype {query_dtype} (the kernel takes fp32 and bf16)"
+    if cache_dtype not in (query_dtype, torch.float8_e4m3fn):
+        return f"KV cache dtype {cache_dtype} with {query_dtype} queries"
+    if num_heads % num_kv_heads or num_heads // num_kv_heads > MAX_GROUP:
+        return f"{num_heads} query heads over {num_kv_heads} KV heads (at most {MAX_GROUP} per KV head)"
+    if head_dim > MAX_DIM:
+        return f"head dim {head_dim} (at most {MAX_DIM})"
+    if block_size > MAX_BLOCK:
+        return f"block size {block_size} (at most {MAX_BLOCK})"
+    return None
+
+
+def _cpu_digest() -> str:
+    """A short digest of what -march=native compiles for: the CPU's model and feature flags."""
+    text = platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features", "model name")):
+                text += line
+                if line.startswith(("flags", "Features")):
+                    break
+    except OSError:
+        text += platform.processor()
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+@functools.cache
+def load():
+    """-> the extension module (its `paged_decode`). Raises RuntimeError, naming the cause, when
+    it cannot be built here (no C++ compiler, no ninja, a compile error)."""
+    from torch.utils.cpp_extension import load as load_extension
+
+    try:
+        return load_extension(
+            name=f"raypaged_cpu_paged_decode_{_cpu_digest()}", sources=[str(SOURCE)],
+            extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
+            extra_ldflags=["-fopenmp"], verbose=False)
+    except (RuntimeError, OSError, ImportError) as e:
+        raise RuntimeError(f"the C++ decode attention could not be built ({e}); it needs a C++ "
+                           "compiler (g++) and ninja") from e
+
+
+def paged_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                 k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+    """query [n, H, D] (row b = sequence b), key/value [num_blocks, bs, Hkv, D], block_tables
+    [n, max_blocks] int32, seq_lens [n] int32 (each >= 1) -> [n, H, D] in query's dtype."""
+    return load().paged_decode(query, key, value, block_tables, seq_lens, scale, k_scale, v_scale)
