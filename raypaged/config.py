@@ -63,6 +63,10 @@ class EngineArgs:
                                  group=SCHEDULER, cli=False, serve=False)
     num_threads: int | None = setting(
         None, "torch CPU threads (serve default: the worker's CPUs)", group=SCHEDULER, ge=1)
+    decode_threads: int | None = setting(
+        None, "CPU: torch threads for decode-only steps (default: num_threads; serving: one fewer "
+        "than the worker's CPUs, leaving a core to the serving path around the model)",
+        group=SCHEDULER, ge=1)
     seed: int = setting(0, "the sampler's seed for requests that give none", group=SCHEDULER,
                         cli=False, serve=False)
     # 1024 is the libraries' own default, which grows a CPU worker's RSS by ~0.6 GiB under

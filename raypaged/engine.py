@@ -263,7 +263,8 @@ def assemble_core(model, mcfg, args: EngineArgs, device: torch.device):
         graphs = CudaGraphDecoder(model, kv_caches, args.max_num_seqs, max_len, buffers)
         if not graphs.capture():
             graphs = None
-    runner = ModelRunner(model, kv_caches, buffers, Sampler(args.seed), graphs)
+    decode_threads = args.decode_threads if device.type == "cpu" else None
+    runner = ModelRunner(model, kv_caches, buffers, Sampler(args.seed), graphs, decode_threads)
     scheduler = Scheduler(plan.num_blocks, args.block_size, max_len, args.max_num_seqs,
                           args.max_num_batched_tokens, args.enable_prefix_caching)
     return EngineCore(scheduler, runner, args.async_scheduling), plan, runner

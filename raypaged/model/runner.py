@@ -21,8 +21,14 @@ from raypaged.model.sampler import SampleRow, Sampler
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, kv_caches: list[LayerKVCache], buffers: InputBuffers,
-                 sampler: Sampler | None = None, graphs: CudaGraphDecoder | None = None) -> None:
+                 sampler: Sampler | None = None, graphs: CudaGraphDecoder | None = None,
+                 decode_threads: int | None = None) -> None:
+        """decode_threads: torch CPU threads for decode-only steps; the others keep the threads
+        set when the runner is built (None: one count for every step)."""
         self.model = model
+        self.decode_threads = decode_threads
+        self.full_threads = torch.get_num_threads()
+        self._threads = self.full_threads
         self.kv_caches = kv_caches
         self.buffers = buffers
         self.device = buffers.device
@@ -35,6 +41,8 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch) -> StepResult:
         if batch.block_copies:
             self._copy_blocks(batch.block_copies)
+        if self.decode_threads is not None:
+            self._set_threads(self.decode_threads if batch.is_pure_decode else self.full_threads)
         input_ids, positions, meta = self.prepare(batch)
         hidden = None
         if self.graphs is not None and batch.is_pure_decode:
@@ -73,6 +81,12 @@ class ModelRunner:
                 lps[r.request_id] = tuple(logprobs[i:i + k])
             i += k
         return StepResult(sampled=sampled, logprobs=lps)
+
+    def _set_threads(self, n: int) -> None:
+        # Called from the thread that runs the model: OpenMP's thread count is per calling thread.
+        if n != self._threads:
+            torch.set_num_threads(n)
+            self._threads = n
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         return self.buffers.prepare(batch)

@@ -112,6 +112,21 @@ def worker_resources(fleet: ServeOptions) -> tuple[float, float]:
     return cpus, gpus
 
 
+def worker_threads(engine: dict, cpus: float, gpus: float, serving: bool) -> dict:
+    """The engine settings with the worker's torch threads filled in: its CPUs, unless set. A
+    serving worker's decode-only steps leave one of them to what runs around the model (its
+    asyncio loop and output thread, Ray's threads, the router replica and Serve's proxy): on the
+    2-core machine that was 1.03-1.42x the output tok/s of all cores in every step
+    (benchmarks/vs_vllm.py, README "The serving path's per-token cost"). Prefill keeps them all."""
+    threads = engine.get("num_threads") or (None if gpus else max(1, int(cpus)))
+    if not threads:
+        return engine
+    engine = {**engine, "num_threads": threads}
+    if serving and threads >= 2 and engine.get("decode_threads") is None:
+        engine["decode_threads"] = threads - 1
+    return engine
+
+
 @ray.remote
 class ControllerActor(Controller):
     """`detached_workers`: the workers outlive this actor and the next one adopts them (a Serve
@@ -120,8 +135,8 @@ class ControllerActor(Controller):
     def __init__(self, args: dict, detached_workers: bool = False):
         fleet, engine = ServeArgs(**args).split()
         cpus, gpus = worker_resources(fleet)
-        threads = engine.get("num_threads") or (None if gpus else max(1, int(cpus)))
-        engine = {**engine, "num_threads": threads} if threads else engine
+        # detached workers serve HTTP (a Serve application); a batch job's workers do not
+        engine = worker_threads(engine, cpus, gpus, serving=detached_workers)
         options = dict(num_cpus=cpus, num_gpus=gpus, max_restarts=-1, max_task_retries=0,
                        scheduling_strategy="SPREAD",
                        runtime_env={"env_vars": worker_env_vars(fleet.worker_allocator)},

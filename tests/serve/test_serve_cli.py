@@ -40,7 +40,8 @@ def test_flags_map_onto_the_application_arguments():
                                    "max_model_len": 512, "max_num_seqs": 256,
                                    "max_num_batched_tokens": 2048, "enforce_eager": False,
                                    "output_thread": True, "onednn_cache_capacity": 64,
-                                   "packed_linears": True, "async_scheduling": False}
+                                   "packed_linears": True, "async_scheduling": False,
+                                   "cpu_decode_kernel": True}
 
 
 def test_a_kv_budget_that_cannot_hold_one_sequence_is_refused_before_ray_starts():

@@ -38,3 +38,18 @@ def test_a_local_cluster_keeps_what_was_set():
     args = ServeArgs(workers=2, cpus_per_worker=3, gpus_per_worker=0.5)
     got = local_worker_resources(args, num_cpus=64, num_gpus=8)
     assert (got.cpus_per_worker, got.gpus_per_worker) == (3.0, 0.5)
+
+
+def test_serving_workers_leave_a_core_to_the_serving_path_in_decode_steps():
+    assert actors.worker_threads({}, cpus=2, gpus=0, serving=True) == {
+        "num_threads": 2, "decode_threads": 1}
+    assert actors.worker_threads({}, cpus=8, gpus=0, serving=True) == {
+        "num_threads": 8, "decode_threads": 7}
+    # one CPU has none to spare; a batch job's workers serve no HTTP; what was set is kept
+    assert actors.worker_threads({}, cpus=1, gpus=0, serving=True) == {"num_threads": 1}
+    assert actors.worker_threads({}, cpus=4, gpus=0, serving=False) == {"num_threads": 4}
+    assert actors.worker_threads({"decode_threads": 4}, cpus=4, gpus=0, serving=True) == {
+        "num_threads": 4, "decode_threads": 4}
+    assert actors.worker_threads({"num_threads": 3}, cpus=8, gpus=0, serving=True) == {
+        "num_threads": 3, "decode_threads": 2}
+    assert actors.worker_threads({}, cpus=1, gpus=1, serving=True) == {}  # GPU: torch's default
