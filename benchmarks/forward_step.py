@@ -9,6 +9,7 @@ runs on the calling thread). Steps: decode of --batches sequences (1, 4, 16, 64)
 tokens each, and a prefill of --prefill tokens of one sequence.
 
     python benchmarks/forward_step.py [--repeats 9] [--threads 1] [--dtype bfloat16]
+                                      [--name forward_step]
 """
 from __future__ import annotations
 
@@ -97,6 +98,7 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=256)
     ap.add_argument("--batches", default="1,4,16,64", help="decoding sequences per step")
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=VARIANTS)
+    ap.add_argument("--name", default="forward_step", help="results file name")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     variants = ["baseline", *(v for v in args.variants if v != "baseline")]
@@ -127,7 +129,7 @@ def main() -> None:
                          "speedup_vs_baseline": base / ms})
     print(table(rows, ["step", "variant", "median_cpu_ms", "speedup_vs_baseline"]))
     print(f"(threads={args.threads}, dtype={args.dtype}, {args.repeats} interleaved repeats)")
-    out = write("forward_step", {"threads": args.threads, "dtype": args.dtype,
+    out = write(args.name, {"threads": args.threads, "dtype": args.dtype,
                                  "context": args.context, "repeats": args.repeats, "rows": rows})
     print(f"wrote {out}")
     plt = pyplot()
@@ -145,7 +147,7 @@ def main() -> None:
         ax.axhline(1, color="grey", lw=0.5)
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(plot_path("forward_step"))
+        fig.savefig(plot_path(args.name))
 
 
 if __name__ == "__main__":

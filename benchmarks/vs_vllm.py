@@ -42,15 +42,21 @@ SERVED_NAME = "default-model"   # both servers answer to it
 METRICS = ["output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms"]
 
 
-def start_raypaged(model_dir: str, dtype: str, extra: list[str], log: Path):
+def max_model_len(args) -> str:
+    """Both servers' max_model_len: 1024, or room for longer prompts (the client's random text
+    re-tokenizes to a few more tokens than asked) in 1024-token steps."""
+    return str(1024 * -(-(args.input_len + args.output_len + 256) // 1024))
+
+
+def start_raypaged(model_dir: str, dtype: str, max_len: str, extra: list[str], log: Path):
     return launch(["--model", model_dir, "--dtype", dtype, "--served-model-name", SERVED_NAME,
-                   "--max-model-len", "1024", *extra], log)
+                   "--max-model-len", max_len, *extra], log)
 
 
-def start_vllm(python: str, model_dir: str, dtype: str, log: Path):
+def start_vllm(python: str, model_dir: str, dtype: str, max_len: str, log: Path):
     port = free_port()
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-           "--dtype", dtype, "--served-model-name", SERVED_NAME, "--max-model-len", "1024",
+           "--dtype", dtype, "--served-model-name", SERVED_NAME, "--max-model-len", max_len,
            "--host", "127.0.0.1", "--port", str(port), "--seed", "0"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
     return launch_command(cmd, f"http://127.0.0.1:{port}", log, env)
@@ -169,15 +175,16 @@ def main() -> None:
         print("no --vllm-python: vLLM's server is not run")
         servers.remove("vllm")
     logs = Path(tempfile.mkdtemp(prefix="vs_vllm-"))
-    starts = {"raypaged": lambda log: start_raypaged(model_dir, dtype,
+    max_len = max_model_len(args)
+    starts = {"raypaged": lambda log: start_raypaged(model_dir, dtype, max_len,
                                                      shlex.split(args.raypaged_flags), log),
-              "vllm": lambda log: start_vllm(args.vllm_python, model_dir, dtype, log)}
+              "vllm": lambda log: start_vllm(args.vllm_python, model_dir, dtype, max_len, log)}
     for spec in args.variant:
         name, sep, flags = spec.partition("=")
         if not sep or not name or name in starts:
             ap.error(f"--variant {spec!r}: expected NAME=FLAGS with a new NAME")
         starts[name] = (lambda log, extra=shlex.split(args.raypaged_flags) + shlex.split(flags):
-                        start_raypaged(model_dir, dtype, extra, log))
+                        start_raypaged(model_dir, dtype, max_len, extra, log))
         servers.append(name)
     rows = []
     for s in servers:
@@ -199,9 +206,11 @@ def main() -> None:
                      "offline_per_token_ms": offline["per_token_ms"],
                      "ratio": r["mean_tpot_ms"] / offline["per_token_ms"]}
                     for r in rows if r["concurrency"] == 1 and r["server"] != "vllm"]
-        print(f"\nserving TPOT at concurrency 1 / the offline engine's per-token time "
+        print(f"\noffline engine: {offline['per_token_ms']:.2f} ms per output token "
               f"({offline['threads']} threads, benchmarks/offline_tpot.py)")
-        print(table(overhead, ["server", "serving_tpot_ms", "offline_per_token_ms", "ratio"]))
+        if overhead:
+            print("serving TPOT at concurrency 1 / that time")
+            print(table(overhead, ["server", "serving_tpot_ms", "offline_per_token_ms", "ratio"]))
     payload = {"args": vars(args), "dtype": dtype, "rows": rows, "ratios": rat,
                "variant_ratios": variant_rat, "offline_tpot": offline,
                "serving_overhead_c1": overhead}

@@ -1,4 +1,4 @@
-"""Linear layers with weights reordered once into oneDNN's blocked layout (CPU, bf16).
+"""Linear layers with weights reordered once into oneDNN's blocked layout (CPU, bf16 and fp32).
 
 An eager bf16 `F.linear` on a CPU goes through oneDNN with the weight in torch's plain [out, in]
 layout, and oneDNN reorders it into its blocked layout on every call. For decode-sized inputs
@@ -6,8 +6,12 @@ layout, and oneDNN reorders it into its blocked layout on every call. For decode
 time (what inductor's freezing pass does) gives the same kernel the same bits;
 benchmarks/forward_step.py measures what it does to the whole forward step.
 
-Outputs are bit-identical to `F.linear` (the same oneDNN kernel runs; only the reorder moves).
-fp32 linears run through MKL, not oneDNN, and are left alone, so fp32 tokens stay those of HF.
+bf16 outputs are bit-identical to `F.linear` (the same oneDNN kernel runs; only the reorder
+moves). An eager fp32 `F.linear` runs through MKL instead, which on this project's AMD CPUs is
+2-2.6x slower than oneDNN's prepacked fp32 kernel from 16 rows up, and for the 49152-row lm_head
+at any row count (benchmarks/forward_step.py --dtype float32). Packed fp32 sums in another
+order: results move by a few fp32 ulps (~1e-6 relative), and the greedy tokens of the Hugging
+Face equality tests (tests/engine/test_matches_hf.py, fp32) stay the same.
 Switch: `packed_linears` in EngineArgs.
 """
 from __future__ import annotations
@@ -17,7 +21,7 @@ from torch import nn
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
-    return (device.type == "cpu" and dtype == torch.bfloat16
+    return (device.type == "cpu" and dtype in (torch.bfloat16, torch.float32)
             and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 

@@ -116,8 +116,9 @@ def worker_threads(engine: dict, cpus: float, gpus: float, serving: bool) -> dic
     """The engine settings with the worker's torch threads filled in: its CPUs, unless set. A
     serving worker's decode-only steps leave one of them to what runs around the model (its
     asyncio loop and output thread, Ray's threads, the router replica and Serve's proxy): on the
-    2-core machine that was 1.03-1.42x the output tok/s of all cores in every step
-    (benchmarks/vs_vllm.py, README "The serving path's per-token cost"). Prefill keeps them all."""
+    2-core machine 1.02-1.37x the output tok/s of all cores in every step, 0.95-1.09x its TTFT
+    (benchmarks/results/vs_vllm.json, vs_vllm_decode_threads_long.json; README "The serving
+    path's per-token cost"). Steps that compute prompt tokens keep them all."""
     threads = engine.get("num_threads") or (None if gpus else max(1, int(cpus)))
     if not threads:
         return engine

@@ -63,6 +63,21 @@ def test_packing_replaces_every_linear_and_gives_the_same_bits(tied):
         assert torch.equal(want, got)
 
 
-def test_only_cpu_bf16_packs():
-    assert not can_pack(torch.float32, torch.device("cpu"))
+def test_only_cpu_bf16_and_fp32_pack():
+    assert can_pack(torch.float32, torch.device("cpu"))
+    assert not can_pack(torch.float16, torch.device("cpu"))
     assert not can_pack(torch.bfloat16, torch.device("meta"))
+
+
+def test_packed_fp32_linears_stay_within_a_few_ulps_of_eager():
+    """fp32 packing swaps MKL for oneDNN: another summation order, not other arithmetic."""
+    eager = random_model(CONFIG).float()
+    packed = copy.deepcopy(eager)
+    pack_linears(packed)
+    assert isinstance(packed.layers[0].mlp.down_proj, PackedLinear)
+    caches = allocate_kv_caches(CONFIG, 8, 4, torch.float32, "auto", "cpu")
+    meta = make_metadata(scattered_block_tables([9], 4, 8), [9], [9], 4)
+    ids, positions = torch.arange(3, 12) * 7 % CONFIG.vocab_size, positions_for([9], [9])
+    want = eager.compute_logits(eager(ids, positions, caches, meta))
+    got = packed.compute_logits(packed(ids, positions, caches, meta))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
