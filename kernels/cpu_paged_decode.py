@@ -4,9 +4,10 @@ Built once per machine with the local C++ compiler through torch's extension mec
 (`torch.utils.cpp_extension.load`: ninja, cached under TORCH_EXTENSIONS_DIR, default
 ~/.cache/torch_extensions, rebuilt when the source or flags change); later loads take about a
 second. -march=native compiles for this CPU, so the build's name carries a digest of the CPU's
-feature flags: machines of another kind sharing a home directory build their own copy instead of
-loading one that may hold instructions they lack. -ffast-math lets expf vectorize (2x on the
-softmax here); the kernel keeps its maxima finite, which is what that flag assumes.
+feature flags (and of torch's version, whose C++ ABI it links against): machines of another
+kind sharing a home directory build their own copy instead of loading one that may hold
+instructions they lack. -ffast-math lets expf vectorize (2x on the softmax here); the kernel
+keeps its maxima finite, which is what that flag assumes.
 """
 from __future__ import annotations
 
@@ -39,9 +40,10 @@ def unsupported(query_dtype: torch.dtype, cache_dtype: torch.dtype, num_heads: i
     return None
 
 
-def _cpu_digest() -> str:
-    """A short digest of what -march=native compiles for: the CPU's model and feature flags."""
-    text = platform.machine()
+def _build_digest() -> str:
+    """A short digest of what the build is for: the CPU's model and feature flags (-march=native)
+    and torch's version (its C++ ABI; torch's own cache key covers only sources and flags)."""
+    text = platform.machine() + torch.__version__
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("flags", "Features", "model name")):
@@ -61,7 +63,7 @@ def load():
 
     try:
         return load_extension(
-            name=f"raypaged_cpu_paged_decode_{_cpu_digest()}", sources=[str(SOURCE)],
+            name=f"raypaged_cpu_paged_decode_{_build_digest()}", sources=[str(SOURCE)],
             extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
             extra_ldflags=["-fopenmp"], verbose=False)
     except (RuntimeError, OSError, ImportError) as e:
