@@ -219,7 +219,7 @@ def cpu_decode_kernel(mcfg, cache, dtype: torch.dtype):
             why = str(e)
     if why is not None:
         log.warning("C++ decode attention off, gather + SDPA instead: %s (install g++ and "
-                       "ninja, or pass --no-cpu-decode-kernel to choose this path)", why)
+                    "ninja, or pass --no-cpu-decode-kernel to choose this path)", why)
         return None
     return cpu_paged_decode.paged_decode
 
