@@ -5,10 +5,10 @@ it after its servers and reports each raypaged server's TPOT at concurrency 1 ag
 `LLM.generate` on one random prompt of --input-len tokens, run for 1 and for --output-len tokens
 (ignore_eos, greedy, prefix caching off so every run prefills), interleaved --repeats times;
 per-token time = (median time for output-len tokens - median time for 1) / (output-len - 1).
-Engine settings are the offline defaults (all the machine's torch threads) plus --engine-flags.
+Engine settings are the offline defaults (all the machine's torch threads, unless --num-threads).
 
     python benchmarks/offline_tpot.py [--input-len 256] [--output-len 64] [--dtype auto]
-                                      [--repeats 5]      # prints one JSON line
+                                      [--repeats 5] [--num-threads N]   # prints one JSON line
 """
 from __future__ import annotations
 
@@ -23,12 +23,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def measure(input_len: int, output_len: int, dtype: str, repeats: int, seed: int = 0) -> dict:
+def measure(input_len: int, output_len: int, dtype: str, repeats: int,
+            num_threads: int | None = None, seed: int = 0) -> dict:
     import torch
 
     from raypaged import LLM, SamplingParams
 
-    llm = LLM(dtype=dtype, enable_prefix_caching=False)
+    llm = LLM(dtype=dtype, enable_prefix_caching=False, num_threads=num_threads)
     vocab = llm.get_tokenizer().vocab_size
     rng = random.Random(seed)
     prompt = {"prompt_token_ids": [rng.randrange(100, vocab - 100) for _ in range(input_len)]}
@@ -56,8 +57,10 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--num-threads", type=int, help="torch threads (default: all the machine's)")
     args = ap.parse_args()
-    print(json.dumps(measure(args.input_len, args.output_len, args.dtype, args.repeats)))
+    print(json.dumps(measure(args.input_len, args.output_len, args.dtype, args.repeats,
+                             args.num_threads)))
 
 
 if __name__ == "__main__":
