@@ -21,29 +21,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from benchmarks.forward_step import BLOCK, step_inputs  # noqa: E402
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
-from raypaged.model.attention.base import AttentionMetadata, LayerKVCache  # noqa: E402
+from raypaged.model.attention.base import LayerKVCache  # noqa: E402
 from raypaged.model.attention.torch_backend import TorchAttentionBackend  # noqa: E402
 
-HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
+HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 
 
 def prefill_case(n_seqs: int, tokens: int):
-    """n_seqs fresh prompts of `tokens` tokens each, blocks laid out one sequence after another."""
-    per_seq = -(-tokens // BLOCK)
-    shape = (n_seqs * per_seq, BLOCK, KV_HEADS, HEAD_DIM)
+    """n_seqs fresh prompts of `tokens` tokens each, as forward_step lays them out."""
+    _, _, meta, _, num_blocks = step_inputs(n_seqs, 0, tokens)
+    shape = (num_blocks, BLOCK, KV_HEADS, HEAD_DIM)
     g = torch.Generator().manual_seed(0)
     cache = LayerKVCache(torch.randn(shape, generator=g).bfloat16(),
                          torch.randn(shape, generator=g).bfloat16())
-    tables = torch.arange(n_seqs * per_seq, dtype=torch.int32).view(n_seqs, per_seq)
-    slots = torch.cat([tables[b].long().repeat_interleave(BLOCK)[:tokens] * BLOCK
-                       + torch.arange(tokens) % BLOCK for b in range(n_seqs)])
-    meta = AttentionMetadata(
-        slot_mapping=slots,
-        query_start_loc=torch.arange(0, n_seqs * tokens + 1, tokens, dtype=torch.int32),
-        seq_lens=torch.full((n_seqs,), tokens, dtype=torch.int32), block_tables=tables,
-        max_query_len=tokens, max_seq_len=tokens, query_lens_cpu=[tokens] * n_seqs,
-        seq_lens_cpu=[tokens] * n_seqs)
     query = torch.randn(n_seqs * tokens, HEADS, HEAD_DIM, generator=g).bfloat16()
     return query, cache, meta
 

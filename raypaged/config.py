@@ -84,8 +84,8 @@ class EngineArgs:
         "(built once per machine with the local g++, then cached; where it cannot be built, "
         "a warning and the gather + SDPA path)", group=SCHEDULER)
     onednn_cache_capacity: int = setting(
-        128, "oneDNN kernels kept per input shape on CPU bf16 (1024: the libraries' default, "
-        "which grows RSS by ~0.6 GiB under load)", group=SCHEDULER, ge=1)
+        128, "oneDNN kernels kept per input shape on CPU (bf16, and fp32 packed linears; 1024: "
+        "the libraries' default, which grows RSS by ~0.6 GiB under load)", group=SCHEDULER, ge=1)
 
     def __post_init__(self) -> None:
         validate(self)

@@ -1,6 +1,7 @@
 """Bound oneDNN's per-shape kernel caches, the source of a CPU worker's RSS growth under load.
 
-On a CPU, bf16 linear layers run through oneDNN (via ideep). Both libraries keep an LRU cache of
+On a CPU, bf16 linear layers, and fp32 ones once packed (packed_linear.py), run through oneDNN
+(via ideep). Both libraries keep an LRU cache of
 compiled matmul primitives keyed by the exact input shape, ~0.6 MiB per shape (ideep's
 `LRU_CACHE_CAPACITY` ~0.27 MiB, oneDNN's `ONEDNN_PRIMITIVE_CACHE_CAPACITY` ~0.31 MiB; measured by
 `benchmarks/memory_probe.py --cache-cost`), 1,024 entries each by default. Continuous batching gives nearly
@@ -12,8 +13,8 @@ layer (`memory_probe.py --cache-cost`: 2.3 vs 0.45 ms per matmul at 1-64 tokens,
 shared machine; benchmarks/results/memory_probe_cache_cost.json).
 
 Both libraries read their capacity once, at their first primitive: set it before the process's
-first bf16 matmul (build_engine does, before the model runs). fp32 linears go through MKL, which
-keeps no such cache.
+first oneDNN matmul (build_engine does, before the model runs). Unpacked fp32 linears go through
+MKL, which keeps no such cache.
 """
 from __future__ import annotations
 
