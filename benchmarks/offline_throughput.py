@@ -9,7 +9,7 @@ and runs it for its longest output; only requested tokens count as output.
                                             [--name offline_throughput]
 
 The JSON records the environment variables that change the CPU kernels' speed (the oneDNN cache
-capacities, LD_PRELOAD), so runs that compare them (README, "Memory under steady load") say how
+capacities, LD_PRELOAD), so runs that compare them (docs/performance.md, "Memory under steady load") say how
 each was made.
 """
 from __future__ import annotations

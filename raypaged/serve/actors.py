@@ -117,7 +117,7 @@ def worker_threads(engine: dict, cpus: float, gpus: float, serving: bool) -> dic
     serving worker's decode-only steps leave one of them to what runs around the model (its
     asyncio loop and output thread, Ray's threads, the router replica and Serve's proxy): on the
     2-core machine 1.02-1.37x the output tok/s of all cores in every step, 0.95-1.09x its TTFT
-    (benchmarks/results/vs_vllm.json, vs_vllm_decode_threads_long.json; README "The serving
+    (benchmarks/results/vs_vllm.json, vs_vllm_decode_threads_long.json; docs/serving.md "The serving
     path's per-token cost"). Steps that compute prompt tokens keep them all."""
     threads = engine.get("num_threads") or (None if gpus else max(1, int(cpus)))
     if not threads:

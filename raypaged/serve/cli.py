@@ -63,7 +63,7 @@ def local_worker_resources(args: ServeArgs, num_cpus: int, num_gpus: int) -> Ser
 # the node's IP, which on Linux is the machine's outward address; with this variable (meant for
 # macOS and Windows laptops) the node IP is the loopback, and every one of them binds 127.0.0.1.
 # A cluster this command starts is its own alone, so nothing of it needs to be reachable; set
-# the variable to 1 to opt out, or start Ray yourself and pass --address (README, Security).
+# the variable to 1 to opt out, or start Ray yourself and pass --address (docs/security.md).
 LOOPBACK_RAY = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 

@@ -1,7 +1,7 @@
 """Prometheus metrics: request metrics kept by each router replica, and the controller's fleet view.
 
 Names live under `raypaged:` and follow vLLM's one-to-one where vLLM has the metric (the table is
-in the README): e.g. raypaged:kv_cache_usage_perc <-> vllm:kv_cache_usage_perc. Request metrics
+in docs/serving.md, "Metrics"): e.g. raypaged:kv_cache_usage_perc <-> vllm:kv_cache_usage_perc. Request metrics
 are plain counters and bucket counts (`RequestMetrics`), so a replica can ship a snapshot to the
 controller and any replica's /metrics can render the sum over all of them.
 """

@@ -4,7 +4,7 @@ compiled for sm_80, sm_89 and sm_90 (no GPU): raypaged/model/attention/compile_c
 The check runs in its own interpreter: it needs compiled Triton (tests/kernels sets
 TRITON_INTERPRET for this process) and it swaps Triton's driver while it records launches.
 Results are cached by source hash in .kernel-builds/, so only a kernel edit pays the compile
-again (cold: about 1,180 CPU s, an estimate; README "Kernel builds for real GPUs", Profiles).
+again (cold: about 1,180 CPU s, an estimate; docs/performance.md "Kernel builds for real GPUs", Profiles).
 A build that fails is retried once (kernels/aot_build.py); one that passes only on the retry
 passes here with a warning naming it.
 """

@@ -17,7 +17,7 @@ cached by source hash.
 
 Profiles: "full" is all of it and what `make test` runs (1,728 builds; about 1,180 CPU s cold
 with the shared frontend, an estimate scaled from benchmarks/kernel_build_time.py by the measured
-cold "ci" run; about 8.5 minutes of wall time, cold, in a CI rehearsal on 2 cores; README
+cold "ci" run; about 8.5 minutes of wall time, cold, in a CI rehearsal on 2 cores; docs/performance.md
 "Profiles").
 "ci" (the name is historical: CI ran it until the full profile's spills were fixed; 232
 kernels, 696 builds, 438 CPU s measured cold) is the quicker subset for a local check; it keeps,
