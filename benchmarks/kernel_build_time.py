@@ -8,7 +8,7 @@ in this process for sm_80, sm_89 and sm_90a two ways:
       source -> ttir -> ttgir -> llir (MLIR lowering + LLVM -O3) -> ptx -> cubin (ptxas, a child)
   "other" is what triton.compile spends outside the stages (AST to TTIR, writing its cache)
   plus our Python;
-- shared: the three targets together as kernels/aot_build.py builds them (build_targets: one
+- shared: the three targets together as benchmarks/kernel_builds/aot_build.py builds them (build_targets: one
   AST to TTIR, sm_89 from sm_80's TTGIR), whose PTX and cubin must equal the direct builds'
   byte for byte (counted and printed).
 
@@ -73,9 +73,9 @@ def main() -> None:
 
     from triton import knobs
 
-    from raypaged.kernels.aot_build import build_targets, compile_kernel
+    from benchmarks.kernel_builds.aot_build import build_targets, compile_kernel
     from raypaged.kernels.paged_decode import MAX_SPLITS
-    from raypaged.model.attention.compile_check import (PROFILES, TARGETS, engine_launches,
+    from benchmarks.kernel_builds.compile_check import (PROFILES, TARGETS, engine_launches,
                                                          record_variants)
 
     launches = engine_launches(MAX_SPLITS)

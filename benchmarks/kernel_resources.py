@@ -1,6 +1,6 @@
 """Registers, spills, shared memory and tensor-core use of every Triton kernel, per NVIDIA target.
 
-No GPU needed: the compile check (raypaged/model/attention/compile_check.py) builds each kernel
+No GPU needed: the compile check (benchmarks/kernel_builds/compile_check.py) builds each kernel
 variant for sm_80, sm_89 and sm_90a with the ptxas shipped in the Triton wheel. Printed: the
 engine's default configuration (bf16, block size 16), one row per kernel and head dim, the worst
 case over GQA groups, kv-head counts and split counts; per target "registers/thread, spill
@@ -21,7 +21,7 @@ os.environ.pop("TRITON_INTERPRET", None)  # compiled Triton: the interpreter com
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
-from raypaged.model.attention.compile_check import CACHE_DIR, PROFILES, TARGETS, check  # noqa: E402
+from benchmarks.kernel_builds.compile_check import CACHE_DIR, PROFILES, TARGETS, check  # noqa: E402
 
 KERNELS = {"_store_kv_kernel": "store_kv", "_paged_decode_kernel": "decode",
            "_merge_kernel": "split merge", "_paged_prefill_kernel": "prefill"}

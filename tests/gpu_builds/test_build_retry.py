@@ -1,4 +1,4 @@
-"""kernels/aot_build retries a failed build once: a flaky failure compiles on the retry and is
+"""benchmarks/kernel_builds/aot_build retries a failed build once: a flaky failure compiles on the retry and is
 counted, a deterministic one (an fp8 cache on sm_80) stays a failure.
 
 Compiles two store_kv variants for real (well under a second) in a fresh interpreter, for the
@@ -26,8 +26,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from raypaged.kernels import aot_build
-from raypaged.model.attention.compile_check import Launch, record_variants
+from benchmarks.kernel_builds import aot_build
+from benchmarks.kernel_builds.compile_check import Launch, record_variants
 
 real, calls = aot_build.compile_kernel, []
 

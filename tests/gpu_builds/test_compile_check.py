@@ -1,11 +1,11 @@
 """Every Triton kernel variant the engine can launch (the "full" profile: 576 per target)
-compiled for sm_80, sm_89 and sm_90 (no GPU): raypaged/model/attention/compile_check.py.
+compiled for sm_80, sm_89 and sm_90 (no GPU): benchmarks/kernel_builds/compile_check.py.
 
 The check runs in its own interpreter: it needs compiled Triton (tests/kernels sets
 TRITON_INTERPRET for this process) and it swaps Triton's driver while it records launches.
 Results are cached by source hash in .kernel-builds/, so only a kernel edit pays the compile
 again (cold: about 1,180 CPU s, an estimate; docs/performance.md "Kernel builds for real GPUs", Profiles).
-A build that fails is retried once (kernels/aot_build.py); one that passes only on the retry
+A build that fails is retried once (benchmarks/kernel_builds/aot_build.py); one that passes only on the retry
 passes here with a warning naming it.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ def report(tmp_path_factory) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    proc = subprocess.run([sys.executable, "-m", "raypaged.model.attention.compile_check",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.kernel_builds.compile_check",
                            "--profile", "full", "--out", str(out)],
                           # cold: ~10 min on 2 idle cores; a guard against a hang, not a budget
                           # (a shared 2-core dev machine took 18 min wall for the 2.5x smaller "ci")

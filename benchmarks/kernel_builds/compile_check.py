@@ -34,7 +34,7 @@ why CI builds "full". Every kernel is distinct down to its TTIR, and the LLVM st
 shared between targets (sm_80 builds with LLVM's SLP vectorizer off), so the full profile costs
 what it costs.
 
-    python -m raypaged.model.attention.compile_check [--profile full|ci] [--out results.json]
+    python -m benchmarks.kernel_builds.compile_check [--profile full|ci] [--out results.json]
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ DECODE_KV_HEADS = 2            # decode/prefill programs own one kv head: the co
 DEFAULTS = dict(dtype=torch.bfloat16, block_size=16)  # what the engine picks on a GPU by default
 NEWEST = (9, 0)                # the most capable target: what it refuses, every GPU refuses
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 CACHE_DIR = REPO / ".kernel-builds"
 NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
          torch.float8_e4m3fn: "fp8"}
@@ -149,7 +149,7 @@ def in_ci_profile(launch: Launch) -> bool:
 
 def record_variants(launches: list[Launch]):
     """(distinct KernelVariants, for each the Launches that produce it)."""
-    from raypaged.kernels import aot_capture
+    from benchmarks.kernel_builds import aot_capture
 
     variants, users = {}, {}
     with aot_capture.recording() as take:
@@ -164,7 +164,7 @@ def record_variants(launches: list[Launch]):
 def check(profile: str = "full", targets: tuple[int, ...] = TARGETS,
           cache_dir: Path = CACHE_DIR) -> dict:
     """Record, compile for every target, and return a JSON-ready report."""
-    from raypaged.kernels.aot_build import build_all
+    from benchmarks.kernel_builds.aot_build import build_all
     from raypaged.kernels.paged_decode import MAX_SPLITS
 
     if profile not in PROFILES:
