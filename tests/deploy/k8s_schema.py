@@ -50,6 +50,7 @@ METADATA = {
     "required": ["name"],
     "properties": {
         "name": {"type": "string", "maxLength": 63, "pattern": DNS_LABEL},
+        "namespace": {"type": "string", "maxLength": 63, "pattern": DNS_LABEL},
         "labels": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 63}},
         "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
     },
@@ -66,6 +67,70 @@ SECRET = {
     "properties": {"apiVersion": {"const": "v1"}, "kind": {"const": "Secret"},
                    "metadata": METADATA, "type": {"const": "Opaque"},
                    "stringData": {"type": "object", "additionalProperties": {"type": "string"}}},
+}
+
+# networking.k8s.io/v1 NetworkPolicy and Ingress, the fields of the API types (k8s.io/api
+# networking/v1 types.go), stated here: no vendored CRD embeds them.
+_OBJ = {"type": "object"}
+_STR = {"type": "string"}
+_PORT = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 65535}, _STR]}
+_SELECTOR = {"type": "object", "additionalProperties": False, "properties": {
+    "matchLabels": {"type": "object", "additionalProperties": _STR},
+    "matchExpressions": {"type": "array", "items": {
+        "type": "object", "additionalProperties": False, "required": ["key", "operator"],
+        "properties": {"key": _STR, "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                       "values": {"type": "array", "items": _STR}}}}}}
+_PEER = {"type": "object", "additionalProperties": False, "minProperties": 1, "properties": {
+    "podSelector": _SELECTOR, "namespaceSelector": _SELECTOR,
+    "ipBlock": {"type": "object", "additionalProperties": False, "required": ["cidr"],
+                "properties": {"cidr": _STR, "except": {"type": "array", "items": _STR}}}}}
+_NP_PORT = {"type": "object", "additionalProperties": False, "properties": {
+    "port": _PORT, "endPort": {"type": "integer"}, "protocol": {"enum": ["TCP", "UDP", "SCTP"]}}}
+NETWORK_POLICY = {
+    "type": "object", "additionalProperties": False, "required": ["spec"],
+    "properties": {
+        "apiVersion": {"const": "networking.k8s.io/v1"}, "kind": {"const": "NetworkPolicy"},
+        "metadata": METADATA,
+        "spec": {"type": "object", "additionalProperties": False, "required": ["podSelector"],
+                 "properties": {
+                     "podSelector": _SELECTOR,
+                     "policyTypes": {"type": "array", "items": {"enum": ["Ingress", "Egress"]}},
+                     "ingress": {"type": "array", "items": {
+                         "type": "object", "additionalProperties": False, "properties": {
+                             "from": {"type": "array", "items": _PEER},
+                             "ports": {"type": "array", "items": _NP_PORT}}}},
+                     "egress": {"type": "array", "items": {
+                         "type": "object", "additionalProperties": False, "properties": {
+                             "to": {"type": "array", "items": _PEER},
+                             "ports": {"type": "array", "items": _NP_PORT}}}}}}},
+}
+_BACKEND = {"type": "object", "additionalProperties": False, "properties": {
+    "service": {"type": "object", "additionalProperties": False, "required": ["name", "port"],
+                "properties": {"name": _STR, "port": {
+                    "type": "object", "additionalProperties": False, "minProperties": 1,
+                    "maxProperties": 1, "properties": {"name": _STR, "number": _PORT}}}},
+    "resource": _OBJ}}
+INGRESS = {
+    "type": "object", "additionalProperties": False, "required": ["spec"],
+    "properties": {
+        "apiVersion": {"const": "networking.k8s.io/v1"}, "kind": {"const": "Ingress"},
+        "metadata": METADATA,
+        "spec": {"type": "object", "additionalProperties": False, "properties": {
+            "ingressClassName": _STR, "defaultBackend": _BACKEND,
+            "tls": {"type": "array", "items": {
+                "type": "object", "additionalProperties": False, "properties": {
+                    "hosts": {"type": "array", "items": _STR}, "secretName": _STR}}},
+            "rules": {"type": "array", "items": {
+                "type": "object", "additionalProperties": False, "properties": {
+                    "host": _STR,
+                    "http": {"type": "object", "additionalProperties": False, "required": ["paths"],
+                             "properties": {"paths": {"type": "array", "items": {
+                                 "type": "object", "additionalProperties": False,
+                                 "required": ["pathType", "backend"],
+                                 "properties": {"path": _STR, "backend": _BACKEND,
+                                                "pathType": {"enum": ["Exact", "Prefix",
+                                                                      "ImplementationSpecific"]}}}}}}}}}}},
+    },
 }
 
 
@@ -87,6 +152,8 @@ def _schemas() -> dict[tuple[str, str], dict]:
     schemas[("v1", "Pod")] = pod
     schemas[("v1", "ConfigMap")] = CONFIG_MAP
     schemas[("v1", "Secret")] = SECRET
+    schemas[("networking.k8s.io/v1", "NetworkPolicy")] = NETWORK_POLICY
+    schemas[("networking.k8s.io/v1", "Ingress")] = INGRESS
     return schemas
 
 

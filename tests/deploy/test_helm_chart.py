@@ -11,39 +11,12 @@ import yaml
 from deploy_tools import CHART, ROOT, VALUES, run
 from k8s_schema import validate
 from raypaged.serve.config import ServeArgs
-
-VALUE_SETS = sorted(p.stem for p in VALUES.glob("*.yaml"))
-
-
-def render(*args: str) -> list[dict]:
-    out = run("helm", "template", "rel", str(CHART), "--namespace", "llm", *args).stdout
-    return [doc for doc in yaml.safe_load_all(out) if doc]
-
-
-def render_set(name: str) -> list[dict]:
-    return render("-f", str(VALUES / f"{name}.yaml"))
-
-
-def by_kind(docs: list[dict]) -> dict[str, list[dict]]:
-    kinds: dict[str, list[dict]] = {}
-    for doc in docs:
-        kinds.setdefault(doc["kind"], []).append(doc)
-    return kinds
-
-
-def containers(rayservice: dict) -> list[dict]:
-    cluster = rayservice["spec"]["rayClusterConfig"]
-    pods = [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]
-    return [c for pod in pods for c in pod["spec"]["containers"]]
-
-
-def serve_app(rayservice: dict) -> dict:
-    (app,) = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"]
-    return app
+from rendered import VALUE_SETS, by_kind, containers, render, render_set, serve_app
 
 
 def test_the_value_sets_cover_what_operators_deploy():
-    assert VALUE_SETS == ["api-key", "cpu-only", "defaults", "existing-secret", "gpu", "monitoring"]
+    assert VALUE_SETS == ["api-key", "cpu-only", "defaults", "existing-secret", "exposed", "gpu",
+                          "monitoring"]
 
 
 @pytest.mark.parametrize("values", VALUE_SETS)
@@ -71,19 +44,19 @@ def test_the_serve_config_is_valid_for_ray_serve_and_raypaged(values):
     assert options.app_name == app["name"]
 
 
-def test_without_an_api_key_no_env_is_rendered():
-    # An empty `env:` rendered as null, which the CRD's strict schema refuses.
+def test_without_an_api_key_only_ray_auth_is_in_the_env():
     (rs,) = by_kind(render_set("defaults"))["RayService"]
-    assert all("env" not in c for c in containers(rs))
+    assert all(c["env"] == [{"name": "RAY_AUTH_MODE", "value": "token"}] for c in containers(rs))
 
 
 @pytest.mark.parametrize("values, secret", [("api-key", "rel-raypaged-api-key"),
                                             ("existing-secret", "raypaged-key")])
 def test_every_ray_container_gets_the_api_key_from_its_secret(values, secret):
     kinds = by_kind(render_set(values))
-    env = {"name": "RAYPAGED_API_KEY",
-           "valueFrom": {"secretKeyRef": {"name": secret, "key": "api-key"}}}
-    assert [c["env"] for c in containers(kinds["RayService"][0])] == [[env], [env]]
+    env = [{"name": "RAY_AUTH_MODE", "value": "token"},
+           {"name": "RAYPAGED_API_KEY",
+            "valueFrom": {"secretKeyRef": {"name": secret, "key": "api-key"}}}]
+    assert [c["env"] for c in containers(kinds["RayService"][0])] == [env, env]
     assert [s["metadata"]["name"] for s in kinds.get("Secret", [])] == (
         [secret] if values == "api-key" else [])
 
@@ -129,6 +102,7 @@ def test_pods_run_unprivileged_with_probes_shm_and_ray_metrics_port():
         assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
         (c,) = pod["spec"]["containers"]
         assert c["securityContext"] == {"allowPrivilegeEscalation": False,
+                                        "readOnlyRootFilesystem": True,
                                         "capabilities": {"drop": ["ALL"]}}
         assert "readinessProbe" in c and "livenessProbe" in c
         assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]

