@@ -1,0 +1,111 @@
+"""How long a simulated engine step takes: a cost model of the batch the real Scheduler built.
+
+A step is described by three counts taken from the ScheduledBatch (no tensors, no model):
+
+    new_tokens   tokens computed this step (prefill chunks + one per decoding sequence)
+    sequences    requests in the step
+    kv_read      tokens of K/V attention reads: every scheduled request reads its whole context
+                 (start_position + its new tokens)
+
+Two models turn them into seconds:
+
+  LinearCost     t = per_step + per_token x new_tokens + per_seq x sequences + per_kv x kv_read,
+                 its coefficients fitted on the real CPU engine (benchmarks/fleet_sim_calibrate.py)
+  RooflineCost   a GPU *model*, not a measurement: t = max(FLOPs / (peak x mfu),
+                 bytes / (bandwidth x mbu)) + overhead, from public figures (H100_LLAMA3_8B)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raypaged.core.contracts import ScheduledBatch
+
+
+@dataclass(frozen=True)
+class StepShape:
+    new_tokens: int
+    sequences: int
+    kv_read: int          # sum over requests of the context attended (start + new tokens)
+    attended_pairs: int   # sum over new tokens of the positions each attends (causal)
+    sampled: int          # sequences that sample a token this step (need the LM head)
+
+
+def step_shape(batch: ScheduledBatch) -> StepShape:
+    new = seqs = kv = pairs = sampled = 0
+    for sr in batch.requests:
+        n, start = len(sr.token_ids), sr.start_position
+        new += n
+        seqs += 1
+        kv += start + n
+        # token k of this chunk (position start + k) attends start + k + 1 positions
+        pairs += n * start + n * (n + 1) // 2
+        sampled += sr.num_samples > 0
+    return StepShape(new, seqs, kv, pairs, sampled)
+
+
+@dataclass(frozen=True)
+class LinearCost:
+    """Seconds per step, linear in the step's shape; fitted, so it holds only where measured."""
+
+    name: str
+    per_step: float
+    per_token: float
+    per_seq: float
+    per_kv: float
+
+    def seconds(self, s: StepShape) -> float:
+        return (self.per_step + self.per_token * s.new_tokens + self.per_seq * s.sequences
+                + self.per_kv * s.kv_read)
+
+
+@dataclass(frozen=True)
+class RooflineCost:
+    """A decoder-only transformer on one accelerator, bounded by compute or by memory traffic.
+
+    FLOPs  = 2 x body params x new tokens + 2 x LM-head params x sampled sequences
+             + 4 x layers x (q heads x head dim) x attended pairs     (QK^T and PV)
+    bytes  = weight bytes (read once per step) + KV bytes per token x kv_read
+             + KV bytes per token x new_tokens                        (writing the new K/V)
+    """
+
+    name: str
+    body_params: float        # every weight a token goes through, the embedding lookup aside
+    head_params: float        # the LM head (only for sequences that sample)
+    weight_bytes: float
+    layers: int
+    q_width: int              # query heads x head dim
+    kv_bytes_per_token: float
+    peak_flops: float
+    bandwidth: float          # bytes/s
+    mfu: float                # achievable fraction of peak FLOPs (an assumption, stated)
+    mbu: float                # achievable fraction of peak bandwidth (an assumption, stated)
+    overhead_s: float         # per step: launch, scheduling, sampling (an assumption, stated)
+    kv_budget_bytes: float    # memory left for the KV cache
+
+    def seconds(self, s: StepShape) -> float:
+        flops = (2 * self.body_params * s.new_tokens + 2 * self.head_params * s.sampled
+                 + 4 * self.layers * self.q_width * s.attended_pairs)
+        traffic = self.weight_bytes + self.kv_bytes_per_token * (s.kv_read + s.new_tokens)
+        return max(flops / (self.peak_flops * self.mfu),
+                   traffic / (self.bandwidth * self.mbu)) + self.overhead_s
+
+    def kv_blocks(self, block_size: int) -> int:
+        return int(self.kv_budget_bytes // (self.kv_bytes_per_token * block_size))
+
+
+# Llama-3.1-8B (the Llama-3-8B architecture with a 128k context: the Mooncake trace's prompts run
+# to 126k tokens) in bf16 on one H100 SXM 80 GB. Public figures:
+#   model (benchmarks/configs/llama-3-8b.json): 32 layers, hidden 4096, 32 query heads and 8 KV
+#     heads of 128, MLP 14336, vocab 128256 -> 8.03e9 params, of which 0.525e9 embedding and
+#     0.525e9 LM head; KV per token = 2 (K, V) x 32 layers x 8 x 128 x 2 bytes = 131,072 bytes
+#   H100 SXM (NVIDIA H100 Tensor Core GPU datasheet): 989 TFLOPS dense BF16, 3.35 TB/s HBM3
+# Assumptions (not measurements): 60% of peak FLOPs in prefill, 80% of peak bandwidth in decode,
+# 0.5 ms per step of host overhead (CUDA graphs), 90% of 80 GB given to the engine, 2 GB of it
+# for activations: KV budget = 72 - 16.06 - 2 = 53.9 GB (411k tokens).
+_LLAMA_PARAMS, _EMBED = 8.03e9, 128256 * 4096
+H100_LLAMA3_8B = RooflineCost(
+    name="H100 x Llama-3.1-8B bf16 (roofline model)",
+    body_params=_LLAMA_PARAMS - 2 * _EMBED, head_params=_EMBED, weight_bytes=2 * _LLAMA_PARAMS,
+    layers=32, q_width=32 * 128, kv_bytes_per_token=2 * 32 * 8 * 128 * 2,
+    peak_flops=989e12, bandwidth=3.35e12, mfu=0.6, mbu=0.8, overhead_s=0.5e-3,
+    kv_budget_bytes=0.9 * 80e9 - 2 * _LLAMA_PARAMS - 2e9)

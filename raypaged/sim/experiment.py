@@ -1,0 +1,68 @@
+"""One simulated run, summed up: a fleet of N workers under a policy, or the oracle.
+
+The oracle is one worker holding the whole fleet's KV cache (N x blocks, N x seats and token
+budget, steps N x faster): no prefix is ever split across workers, so its hit rate is the
+ceiling any router can reach on the fleet. Its latencies are not a fleet's and are not compared.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Sequence
+
+from raypaged.sim.fleet import Fleet, FleetRun
+from raypaged.sim.policies import make_policy
+from raypaged.sim.trace import SimRequest
+from raypaged.sim.worker import EngineShape, SimWorker
+
+ORACLE = "oracle"
+
+
+def build_fleet(num_workers: int, engine: EngineShape, cost, policy: str,
+                snapshot_interval_s: float = 0.75, seed: int = 0) -> Fleet:
+    if policy == ORACLE:
+        big = dataclasses.replace(
+            engine, num_blocks=engine.num_blocks * num_workers,
+            max_num_seqs=engine.max_num_seqs * num_workers,
+            max_num_batched_tokens=engine.max_num_batched_tokens * num_workers)
+        workers = [SimWorker("oracle", big, cost, speedup=num_workers)]
+        return Fleet(workers, make_policy("round_robin", engine.block_size), snapshot_interval_s)
+    workers = [SimWorker(f"w{i:04d}", engine, cost) for i in range(num_workers)]
+    return Fleet(workers, make_policy(policy, engine.block_size, seed), snapshot_interval_s)
+
+
+def simulate(requests: Sequence[SimRequest], num_workers: int, engine: EngineShape, cost,
+             policy: str, snapshot_interval_s: float = 0.75, seed: int = 0) -> dict:
+    fleet = build_fleet(num_workers, engine, cost, policy, snapshot_interval_s, seed)
+    return summarize(fleet.run(requests), num_workers)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def summarize(run: FleetRun, num_workers: int) -> dict:
+    recs = run.records
+    ttft = [r.first_token_s - r.arrival_s for r in recs]
+    e2e = [r.finish_s - r.arrival_s for r in recs]
+    prompt = sum(r.prompt_tokens for r in recs)
+    per_worker = {}
+    for r in recs:
+        per_worker[r.worker] = per_worker.get(r.worker, 0) + 1
+    return {
+        "requests": len(recs),
+        "sim_seconds": run.sim_seconds,
+        "request_throughput": len(recs) / run.sim_seconds,
+        "output_throughput": sum(r.output_len for r in recs) / run.sim_seconds,
+        "mean_ttft_s": statistics.fmean(ttft), "p50_ttft_s": _pct(ttft, 0.5),
+        "p99_ttft_s": _pct(ttft, 0.99),
+        "mean_e2e_s": statistics.fmean(e2e), "p99_e2e_s": _pct(e2e, 0.99),
+        "hit_rate": sum(r.cached_tokens for r in recs) / prompt,
+        "preemptions": run.preemptions, "evictions": run.evictions,
+        "max_worker_share_over_mean": max(per_worker.values()) * num_workers / len(recs),
+        "decision_p50_us": _pct(run.decision_s, 0.5) * 1e6,
+        "decision_p99_us": _pct(run.decision_s, 0.99) * 1e6,
+        "snapshot_bytes_per_s": run.snapshot_bytes / run.sim_seconds,
+        "mean_busy": statistics.fmean(run.busy_s.values()) / run.sim_seconds,
+    }

@@ -1,0 +1,60 @@
+"""The routing policies the simulator compares. Three are `raypaged serve`'s own Router (the
+same class, options and snapshot inputs the serving Dispatcher gives it); one is a baseline
+that serving does not offer.
+
+    round_robin, hash, cache_aware   raypaged.serve.routing.Router, routing=<name>
+    least_loaded                     power of two choices on queued prompt tokens: two workers
+                                     drawn at random, the one with fewer tokens queued (as of
+                                     the snapshot, plus what this router sent it since)
+The oracle (one worker holding the whole fleet's KV cache) is not a policy: see fleet.py.
+"""
+from __future__ import annotations
+
+import random
+from typing import Mapping, Protocol, Sequence
+
+from raypaged.serve.config import ServeOptions
+from raypaged.serve.cost_routing import WorkerLoad
+from raypaged.serve.routing import Router
+
+ROUTER_POLICIES = ("round_robin", "hash", "cache_aware")
+POLICIES = (*ROUTER_POLICIES, "least_loaded")
+DEFAULT_POLICY = ServeOptions().routing  # what `raypaged serve` routes with unless told
+
+
+class Policy(Protocol):
+    name: str
+
+    def choose(self, token_ids: Sequence[int], workers: Mapping[str, WorkerLoad]) -> str: ...
+
+
+class RouterPolicy:
+    """The serving Router; the first worker of its ranking is the choice."""
+
+    def __init__(self, routing: str, block_size: int, **options) -> None:
+        self.name = routing
+        self.router = Router(ServeOptions(routing=routing, **options), block_size)
+
+    def choose(self, token_ids: Sequence[int], workers: Mapping[str, WorkerLoad]) -> str:
+        order, _ = self.router.rank(token_ids, None, workers)
+        return order[0]
+
+
+class LeastLoaded:
+    name = "least_loaded"
+
+    def __init__(self, seed: int = 0) -> None:
+        self._rng = random.Random(seed)
+
+    def choose(self, token_ids: Sequence[int], workers: Mapping[str, WorkerLoad]) -> str:
+        ids = sorted(workers)
+        a, b = self._rng.sample(ids, 2) if len(ids) > 1 else (ids[0], ids[0])
+        return min((a, b), key=lambda w: (workers[w].queued_tokens, workers[w].requests))
+
+
+def make_policy(name: str, block_size: int, seed: int = 0) -> Policy:
+    if name in ROUTER_POLICIES:
+        return RouterPolicy(name, block_size)
+    if name == "least_loaded":
+        return LeastLoaded(seed)
+    raise ValueError(f"unknown routing policy {name!r}; choices: {', '.join(POLICIES)}")

@@ -1,0 +1,65 @@
+"""The fleet loop: the serving Router choosing on lagged snapshots, times from the cost model."""
+import pytest
+
+from raypaged.serve.routing import rendezvous_order, routing_key
+from raypaged.sim.cost_model import LinearCost
+from raypaged.sim.experiment import ORACLE, build_fleet, simulate
+from raypaged.sim.trace import SimRequest
+from raypaged.sim.worker import EngineShape
+
+SHAPE = EngineShape(num_blocks=64, block_size=16, max_model_len=1024)
+# 1 s per step + 1 ms per token: a 100-token prompt's prefill step takes 1.1 s
+COST = LinearCost("test", per_step=1.0, per_token=0.001, per_seq=0.0, per_kv=0.0)
+
+
+def req(t, prompt, out=2):
+    return SimRequest(t, len(prompt), out, lambda: list(prompt))
+
+
+def test_round_robin_alternates_and_ttft_is_the_prefill_steps_modelled_time():
+    a, b = [7] * 100, [8] * 100
+    fleet = build_fleet(2, SHAPE, COST, "round_robin")
+    run = fleet.run([req(0.0, a), req(0.0, b), req(5.0, a)])
+    assert [r.worker for r in run.records] == ["w0000", "w0001", "w0000"]
+    assert [r.first_token_s - r.arrival_s for r in run.records] == pytest.approx([1.1, 1.1, 1.004])
+    # decode step: 1 s + 1 token -> the second token lands 1.001 s after the first
+    assert run.records[0].finish_s == pytest.approx(1.1 + 1.001)
+    assert run.records[2].cached_tokens == 96  # 6 full blocks of a cached on w0000; 4 computed
+
+
+def _split_prompts():
+    """A shares B's first two blocks; B's routing key prefers the worker A did not go to."""
+    shared = list(range(100, 132))
+    a = shared + [1] * 68
+    ids = ["w0000", "w0001"]
+    a_home = rendezvous_order(routing_key(a, 16, 4), ids)[0]
+    for s in range(2, 200):
+        b = shared + [s] * 68
+        if rendezvous_order(routing_key(b, 16, 4), ids)[0] != a_home:
+            return a, b, a_home
+    raise AssertionError("no suffix found")
+
+
+@pytest.mark.parametrize("interval, b_goes_home", [(0.5, True), (1000.0, False)])
+def test_cache_aware_sees_a_cached_prefix_only_once_a_snapshot_has_carried_it(interval, b_goes_home):
+    a, b, a_home = _split_prompts()
+    fleet = build_fleet(2, SHAPE, COST, "cache_aware", snapshot_interval_s=interval)
+    run = fleet.run([req(0.0, a), req(10.0, b)])  # a has long finished when b arrives
+    assert run.records[0].worker == a_home
+    assert (run.records[1].worker == a_home) is b_goes_home
+    assert run.records[1].cached_tokens == (32 if b_goes_home else 0)
+
+
+def test_the_oracle_is_one_worker_with_the_fleets_cache_and_speed():
+    fleet = build_fleet(4, SHAPE, COST, ORACLE)
+    (worker,) = fleet.workers.values()
+    assert worker.scheduler.kv.pool.num_blocks == 4 * SHAPE.num_blocks
+    run = fleet.run([req(0.0, [7] * 100)])
+    assert run.records[0].first_token_s == pytest.approx(1.1 / 4)
+
+
+def test_a_summary_counts_hits_throughput_and_snapshot_traffic():
+    out = simulate([req(0.0, [7] * 100), req(3.0, [7] * 100)], 1, SHAPE, COST, "hash")
+    assert out["requests"] == 2
+    assert out["hit_rate"] == pytest.approx(96 / 200)
+    assert out["snapshot_bytes_per_s"] > 0
