@@ -14,19 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 
 from ray import serve
 from ray.serve.config import DeploymentActorConfig
 
 from raypaged.serve.actors import ControllerActor
+from raypaged.serve.api_key import resolve_api_key
 from raypaged.serve.config import (MAX_N, ROUTER_MAX_ONGOING_REQUESTS, SNAPSHOT_INTERVAL_S,
                                    ServeArgs)
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
 from raypaged.serve.generation import Dispatcher
 from raypaged.serve.http_app import build_http_app
 from raypaged.serve.metrics import RequestMetrics, merge, render
+from raypaged.serve.replica_bind import bind_replica_grpc_to_node_ip
 from raypaged.serve.ray_fleet import RayFleetClient
 from raypaged.serve.routing import Router
 
@@ -47,7 +48,12 @@ async def resolve_controller():
 @serve.ingress()
 class OpenAIRouter:
     async def __init__(self, args: dict):
+        bind_replica_grpc_to_node_ip()  # before Serve starts this replica's gRPC server
         self.config, _ = ServeArgs(**args).split()
+        # A key in the arguments wins; else the replica's environment (the cluster's: a
+        # Kubernetes Secret), so keys need not sit in config files. Set but empty: refused here,
+        # before the fleet starts, and the deployment fails with the reason.
+        self.api_key = resolve_api_key(self.config.api_key)
         self.metrics = RequestMetrics()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.fleet = RayFleetClient(resolve_controller, self.replica_id, self.metrics,
@@ -67,11 +73,8 @@ class OpenAIRouter:
                     len(snapshot.ready()))
 
     def __serve_build_asgi_app__(self):
-        # A key in the arguments wins; else the replica's environment (Serve YAML runtime_env,
-        # a Kubernetes secret), so keys need not sit in config files.
-        api_key = self.config.api_key or os.environ.get("RAYPAGED_API_KEY") or None
         return build_http_app(self.frontend, self.fleet.snapshot, self.metrics,
-                              self._render_metrics, api_key, self.config.max_request_bytes)
+                              self._render_metrics, self.api_key, self.config.max_request_bytes)
 
     def _render_metrics(self) -> bytes:
         """Fleet gauges plus request metrics summed over every router replica (this one live,

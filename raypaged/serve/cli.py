@@ -14,6 +14,7 @@ import sys
 import time
 
 from raypaged.config import EngineArgs
+from raypaged.serve.api_key import resolve_api_key
 from raypaged.serve.config import ServeArgs, ServeOptions
 from raypaged.settings import add_cli_args, from_namespace
 
@@ -43,7 +44,7 @@ def serve_args_from(ns: argparse.Namespace) -> ServeArgs:
     values = {name: getattr(ns, name) for name in ServeArgs.model_fields if hasattr(ns, name)}
     if values.get("model"):  # workers may run in another directory, or on another node
         values["model"] = os.path.abspath(os.path.expanduser(values["model"]))
-    values["api_key"] = values.get("api_key") or os.environ.get("RAYPAGED_API_KEY")
+    values["api_key"] = resolve_api_key(values.get("api_key"))  # refuses an empty key
     return ServeArgs(**values)
 
 

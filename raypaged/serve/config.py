@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from pydantic import BaseModel, ConfigDict, create_model
 
 from raypaged.config import EngineArgs
+from raypaged.serve.api_key import check_api_key
 from raypaged.settings import pydantic_fields, setting, validate
 
 # Chosen by benchmarks/serve_bench.py (README): deep enough to get past a chat template's shared
@@ -84,6 +85,7 @@ class ServeOptions:
 
     def __post_init__(self) -> None:
         validate(self)
+        check_api_key(self.api_key, "api_key")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.app_name):
             raise ValueError(f"app_name may hold only letters, digits, '_', '.' and '-', got "
                              f"{self.app_name!r}")

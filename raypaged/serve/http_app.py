@@ -17,6 +17,7 @@ from ray.exceptions import TaskCancelledError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
+from raypaged.serve.api_key import check_api_key
 from raypaged.serve.errors import APIError, bad_request
 from raypaged.serve.fleet import FleetSnapshot
 from raypaged.serve.frontend import OpenAIFrontend
@@ -31,11 +32,12 @@ LARGE_BODY_BYTES = 256 * 1024
 def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapshot],
                    metrics: RequestMetrics, render_metrics: Callable[[], bytes],
                    api_key: str | None, max_request_bytes: int) -> FastAPI:
+    check_api_key(api_key, "api_key")  # None: no auth; "" is a mistake, not a wish
     app = FastAPI(title="raypaged", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(DisconnectAsMessage)
 
     def authorize(request: Request) -> None:
-        if not api_key:
+        if api_key is None:
             return
         given = request.headers.get("authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):

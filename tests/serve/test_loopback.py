@@ -1,8 +1,8 @@
 """A default `raypaged serve` is a locked-down local cluster: every socket its process tree
-listens on (Serve HTTP, Ray's GCS, raylet, workers, agents, metrics) is bound to the loopback,
-except the one Ray hard-codes to all interfaces (each Serve replica's inter-deployment gRPC
-server, "[::]:0" in Ray 2.60), which refuses a client without Ray's token; and the GCS, like
-every Ray gRPC server, refuses a client without the token."""
+listens on (Serve HTTP, Ray's GCS, raylet, workers, agents, metrics, and each Serve replica's
+inter-deployment gRPC server, which Ray binds to "[::]:0" and raypaged/serve/replica_bind.py
+moves to the node IP) is bound to the loopback; and the GCS and the replicas, like every Ray
+gRPC server, refuse a client without Ray's token."""
 from __future__ import annotations
 
 import os
@@ -75,18 +75,23 @@ def replica_call(port: int, token: str | None) -> grpc.StatusCode:
             return exc.code()
 
 
-def test_nothing_listens_beyond_the_loopback_but_token_guarded_serve_replicas(served):
+def test_nothing_listens_beyond_the_loopback(served):
     proc, port = served
     found = listeners(proc.pid)
     assert any(s.port == port and s.loopback for s in found)  # Serve HTTP, in the tree read
-    assert {"gcs_server", "raylet"} <= {s.process for s in found}
-    outside = [s for s in found if not s.loopback]
-    assert {s.process for s in outside} <= {"ray::ServeRepli"}, outside
-    for s in outside:
-        assert replica_call(s.port, None) == grpc.StatusCode.UNAUTHENTICATED, s
-        assert replica_call(s.port, "not-the-token") == grpc.StatusCode.UNAUTHENTICATED, s
-        assert replica_call(s.port, ray_token()) not in (grpc.StatusCode.UNAUTHENTICATED,
-                                                        grpc.StatusCode.UNIMPLEMENTED), s
+    assert {"gcs_server", "raylet", "ray::ServeRepli"} <= {s.process for s in found}
+    assert [s for s in found if not s.loopback] == []
+
+
+def test_the_serve_replica_grpc_server_refuses_a_client_without_the_token(served):
+    proc, _ = served
+    sockets = [s for s in listeners(proc.pid) if s.process == "ray::ServeRepli"]
+    # The replica process also holds its Ray worker's gRPC server (no such method there); the
+    # inter-deployment server is the one that runs the method for the token's holder.
+    (asgi,) = [s for s in sockets if replica_call(s.port, ray_token()) not in (
+        grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNIMPLEMENTED)]
+    assert replica_call(asgi.port, None) == grpc.StatusCode.UNAUTHENTICATED
+    assert replica_call(asgi.port, "not-the-token") == grpc.StatusCode.UNAUTHENTICATED
 
 
 def test_the_gcs_refuses_a_client_without_the_token(served):

@@ -1,0 +1,34 @@
+"""The API key: from the arguments, else $RAYPAGED_API_KEY. A key that is set but empty is an
+error, never "no key": an empty Secret or a mistyped `export` must not open the API.
+
+    configured (flag, Serve args)   $RAYPAGED_API_KEY   ->  key
+    None                            unset               ->  None (no auth: the caller's choice)
+    None                            "k"                 ->  "k"
+    "k"                             anything            ->  "k"
+    "" or blanks                    anything            ->  ValueError
+    None                            "" or blanks        ->  ValueError
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+ENV = "RAYPAGED_API_KEY"
+
+
+def check_api_key(key: str | None, source: str) -> None:
+    """Refuse a key that is set but blank, naming where it came from and the fix."""
+    if key is not None and not key.strip():
+        raise ValueError(
+            f"{source} is set but empty, which would serve without authentication: give a "
+            f"non-empty key, or unset {source} to serve without one (only where no one else "
+            "can reach the port)")
+
+
+def resolve_api_key(configured: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
+    if configured is not None:
+        check_api_key(configured, "api_key")
+        return configured
+    key = environ.get(ENV)
+    check_api_key(key, ENV)
+    return key
