@@ -3,9 +3,17 @@
 # joins the cluster). Two jobs:
 #
 #   serve (default): deploys the application and stays up; `ray job stop <id>` sends SIGTERM and
-#   raypaged removes the application it deployed.
+#   raypaged removes the application it deployed. It listens on 127.0.0.1 of each node unless
+#   HOST says otherwise (HOST=0.0.0.0 to take connections from other hosts: then set a key).
 #     RAY_ADDRESS=http://HEAD_NODE:8265 deploy/ray_job_submit.sh
 #     RAY_ADDRESS=... WORKERS=4 GPUS_PER_WORKER=1 CPUS_PER_WORKER=8 deploy/ray_job_submit.sh
+#   The API key is never sent with the job: a job's runtime_env (and its entrypoint) is shown to
+#   anyone who can read the Jobs API. Give it to the cluster instead: RAYPAGED_API_KEY in the
+#   environment of every `ray start` (the Helm chart sets it from a Secret); the job's driver and
+#   the router replicas inherit it from their node. An empty RAYPAGED_API_KEY stops the router.
+#
+#   On a cluster with Ray's token authentication (the Helm chart's, or RAY_AUTH_MODE=token), this
+#   shell needs the token too: RAY_AUTH_TOKEN, or ~/.ray/auth_token.
 #
 #   batch IN OUT: answers an OpenAI Batch JSONL file with a pool of engine actors and ends; run
 #   it again with the same arguments after a `ray job stop` or a lost node and it resumes.
@@ -29,10 +37,9 @@ case "$MODE" in
     ray job submit \
       --submission-id "raypaged-serve-$(date +%s)" \
       --working-dir . \
-      --runtime-env-json "{\"env_vars\": {\"RAYPAGED_API_KEY\": \"${RAYPAGED_API_KEY:-}\"}}" \
       --no-wait \
       -- python -c "import sys; from raypaged.cli import main; sys.exit(main())" \
-         serve "${RESOURCES[@]}" --host 0.0.0.0 --port 8000
+         serve "${RESOURCES[@]}" --host "${HOST:-127.0.0.1}" --port "${PORT:-8000}"
     ;;
   batch)
     if [ "$#" -ne 3 ]; then

@@ -2,7 +2,9 @@
 (promtool) and the Serve config (Ray Serve's own schema, then raypaged's argument model)."""
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 
 import yaml
 
@@ -46,3 +48,34 @@ def test_the_serve_config_is_valid_for_ray_serve_and_for_raypaged():
     assert app["import_path"] == "raypaged.serve.app:build_app"
     options, _ = ServeArgs(**app["args"]).split()  # unknown keys or bad values raise here
     assert options.app_name == app["name"]
+
+
+def submitted_by_the_script(tmp_path, **env) -> list[str]:
+    """The `ray job submit` command line deploy/ray_job_submit.sh runs in serve mode, read from a
+    stand-in `ray` first on PATH that writes down its arguments."""
+    args_file = tmp_path / "args"
+    fake = tmp_path / "bin/ray"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {args_file}\n')
+    fake.chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if k not in ("HOST", "RAYPAGED_API_KEY")}
+    subprocess.run(["bash", str(ROOT / "deploy/ray_job_submit.sh")], cwd=ROOT, check=True,
+                   env={**base, "PATH": f"{fake.parent}:{os.environ['PATH']}", **env},
+                   timeout=60)
+    return args_file.read_text().splitlines()
+
+
+def test_the_job_script_never_sends_the_api_key_with_the_job(tmp_path):
+    # A job's runtime_env and entrypoint are shown to anyone who can read the Jobs API; the key
+    # reaches the job through the environment of the cluster's nodes instead.
+    args = submitted_by_the_script(tmp_path, RAYPAGED_API_KEY="s3cret-key")
+    assert args[:2] == ["job", "submit"]
+    assert not any("s3cret-key" in a or "RAYPAGED_API_KEY" in a for a in args)
+    assert "--runtime-env-json" not in args and "--runtime-env" not in args
+
+
+def test_the_job_script_serves_on_loopback_unless_told_otherwise(tmp_path):
+    args = submitted_by_the_script(tmp_path)
+    assert args[args.index("--host") + 1] == "127.0.0.1"
+    args = submitted_by_the_script(tmp_path / "wide", HOST="0.0.0.0")
+    assert args[args.index("--host") + 1] == "0.0.0.0"
