@@ -23,8 +23,11 @@ def run_batch(input_path: str | Path, output_path: str | Path, engine: EngineArg
               options: BatchOptions | None = None) -> BatchSummary:
     """Answer every line of `input_path` into `output_path` (resuming what an earlier run wrote).
 
-    Lines that fail are error lines in the output, not exceptions; this raises only when the job
-    cannot run (missing input, engines that cannot start, an output written for another input).
+    Lines refused for their own input are error lines in the output, not exceptions; rows that
+    failed for other reasons past retry_timeout_s are left out (`summary.unanswered`; run again
+    to answer them). This raises only when the job cannot run: a missing input, an output that is
+    the input or that another job holds, an input changed since the output answered it
+    (InputChanged), engines that cannot start.
     """
     job = BatchJob(input_path, output_path, engine, options)
     with ray_for(job.options) as local:

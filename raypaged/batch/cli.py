@@ -1,8 +1,11 @@
 """`raypaged batch INPUT OUTPUT [engine flags] [batch flags]`.
 
-Exit status: 0 when the job ran (even if some lines are error lines), 1 when the engines cannot
-run, 2 for a missing input or an output of another input (raypaged.cli.main), 130 when
-interrupted (SIGINT/SIGTERM): re-run the same command to finish the rest.
+Exit status: 0 when every row has its line (even if some are error lines: refusals of the row's
+own input), 1 when the engines cannot run, 2 when the files are refused (a missing input, the
+output is the input, another job holds the output, the input changed since the output answered
+it; raypaged.cli.main), 3 when rows are left unanswered after retry_timeout_s of failures that
+were not their own, 130 when interrupted (SIGINT/SIGTERM). After 3 or 130, re-run the same
+command to finish the rest.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from raypaged.batch.options import BatchOptions
 from raypaged.config import EngineArgs
 from raypaged.settings import add_cli_args, from_namespace
 
+UNANSWERED = 3
 INTERRUPTED = 130
 
 
@@ -24,9 +28,11 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
         description="Answer every line of INPUT (OpenAI Batch lines for /v1/completions and "
                     "/v1/chat/completions, or plain {\"prompt\"} / {\"messages\"} rows) into "
                     "OUTPUT, one OpenAI batch output line each. Re-running with the same "
-                    "arguments resumes: lines already in OUTPUT are skipped.")
+                    "arguments resumes: lines already in OUTPUT are skipped; an input line that "
+                    "changed since OUTPUT answered it is refused.")
     p.add_argument("input", help="JSONL input file")
-    p.add_argument("output", help="JSONL output file (appended to; created if missing)")
+    p.add_argument("output", help="JSONL output file (appended to; created if missing; locked "
+                   "while the job runs by OUTPUT.lock)")
     p.add_argument("--summary-json", help="also write the summary to this file as JSON")
     add_cli_args(p, BatchOptions)
     add_cli_args(p, EngineArgs)
@@ -60,6 +66,11 @@ def run_batch_cli(ns: argparse.Namespace) -> int:
     if ns.summary_json:
         with open(ns.summary_json, "w") as f:
             json.dump(summary.to_json(), f, indent=1)
+    if summary.unanswered:
+        print(f"raypaged batch: {summary.unanswered:,} rows have no line yet (engines failed "
+              f"them for {job.options.retry_timeout_s:.0f} s): re-run the same command to "
+              "answer them", file=sys.stderr, flush=True)
+        return UNANSWERED
     return 0
 
 

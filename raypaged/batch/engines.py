@@ -1,12 +1,16 @@
 """The engine pool of a batch job: the serving fleet without HTTP.
 
-    ControllerActor (this job's, 0 CPUs) ─> WorkerActors, built by raypaged.engine.build_engine,
-                                            restarted by Ray when they die (max_restarts=-1)
+    the driver ─> WorkerActors (create_workers), built by raypaged.engine.build_engine, owned by
+                  the driver: restarted by Ray when they die (max_restarts=-1), gone with the job
+               ─> ControllerActor (0 CPUs) polling those workers; when it dies it is made again
+                  over the same workers (Controllers)
     RayFleetClient (in the driver)        ─> the fleet snapshot; streams to the workers
     OpenAIFrontend + Dispatcher + Router  ─> each row exactly as the HTTP API serves a request
 
 So a row is validated, tokenized, routed (prefix affinity), retried after a lost worker, and
-answered by the same code as an HTTP request: one request model, one response builder.
+answered by the same code as an HTTP request: one request model, one response builder. Streams
+go driver -> worker directly: a controller's death stops none of them, and while a new one
+starts the last snapshot routes new rows (RayFleetClient).
 """
 from __future__ import annotations
 
@@ -16,10 +20,11 @@ import time
 from dataclasses import dataclass
 
 import ray
+from ray.exceptions import ActorDiedError
 
 from raypaged.batch.options import BatchOptions
 from raypaged.config import EngineArgs
-from raypaged.serve.actors import ControllerActor
+from raypaged.serve.actors import ControllerActor, create_workers
 from raypaged.serve.config import MAX_N, ServeArgs
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
 from raypaged.serve.generation import Dispatcher
@@ -27,7 +32,6 @@ from raypaged.serve.metrics import RequestMetrics
 from raypaged.serve.ray_fleet import RayFleetClient
 from raypaged.serve.routing import Router
 from raypaged.settings import settings_of
-
 
 
 class FleetFailed(RuntimeError):
@@ -49,26 +53,61 @@ def fleet_args(engine: EngineArgs, options: BatchOptions) -> ServeArgs:
         route_prefix_blocks=options.group_prefix_blocks, **values)
 
 
+class Controllers:
+    """The job's controller, made again over the same workers when it is found dead.
+
+    RayFleetClient calls resolve() when it starts and after a call to the controller failed. A
+    controller that died (its process killed, its node lost) raises ActorDiedError there: a new
+    one takes over the same worker handles (it polls them afresh; the fleet client keeps routing
+    from its last snapshot until the new one has). It is not a Ray-restarted actor: a restart
+    is asynchronous and keeps failing calls meanwhile, a new actor is ready when created."""
+
+    def __init__(self, args: dict, workers: list[tuple[str, object]]):
+        self.args, self.workers = args, workers
+        self.started = 0
+        self.handle = self._new()
+
+    def _new(self):
+        self.started += 1
+        return ControllerActor.options(num_cpus=0).remote(self.args, workers=self.workers)
+
+    async def resolve(self):
+        try:
+            await self.handle.__ray_ready__.remote()
+        except ActorDiedError as exc:
+            print(f"raypaged batch: the controller died ({type(exc).__name__}); starting a new "
+                  "one over the same engines", flush=True)
+            self.handle = self._new()
+        return self.handle
+
+    def kill(self) -> None:
+        ray.kill(self.handle)
+
+
 @dataclass
 class EnginePool:
-    controller: object          # ControllerActor handle
+    controllers: Controllers
     fleet: RayFleetClient
     frontend: OpenAIFrontend
     block_size: int
 
+    @property
+    def controller(self):
+        return self.controllers.handle
+
     @classmethod
     async def start(cls, args: ServeArgs) -> "EnginePool":
         options, _ = args.split()
-        controller = ControllerActor.options(num_cpus=0).remote(args.model_dump())
-
-        async def resolve():
-            return controller
-        fleet = RayFleetClient(resolve, "batch", RequestMetrics(), mux=options.stream_mux)
+        workers = create_workers(args.model_dump(), detached=False)
+        controllers = Controllers(args.model_dump(), workers)
+        fleet = RayFleetClient(controllers.resolve, "batch", RequestMetrics(),
+                               mux=options.stream_mux)
         try:
             snap = await fleet.start()
             snap = await _all_ready(fleet, options.workers)
         except RuntimeError as exc:  # every worker failed to start: the engine's own reason
-            ray.kill(controller)
+            await fleet.stop()
+            _kill(controllers)
             raise FleetFailed(str(exc)) from None
         worker = snap.ready()[0]
         tokenizer = await worker.handle.get_tokenizer.remote()
@@ -76,7 +115,7 @@ class EnginePool:
         info = ModelInfo(name=stats.model_name, max_model_len=stats.max_model_len,
                          vocab_size=len(tokenizer), created=int(time.time()))
         dispatcher = Dispatcher(fleet, Router(options, stats.block_size), fleet.metrics)
-        return cls(controller, fleet, OpenAIFrontend(dispatcher, tokenizer, info, MAX_N),
+        return cls(controllers, fleet, OpenAIFrontend(dispatcher, tokenizer, info, MAX_N),
                    stats.block_size)
 
     def check_alive(self) -> None:
@@ -87,7 +126,13 @@ class EnginePool:
 
     async def stop(self) -> None:
         await self.fleet.stop()
-        ray.kill(self.controller)  # its workers are owned by it and go with it
+        _kill(self.controllers)
+
+
+def _kill(controllers: Controllers) -> None:
+    controllers.kill()
+    for _, worker in controllers.workers:
+        ray.kill(worker, no_restart=True)
 
 
 async def _all_ready(fleet: RayFleetClient, workers: int):

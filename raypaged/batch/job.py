@@ -1,13 +1,20 @@
-"""One batch job: read rows, group them by prefix, send them through the engine pool with bounded
-concurrency, append one output line per row.
+"""One batch job: read the input once, group rows by prefix, send them through the engine pool
+with bounded concurrency, append one output line per row.
 
-    input ─> rows (lazily, a window at a time) ─> skip lines already in the output (resume)
+    input (read once, a window at a time) ─> skip lines the output already answers (same digest)
           ─> order the window by prefix key ─> at most workers x max_inflight rows in flight
           ─> frontend.completions / chat_completions (the HTTP API's code) ─> output line
 
-A row whose worker is lost is retried by the frontend (once, on another worker); when no worker
-can take it (503: all restarting), it waits for one, for up to ROW_WAIT_S. Every row ends in
-exactly one line: its response, or its error.
+A row's answer is final, and written, when it is a response or a refusal of the row's own input
+(4xx other than 408/429). Anything else - no engine ready (503), an engine lost twice while
+serving it, a 5xx, a bug - is not the row's fault: the row is retried, with backoff, for up to
+`retry_timeout_s`, and if it still has no answer it is left out of the output (counted as
+unanswered) for a re-run to answer. So an output line is never a failure a re-run could fix, and
+a resume skips exactly the lines that are final.
+
+An input line the output answers but whose bytes changed since (its digest differs) stops the
+job: the rows in flight finish, then it refuses (InputChanged) instead of mixing answers of two
+inputs. Memory grows with the input by 4-12 bytes a row at most (compact.py).
 """
 from __future__ import annotations
 
@@ -15,9 +22,10 @@ import asyncio
 import itertools
 import json
 import logging
+import os
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 from raypaged.batch.engines import EnginePool, fleet_args
 from raypaged.batch.grouping import PrefixKeys, group_by_prefix
@@ -30,11 +38,23 @@ from raypaged.serve.errors import APIError, bad_request
 
 logger = logging.getLogger(__name__)
 
-ROW_WAIT_S = 600.0      # how long a row waits for a restarting engine before it fails
-RETRY_DELAY_S = 0.5
+RETRY_DELAY_S = 0.5      # first wait before a retry; doubled each time, up to MAX_RETRY_DELAY_S
+MAX_RETRY_DELAY_S = 5.0
+
+
+class InputChanged(ValueError):
+    """The output answers input lines that are no longer what they were."""
+
+
+def is_final(status: int) -> bool:
+    """A status that says the row itself is wrong: retrying the same row cannot change it."""
+    return 400 <= status < 500 and status not in (408, 429)
 
 
 class BatchJob:
+    """Construction checks the files and takes the output's lock (before Ray or any engine
+    starts); run() answers the rows and releases it."""
+
     def __init__(self, input_path: str | Path, output_path: str | Path,
                  engine: EngineArgs | None = None, options: BatchOptions | None = None):
         self.input_path = Path(input_path)
@@ -42,65 +62,85 @@ class BatchJob:
         self.engine = engine or EngineArgs()
         self.options = options or BatchOptions()
         self.pool: EnginePool | None = None   # set once the engines are up (tests reach in)
-        if not self.input_path.is_file():  # before Ray or any engine starts
+        # how the engines start: EnginePool.start(serve_args); tests and benchmarks/batch_memory.py
+        # give an in-process pool with the same frontend, block_size, check_alive() and stop()
+        self.start_pool = EnginePool.start
+        if not self.input_path.is_file():
             raise FileNotFoundError(f"input file {self.input_path} does not exist")
+        # samefile compares device and inode: the same file by a symlink or a hard link too
+        if self.output_path.exists() and os.path.samefile(self.input_path, self.output_path):
+            raise ValueError(f"the output {self.output_path} is the input file "
+                             f"{self.input_path}: writing it would destroy the input; give "
+                             "another output path")
+        self.out = OutputFile(self.output_path, self.options.fsync_interval_s)
+        self._changed: Row | None = None
 
     async def run(self, serve_args=None) -> BatchSummary:
         """`serve_args`: the fleet's arguments when the caller resolved resources (local Ray)."""
         t0 = time.monotonic()
-        out = OutputFile(self.output_path)
+        out = self.out
         try:
-            total, skipped = self._check_resume(out.done)
             if out.cut_bytes:
                 print(f"raypaged batch: cut a torn last line ({out.cut_bytes} bytes) off "
                       f"{self.output_path}", flush=True)
-            if skipped:
-                print(f"raypaged batch: resuming, {skipped:,} of {total:,} rows already in "
+            if out.answered.count:
+                print(f"raypaged batch: resuming, {out.answered.count:,} rows already in "
                       f"{self.output_path}", flush=True)
-            self.pool = await EnginePool.start(serve_args or fleet_args(self.engine, self.options))
+            self.pool = await self.start_pool(serve_args or fleet_args(self.engine, self.options))
             try:
-                progress = Progress(total, skipped, self.options.progress_interval_s)
+                progress = Progress(self.input_path.stat().st_size,
+                                    self.options.progress_interval_s)
                 startup_s = time.monotonic() - t0
-                await self._run_rows(out, progress)
+                with open(self.input_path, "rb") as f:
+                    await self._run_rows(f, out, progress)
                 summary = progress.finish(startup_s)
             finally:
                 await self.pool.stop()
         finally:
             out.close()
+        self._check_same_input()
         return summary
 
-    # -- input -----------------------------------------------------------------------------
-    def _lines(self) -> Iterator[bytes]:
-        with open(self.input_path, "rb") as f:
-            yield from f
-
-    def _check_resume(self, done: dict[int, str | None]) -> tuple[int, int]:
-        """(rows, rows already written); refuses an output written for another input."""
-        total = skipped = 0
-        for row in read_rows(self._lines()):
-            total += 1
-            if row.line_no in done:
-                skipped += 1
-                if done[row.line_no] != row.custom_id:
-                    raise ValueError(
-                        f"{self.output_path} was written for another input: its line for input "
-                        f"line {row.line_no} has custom_id {done[row.line_no]!r}, the input has "
-                        f"{row.custom_id!r}; give a new output path")
-        if skipped != len(done):
-            raise ValueError(f"{self.output_path} answers {len(done) - skipped} lines that "
-                             f"{self.input_path} does not have; give a new output path")
-        return total, skipped
+    def _check_same_input(self) -> None:
+        if self._changed is not None:
+            n = self._changed.line_no
+            raise InputChanged(
+                f"input line {n} of {self.input_path} changed since {self.output_path} answered "
+                f"it: the output would mix answers of two inputs. The rows before it that were "
+                f"in flight are written; restore the input, or give a new output path")
+        left = list(itertools.islice(self.out.answered.left(), 4))
+        if left:
+            count = self.out.answered.count
+            raise InputChanged(
+                f"{self.output_path} answers {count:,} input lines that {self.input_path} no "
+                f"longer has (line {', '.join(map(str, left))}{', ...' if count > 4 else ''}): "
+                "the input was edited since; every line it has is answered, but give a new "
+                "output path for an output of this input alone")
 
     # -- rows ------------------------------------------------------------------------------
-    async def _run_rows(self, out: OutputFile, progress: Progress) -> None:
+    def _todo(self, f: BinaryIO, progress: Progress) -> Iterator[Row]:
+        """The rows to answer, in input order: lines answered earlier (same digest) skipped;
+        stops at a line answered earlier whose bytes changed (self._changed)."""
+        for row in read_rows(f, self.options.max_line_bytes):
+            same = self.out.answered.take(row.line_no, row.digest)
+            progress.row_read(row.end, skipped=same is True)
+            if same is None:
+                yield row
+            elif not same:
+                self._changed = row
+                return
+
+    async def _run_rows(self, f: BinaryIO, out: OutputFile, progress: Progress) -> None:
         opts = self.options
         slots = asyncio.Semaphore(opts.workers * opts.max_inflight)
         keys = PrefixKeys(self.pool.frontend.tokenizer, self.pool.block_size,
                           opts.group_prefix_blocks)
-        todo = (r for r in read_rows(self._lines()) if r.line_no not in out.done)
+        todo = self._todo(f, progress)
+        # reading runs past answered lines without awaiting: off the loop, a window at a time
+        read = lambda: list(itertools.islice(todo, opts.group_window))  # noqa: E731
         try:
             async with asyncio.TaskGroup() as tasks:
-                while window := list(itertools.islice(todo, opts.group_window)):
+                while window := await asyncio.to_thread(read):
                     if opts.prefix_grouping:  # tokenizing a window takes a while: off the loop
                         row_keys = await asyncio.to_thread(lambda w=window: [keys.key(r) for r in w])
                         window = group_by_prefix(window, row_keys)
@@ -113,13 +153,18 @@ class BatchJob:
     async def _row(self, row: Row, out: OutputFile, progress: Progress,
                    slots: asyncio.Semaphore) -> None:
         try:
-            line, usage = await self._answer(row)
+            answer = await self._answer(row)
+            if answer is None:  # not its own failure, past retry_timeout_s: for a re-run
+                progress.row_unanswered()
+                return
+            line, usage = answer
             out.write(line)
             progress.row_done(line["error"] is None, usage)
         finally:
             slots.release()
 
-    async def _answer(self, row: Row) -> tuple[dict, dict | None]:
+    async def _answer(self, row: Row) -> tuple[dict, dict | None] | None:
+        """(output line, usage), or None: no final answer within retry_timeout_s."""
         if row.error is not None:
             return error_line(row, row.error), None
         if row.body.get("stream") is True:
@@ -128,19 +173,26 @@ class BatchJob:
                 "to false", "stream")), None
         frontend = self.pool.frontend
         endpoint = frontend.completions if row.url == COMPLETIONS_URL else frontend.chat_completions
-        deadline = time.monotonic() + ROW_WAIT_S
+        deadline = time.monotonic() + self.options.retry_timeout_s
+        delay = RETRY_DELAY_S
         while True:
             try:
                 response = await endpoint(row.body)
             except APIError as exc:
-                if exc.status == 503 and time.monotonic() < deadline:
-                    self.pool.check_alive()  # FleetFailed ends the job: no engine will come back
-                    await asyncio.sleep(RETRY_DELAY_S)
-                    continue
-                return error_line(row, exc), None
+                if is_final(exc.status):
+                    return error_line(row, exc), None
+                reason = f"{exc.status} {exc.message}"
             except Exception as exc:  # noqa: BLE001 - a bug on one row must not end the job
                 logger.exception("row at line %d failed", row.line_no)
-                return error_line(row, APIError(500, f"line {row.line_no}: internal error: "
-                                                     f"{type(exc).__name__}: {exc}")), None
-            body = json.loads(response.body)
-            return success_line(row, response.status_code, body), body["usage"]
+                reason = f"internal error: {type(exc).__name__}: {exc}"
+            else:
+                body = json.loads(response.body)
+                return success_line(row, response.status_code, body), body["usage"]
+            self.pool.check_alive()  # FleetFailed ends the job: no engine will come back
+            if time.monotonic() + delay > deadline:
+                logger.warning("line %d: no answer after %.0f s of retries (%s): not written, "
+                               "a re-run retries it", row.line_no, self.options.retry_timeout_s,
+                               reason)
+                return None
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, MAX_RETRY_DELAY_S)

@@ -33,6 +33,18 @@ class BatchOptions:
                                        group=BATCH, ge=1)
     progress_interval_s: float = setting(10.0, "seconds between plain progress log lines",
                                          group=BATCH, gt=0)
+    # the HTTP API's body limit by default: a line it would refuse (413) is refused here too
+    max_line_bytes: int = setting(
+        ServeOptions.__dataclass_fields__["max_request_bytes"].default,
+        "input lines longer than this are answered with a 413 error line, never read whole",
+        group=BATCH, ge=1024)
+    fsync_interval_s: float = setting(
+        5.0, "seconds between fsyncs of the output: what a machine crash can lose (those rows "
+        "are answered again by a re-run)", group=BATCH, gt=0)
+    retry_timeout_s: float = setting(
+        600.0, "how long a row keeps retrying failures that are not its own (no engine ready, "
+        "a lost engine, 5xx); after that it is left out of the output, for a re-run",
+        group=BATCH, gt=0)
 
     def __post_init__(self) -> None:
         validate(self)

@@ -1,87 +1,153 @@
 """The output file: one OpenAI batch output line per input line, appended as rows finish.
 
-    {"id": "batch_req_<input line>", "custom_id": ..., "response": {"status_code", "request_id",
-     "body"}, "error": null | {"code", "message"}}
+    {"id": "batch_req_<input line>_<digest>", "custom_id": ..., "response": {"status_code",
+     "request_id", "body"}, "error": null | {"code", "message"}}
 
 `body` is exactly what the HTTP API answers (the response, or its {"error": ...} body). The id
-carries the input line number, so a re-run knows which lines are done without trusting the
-order of the file. One writer appends whole lines; a run killed mid-write can leave a torn last
-line, which the next run cuts off before appending (no partial lines, no duplicates).
+names the input line and the 64-bit digest of its bytes (input.py, 16 hex digits), so a re-run
+knows which lines are done, and whether the line it answered is still the same, without
+trusting the order of the file or holding the answers.
+
+What a crash can lose, and what it cannot do:
+- one writer (an exclusive flock on `<output>.lock`: a second job on the same output refuses
+  to start) appends each line with one write() and flushes it: a killed process loses no line
+  it wrote, and leaves at most one torn last line, which the next run cuts off before appending;
+- fsync every `fsync_interval_s`, and at the end: a machine crash or power loss loses at most
+  the lines of that last interval (whole lines: a torn tail is cut as above) - rows that the
+  next run simply answers again.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import time
 from pathlib import Path
 
+from raypaged.batch.compact import AnsweredLines
 from raypaged.batch.rows import Row
 from raypaged.serve.errors import APIError
 
 ID_PREFIX = "batch_req_"
 
 
+class OutputBusy(ValueError):
+    """Another job holds the output's lock."""
+
+
+def line_id(row: Row) -> str:
+    return f"{ID_PREFIX}{row.line_no}_{row.digest:016x}"
+
+
 def success_line(row: Row, status: int, body: dict) -> dict:
-    return {"id": f"{ID_PREFIX}{row.line_no}", "custom_id": row.custom_id,
+    return {"id": line_id(row), "custom_id": row.custom_id,
             "response": {"status_code": status, "request_id": body.get("id", ""), "body": body},
             "error": None}
 
 
 def error_line(row: Row, err: APIError) -> dict:
-    return {"id": f"{ID_PREFIX}{row.line_no}", "custom_id": row.custom_id,
-            "response": {"status_code": err.status, "request_id": f"{ID_PREFIX}{row.line_no}",
+    return {"id": line_id(row), "custom_id": row.custom_id,
+            "response": {"status_code": err.status, "request_id": line_id(row),
                          "body": err.body()},
             "error": {"code": err.body()["error"]["code"], "message": err.message}}
 
 
+def lock_path(path: Path) -> Path:
+    return path.with_name(path.name + ".lock")
+
+
 class OutputFile:
-    def __init__(self, path: str | os.PathLike):
+    """Locked for this process from construction to close(); `answered` holds what earlier runs
+    wrote (input line -> digest)."""
+
+    def __init__(self, path: str | os.PathLike, fsync_interval_s: float = 5.0):
         self.path = Path(path)
-        self.done: dict[int, str | None] = {}  # input line number -> custom_id, already written
-        self.cut_bytes = 0                     # of a torn last line, removed
-        if self.path.exists():
-            self._recover()
+        self.fsync_interval_s = fsync_interval_s
+        self.answered = AnsweredLines()
+        self.cut_bytes = 0  # of a torn last line, removed
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "ab")
+        self._lock = _take_lock(self.path)
+        try:
+            if self.path.exists():
+                self._recover()
+            self._file = open(self.path, "ab")
+        except BaseException:
+            self._lock.close()
+            raise
+        self._synced_at = time.monotonic()
 
     def _recover(self) -> None:
         good_end = 0
         with open(self.path, "rb") as f:
             for raw in f:
-                line_no = _line_number(raw)
-                if line_no is None:
+                answer = _parse_id(raw)
+                if answer is None:
                     if f.read(1):  # not the last line: this file is not ours
                         raise ValueError(
                             f"{self.path} has an unreadable line at byte {good_end} that is not "
-                            "its last: it was not written by raypaged batch; give a new output "
-                            "path")
+                            "its last: it was not written by this version of raypaged batch; "
+                            "give a new output path")
                     break
-                self.done[line_no] = json.loads(raw).get("custom_id")
+                if not self.answered.add(*answer):
+                    raise ValueError(f"{self.path} answers input line {answer[0]} twice: it "
+                                     "was not written by raypaged batch; give a new output path")
                 good_end += len(raw)
         size = self.path.stat().st_size
         if good_end < size:
             self.cut_bytes = size - good_end
-            os.truncate(self.path, good_end)
+            with open(self.path, "r+b") as f:
+                f.truncate(good_end)
+                os.fsync(f.fileno())
 
     def write(self, line: dict) -> None:
         # One write of one whole line, flushed now: a crash loses at most the tail of this line.
         self._file.write((json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8"))
         self._file.flush()
+        if time.monotonic() - self._synced_at >= self.fsync_interval_s:
+            self.sync()
 
     def sync(self) -> None:
         self._file.flush()
         os.fsync(self._file.fileno())
+        self._synced_at = time.monotonic()
 
     def close(self) -> None:
-        self.sync()
-        self._file.close()
+        try:
+            self.sync()
+            self._file.close()
+        finally:
+            self._lock.close()  # releases the flock
 
 
-def _line_number(raw: bytes) -> int | None:
-    """The input line an output line answers; None for a torn or foreign line."""
+def _take_lock(path: Path):
+    """An exclusive flock on a lock file beside the output (not on the output itself, which a
+    crash may leave to be truncated). The lock goes with the process however it ends; the file
+    stays, holding the pid of the last job that wrote the output."""
+    lock = open(lock_path(path), "a+")
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        lock.close()
+        raise OutputBusy(f"{path} is being written by another raypaged batch job (pid {holder}, "
+                         f"lock {lock_path(path)}): wait for it to finish, or give another "
+                         "output path") from None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
+def _parse_id(raw: bytes) -> tuple[int, int] | None:
+    """(input line, digest) an output line answers; None for a torn or foreign line."""
     if not raw.endswith(b"\n"):
         return None
     try:
         line_id = json.loads(raw)["id"]
-        return int(line_id[len(ID_PREFIX):]) if line_id.startswith(ID_PREFIX) else None
+        line_no, digest = line_id[len(ID_PREFIX):].split("_")
+        if not line_id.startswith(ID_PREFIX) or len(digest) != 16:
+            return None
+        return int(line_no), int(digest, 16)
     except (ValueError, KeyError, TypeError, AttributeError):
         return None

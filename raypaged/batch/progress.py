@@ -1,7 +1,9 @@
 """Progress while the job runs, and the summary at its end.
 
-On a terminal: a live bar (rows, output tok/s, ETA). Always: a plain log line every
-`interval_s` seconds, because `ray job logs` is not a terminal.
+On a terminal: a live bar (share of the input read, rows, output tok/s, ETA). Always: a plain
+log line every `interval_s` seconds, because `ray job logs` is not a terminal. The input is read
+once, as the job goes, so the number of rows is known only at the end: progress and ETA are
+measured in bytes of the input read.
 """
 from __future__ import annotations
 
@@ -12,15 +14,17 @@ from dataclasses import asdict, dataclass
 
 @dataclass(frozen=True)
 class BatchSummary:
-    rows: int                  # non-blank input lines
+    rows: int                  # non-blank input lines read
     skipped: int               # already in the output from an earlier run
     completed: int             # written now with status 200
-    failed: int                # written now as error lines
+    failed: int                # written now as error lines (the row's own input was refused)
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int         # prompt tokens served from the prefix cache
     wall_s: float              # from the first row sent to the last line written
     startup_s: float = 0.0     # starting Ray and the engines, before that
+    unanswered: int = 0        # failed for reasons not their own past retry_timeout_s: not
+                               # written, so a re-run answers them
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -39,6 +43,8 @@ class BatchSummary:
             f"rows             {self.rows:,} ({self.skipped:,} done by an earlier run)",
             f"completed        {self.completed:,}",
             f"failed           {self.failed:,}",
+            *([f"unanswered       {self.unanswered:,} (not written: re-run to retry them)"]
+              if self.unanswered else []),
             f"tokens in / out  {self.prompt_tokens:,} / {self.completion_tokens:,}",
             f"output tok/s     {self.output_tokens_per_s:,.1f}",
             f"prefix cache hit {self.prefix_hit_rate:.1%} of prompt tokens "
@@ -48,15 +54,27 @@ class BatchSummary:
 
 
 class Progress:
-    def __init__(self, rows: int, skipped: int, interval_s: float, tty: bool | None = None):
-        self.rows, self.skipped, self.interval_s = rows, skipped, interval_s
-        self.completed = self.failed = 0
+    def __init__(self, input_bytes: int, interval_s: float, tty: bool | None = None):
+        self.input_bytes, self.interval_s = input_bytes, interval_s
+        self.rows = self.skipped = self.completed = self.failed = self.unanswered = 0
+        self.read_bytes = 0
         self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
         self.started = self._last_log = time.monotonic()
         self._bar = None
         if sys.stderr.isatty() if tty is None else tty:
             from tqdm import tqdm
-            self._bar = tqdm(total=rows, initial=skipped, unit="row", dynamic_ncols=True)
+            self._bar = tqdm(total=input_bytes, unit="B", unit_scale=True, dynamic_ncols=True)
+
+    def row_read(self, end: int, skipped: bool) -> None:
+        """A row read from the input (`end`: the byte offset after it), done earlier or not."""
+        self.rows += 1
+        self.skipped += skipped
+        if self._bar is not None:
+            self._bar.update(end - self.read_bytes)
+        self.read_bytes = end
+
+    def row_unanswered(self) -> None:
+        self.unanswered += 1
 
     def row_done(self, ok: bool, usage: dict | None = None) -> None:
         if ok:
@@ -69,18 +87,19 @@ class Progress:
             self.cached_tokens += usage["prompt_tokens_details"]["cached_tokens"]
         now = time.monotonic()
         if self._bar is not None:
-            self._bar.set_postfix_str(f"{self._tok_s(now):,.1f} tok/s, {self.failed} failed",
+            self._bar.set_postfix_str(f"{self.skipped + self.completed + self.failed:,} rows, "
+                                      f"{self._tok_s(now):,.1f} tok/s, {self.failed} failed",
                                       refresh=False)
-            self._bar.update(1)
         if now - self._last_log >= self.interval_s:
             self._last_log = now
             print(self.line(now), flush=True)
 
     def line(self, now: float) -> str:
         done = self.skipped + self.completed + self.failed
-        rate = (self.completed + self.failed) / max(now - self.started, 1e-9)
-        eta = (self.rows - done) / rate if rate > 0 else float("inf")
-        return (f"raypaged batch: {done:,}/{self.rows:,} rows ({done / max(self.rows, 1):.0%}), "
+        read = self.read_bytes / self.input_bytes if self.input_bytes else 1.0
+        elapsed = now - self.started
+        eta = elapsed * (1 - read) / read if read > 0 else float("inf")
+        return (f"raypaged batch: {done:,} rows done, {read:.0%} of the input read, "
                 f"{self.failed:,} failed, {self._tok_s(now):,.1f} output tok/s, "
                 f"ETA {_duration(eta)}")
 
@@ -92,7 +111,7 @@ class Progress:
             self._bar.close()
         return BatchSummary(self.rows, self.skipped, self.completed, self.failed,
                             self.prompt_tokens, self.completion_tokens, self.cached_tokens,
-                            time.monotonic() - self.started, startup_s)
+                            time.monotonic() - self.started, startup_s, self.unanswered)
 
 
 def _duration(seconds: float) -> str:

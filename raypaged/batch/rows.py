@@ -8,13 +8,17 @@ A plain row becomes the body of the matching endpoint: its fields, with `samplin
 Data LLM's name) merged in; its custom_id is `line-<n>` unless it has one. Bodies are not checked
 here: the HTTP frontend checks them, with the HTTP API's own code. What is checked here is only
 what the HTTP layer would have checked before the frontend (the JSON itself, with the same
-parser) and what only a batch line has (custom_id, method, url). Blank lines are skipped.
+parser, and its size: a line over the cap is a 413, as a body over max_request_bytes is) and
+what only a batch line has (custom_id, method, url). Blank lines are skipped.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
+from raypaged.batch.compact import SeenIds
+from raypaged.batch.input import read_lines
 from raypaged.serve.errors import APIError, bad_request
 from raypaged.serve.json_body import parse_json_body
 
@@ -30,22 +34,29 @@ class Row:
     url: str | None = None
     body: dict | None = None
     error: APIError | None = None  # set: the line is refused before it reaches the frontend
+    digest: int = 0                # of the line's bytes (input.py): what resume compares
+    end: int = 0                   # byte offset of the input just past the line
 
 
-def read_rows(lines: Iterator[bytes]) -> Iterator[Row]:
-    """One Row per non-blank line, in order; a custom_id seen on an earlier line is an error."""
-    seen: set[str] = set()
-    for line_no, raw in enumerate(lines, start=1):
-        if not raw.strip():
+def read_rows(f: BinaryIO, max_line_bytes: int) -> Iterator[Row]:
+    """One Row per non-blank line of `f`, in order; a custom_id seen on an earlier line is an
+    error; a line over `max_line_bytes` is refused without being read whole."""
+    seen = SeenIds()
+    for line in read_lines(f, max_line_bytes):
+        if line.raw is None:
+            row = Row(line.line_no, None, error=APIError(
+                413, f"line {line.line_no}: the line is {line.size:,} bytes, over the limit of "
+                f"{max_line_bytes:,}: shorten it, or raise --max-line-bytes",
+                code="line_too_long"))
+        elif not line.raw.strip():
             continue
-        row = parse_line(line_no, raw)
-        if row.custom_id is not None:
-            if row.custom_id in seen and row.error is None:
-                row = Row(line_no, row.custom_id, error=bad_request(
-                    f"line {line_no}: custom_id {row.custom_id!r} is a duplicate of an earlier "
-                    "line's: give every line its own custom_id", "custom_id"))
-            seen.add(row.custom_id)
-        yield row
+        else:
+            row = parse_line(line.line_no, line.raw)
+        if row.custom_id is not None and not seen.add(row.custom_id) and row.error is None:
+            row = Row(line.line_no, row.custom_id, error=bad_request(
+                f"line {line.line_no}: custom_id {row.custom_id!r} is a duplicate of an earlier "
+                "line's: give every line its own custom_id", "custom_id"))
+        yield dataclasses.replace(row, digest=line.digest, end=line.end)
 
 
 def parse_line(line_no: int, raw: bytes) -> Row:

@@ -2,8 +2,8 @@
 
 A serving application's controller is a Serve deployment-scoped actor (recreated by Serve when
 it dies, removed with the application); its workers are detached, named actors that outlive it
-and are adopted by the next one (detached_workers.py). A batch job's controller owns its
-workers: they go when it goes.
+and are adopted by the next one (detached_workers.py). A batch job's workers are its driver's
+(create_workers): they outlive a controller that dies, and go with the job.
 """
 from __future__ import annotations
 
@@ -128,40 +128,51 @@ def worker_threads(engine: dict, cpus: float, gpus: float, serving: bool) -> dic
     return engine
 
 
+def create_workers(args: dict, detached: bool) -> list[tuple[str, object]]:
+    """The fleet's worker actors, (worker id, handle) each, owned by the caller. `detached`
+    (a Serve application): named and detached, adopted if already running (detached_workers)."""
+    fleet, engine = ServeArgs(**args).split()
+    cpus, gpus = worker_resources(fleet)
+    # detached workers serve HTTP (a Serve application); a batch job's workers do not
+    engine = worker_threads(engine, cpus, gpus, serving=detached)
+    options = dict(num_cpus=cpus, num_gpus=gpus, max_restarts=-1, max_task_retries=0,
+                   scheduling_strategy="SPREAD",
+                   runtime_env={"env_vars": worker_env_vars(fleet.worker_allocator)},
+                   max_concurrency=worker_max_concurrency(fleet.max_queued_requests, engine))
+    names = {}
+    if detached:
+        spec = fingerprint({"engine": engine, "max_queued": fleet.max_queued_requests,
+                            "factory": fleet.engine_factory, "options": options})
+        names = {i: worker_name(fleet.app_name, i, spec) for i in range(fleet.workers)}
+        existing = named_workers(fleet.app_name)
+        kill_workers([n for n in existing if n not in names.values()])  # other configs
+        adopted = sum(n in existing for n in names.values())
+        logger.info("adopting %d running workers, starting %d", adopted,
+                    fleet.workers - adopted)
+    workers = []
+    for i in range(fleet.workers):
+        worker_id = f"worker-{i}"
+        named = {}
+        if detached:
+            named = dict(name=names[i], namespace=WORKER_NAMESPACE, lifetime="detached",
+                         get_if_exists=True)
+        handle = WorkerActor.options(**options, **named).remote(
+            engine, worker_id, fleet.max_queued_requests, fleet.engine_factory,
+            fleet.app_name if detached else None)
+        workers.append((worker_id, handle))
+    logger.info("%d workers (%s CPU, %s GPU each)", fleet.workers, cpus, gpus)
+    return workers
+
+
 @ray.remote
 class ControllerActor(Controller):
     """`detached_workers`: the workers outlive this actor and the next one adopts them (a Serve
-    application); else this actor owns them (a batch job: they go when the job kills it)."""
+    application). `workers`: (id, handle) pairs its creator made with create_workers (a batch
+    job's driver: they outlive this actor, and a new controller takes them over). Else this
+    actor creates and owns them: they go when it goes."""
 
-    def __init__(self, args: dict, detached_workers: bool = False):
-        fleet, engine = ServeArgs(**args).split()
-        cpus, gpus = worker_resources(fleet)
-        # detached workers serve HTTP (a Serve application); a batch job's workers do not
-        engine = worker_threads(engine, cpus, gpus, serving=detached_workers)
-        options = dict(num_cpus=cpus, num_gpus=gpus, max_restarts=-1, max_task_retries=0,
-                       scheduling_strategy="SPREAD",
-                       runtime_env={"env_vars": worker_env_vars(fleet.worker_allocator)},
-                       max_concurrency=worker_max_concurrency(fleet.max_queued_requests, engine))
-        names = {}
-        if detached_workers:
-            spec = fingerprint({"engine": engine, "max_queued": fleet.max_queued_requests,
-                                "factory": fleet.engine_factory, "options": options})
-            names = {i: worker_name(fleet.app_name, i, spec) for i in range(fleet.workers)}
-            existing = named_workers(fleet.app_name)
-            kill_workers([n for n in existing if n not in names.values()])  # other configs
-            adopted = sum(n in existing for n in names.values())
-            logger.info("adopting %d running workers, starting %d", adopted,
-                        fleet.workers - adopted)
-        workers = []
-        for i in range(fleet.workers):
-            worker_id = f"worker-{i}"
-            named = {}
-            if detached_workers:
-                named = dict(name=names[i], namespace=WORKER_NAMESPACE, lifetime="detached",
-                             get_if_exists=True)
-            handle = WorkerActor.options(**options, **named).remote(
-                engine, worker_id, fleet.max_queued_requests, fleet.engine_factory,
-                fleet.app_name if detached_workers else None)
-            workers.append((worker_id, handle))
-        logger.info("%d workers (%s CPU, %s GPU each)", fleet.workers, cpus, gpus)
+    def __init__(self, args: dict, detached_workers: bool = False,
+                 workers: list[tuple[str, object]] | None = None):
+        if workers is None:
+            workers = create_workers(args, detached_workers)
         super().__init__(workers, probe_worker, POLL_INTERVAL_S, POLL_TIMEOUT_S)

@@ -70,7 +70,8 @@ def test_both_formats_bad_lines_and_bodies_equal_to_the_http_api(local_ray, tmp_
     summary = run_batch(inp, tmp_path / "out.jsonl", EngineArgs(**ENGINE),
                         BatchOptions(workers=1, cpus_per_worker=1, max_inflight=4))
 
-    out = {int(o["id"].removeprefix("batch_req_")): o for o in read_output(tmp_path / "out.jsonl")}
+    out = {int(o["id"].removeprefix("batch_req_").split("_")[0]): o  # batch_req_<line>_<digest>
+           for o in read_output(tmp_path / "out.jsonl")}
     assert sorted(out) == list(range(1, len(lines) + 1))  # one line per input line, no more
 
     expected = asyncio.run(http_answers(

@@ -13,18 +13,23 @@ USAGE = {"prompt_tokens": 100, "completion_tokens": 10,
 def test_a_plain_line_every_interval_with_rows_failures_tok_s_and_eta(monkeypatch, capsys):
     now = [1000.0]
     monkeypatch.setattr(progress_module.time, "monotonic", lambda: now[0])
-    p = Progress(rows=10, skipped=2, interval_s=5.0, tty=False)
+    p = Progress(input_bytes=1000, interval_s=5.0, tty=False)
+    for end, skipped in ((100, True), (200, True), (300, False), (400, False)):
+        p.row_read(end, skipped)
     now[0] += 2.0
     p.row_done(True, USAGE)        # 2 s in: before the interval, no line
     assert capsys.readouterr().out == ""
     now[0] += 3.0
-    p.row_done(False)              # 5 s in: 2 rows answered now, 4 of 10 done, 2 rows/5 s
+    p.row_done(False)              # 5 s in: 4 rows done, 40% of the bytes read in 5 s
     assert capsys.readouterr().out == (
-        "raypaged batch: 4/10 rows (40%), 1 failed, 2.0 output tok/s, ETA 0m15s\n")
+        "raypaged batch: 4 rows done, 40% of the input read, 1 failed, 2.0 output tok/s, "
+        "ETA 0m07s\n")
+    p.row_unanswered()
     summary = p.finish(startup_s=7.0)
-    assert summary == BatchSummary(rows=10, skipped=2, completed=1, failed=1, prompt_tokens=100,
+    assert summary == BatchSummary(rows=4, skipped=2, completed=1, failed=1, prompt_tokens=100,
                                    completion_tokens=10, cached_tokens=75, wall_s=5.0,
-                                   startup_s=7.0)
+                                   startup_s=7.0, unanswered=1)
+    assert "unanswered       1 (not written: re-run to retry them)" in summary.report()
     assert (summary.output_tokens_per_s, summary.prefix_hit_rate) == (2.0, 0.75)
     assert "prefix cache hit 75.0% of prompt tokens (75 cached)" in summary.report()
 

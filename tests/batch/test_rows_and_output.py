@@ -1,18 +1,22 @@
-"""Input lines, output recovery and prefix order, without Ray or a model."""
+"""Input lines, output lines and prefix order, without Ray or a model."""
 from __future__ import annotations
 
-import json
+import io
 
 import pytest
 
 from raypaged.batch.grouping import group_by_prefix
-from raypaged.batch.output import OutputFile, error_line, success_line
+from raypaged.batch.input import digest_of
+from raypaged.batch.output import error_line, success_line
 from raypaged.batch.rows import CHAT_URL, COMPLETIONS_URL, Row, read_rows
 from raypaged.serve.errors import bad_request
 
+CAP = 1 << 20
 
-def rows_of(*lines: str | bytes) -> list[Row]:
-    return list(read_rows(l if isinstance(l, bytes) else l.encode() + b"\n" for l in lines))
+
+def rows_of(*lines: str | bytes, cap: int = CAP) -> list[Row]:
+    data = b"".join(l if isinstance(l, bytes) else l.encode() + b"\n" for l in lines)
+    return list(read_rows(io.BytesIO(data), cap))
 
 
 def test_openai_lines_and_plain_rows_become_endpoint_bodies():
@@ -55,7 +59,7 @@ BAD = [
 
 @pytest.mark.parametrize("line,status,message", BAD)
 def test_a_bad_line_is_refused_with_its_status_and_reason(line, status, message):
-    [row] = list(read_rows([line]))
+    [row] = rows_of(line)
     assert (row.error.status, row.error.message) == (status, message)
 
 
@@ -66,37 +70,26 @@ def test_the_second_line_with_a_custom_id_is_the_duplicate():
                                      "give every line its own custom_id")
 
 
-def test_output_lines_carry_the_input_line_and_the_http_body(tmp_path):
-    row = Row(3, "c", COMPLETIONS_URL, {"prompt": "x"})
+def test_each_row_carries_the_digest_of_its_line_bytes_and_where_it_ends():
+    a, b = b'{"prompt": "a"}', b'{"prompt": "b"}'
+    rows = rows_of(a + b"\n", b"\n", b)  # a blank line between; the last without "\n"
+    assert [(r.line_no, r.digest, r.end) for r in rows] == [
+        (1, digest_of(a), len(a) + 1), (3, digest_of(b), 2 * len(a) + 2)]
+    assert digest_of(a) != digest_of(b)
+
+
+def test_output_lines_carry_the_input_line_its_digest_and_the_http_body(tmp_path):
+    row = Row(3, "c", COMPLETIONS_URL, {"prompt": "x"}, digest=0xAB)
     assert success_line(row, 200, {"id": "cmpl-1", "choices": []}) == {
-        "id": "batch_req_3", "custom_id": "c",
+        "id": "batch_req_3_00000000000000ab", "custom_id": "c",
         "response": {"status_code": 200, "request_id": "cmpl-1",
                      "body": {"id": "cmpl-1", "choices": []}}, "error": None}
     err = bad_request("max_tokens must be at least 1", "max_tokens")
     assert error_line(row, err) == {
-        "id": "batch_req_3", "custom_id": "c",
-        "response": {"status_code": 400, "request_id": "batch_req_3", "body": err.body()},
+        "id": "batch_req_3_00000000000000ab", "custom_id": "c",
+        "response": {"status_code": 400, "request_id": "batch_req_3_00000000000000ab",
+                     "body": err.body()},
         "error": {"code": "invalid_request", "message": "max_tokens must be at least 1"}}
-
-
-def test_a_torn_last_line_is_cut_and_written_lines_are_known(tmp_path):
-    path = tmp_path / "out.jsonl"
-    good = [json.dumps({"id": f"batch_req_{n}", "custom_id": f"c{n}"}) + "\n" for n in (2, 1)]
-    path.write_text("".join(good) + '{"id": "batch_req_3", "cust')
-    out = OutputFile(path)
-    assert out.done == {2: "c2", 1: "c1"}
-    assert out.cut_bytes == len('{"id": "batch_req_3", "cust')
-    out.write({"id": "batch_req_3", "custom_id": "c3"})
-    out.close()
-    assert path.read_text().splitlines() == [g.strip() for g in good] + [
-        '{"id": "batch_req_3", "custom_id": "c3"}']
-
-
-def test_an_output_that_is_not_ours_is_refused(tmp_path):
-    path = tmp_path / "out.jsonl"
-    path.write_text("hello\nworld\n")
-    with pytest.raises(ValueError, match="was not written by raypaged batch"):
-        OutputFile(path)
 
 
 def test_prefix_groups_keep_first_appearance_order_and_input_order_within():

@@ -1,0 +1,117 @@
+"""Which failures are final, and what a resume re-runs, on a job in this process (the real
+frontend over the fake engine, no Ray): a row is written only with its answer or its own
+input's refusal; failures that are not its own are retried, and never written, so a re-run
+answers them; an input line edited since the output answered it is refused."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from batch_inputs import read_output, write_lines
+from local_pool import ALWAYS, LocalPool, WorkerUnavailable
+from raypaged.batch import BatchOptions
+from raypaged.batch.job import BatchJob, InputChanged
+
+OPTIONS = dict(workers=1, max_inflight=4, prefix_grouping=False)
+
+
+def plain(prompt: str, **extra) -> str:
+    return json.dumps({"prompt": prompt, "max_tokens": 4, "temperature": 0, **extra})
+
+
+def run(inp, out, pool: LocalPool | None = None, **options):
+    job = BatchJob(inp, out, options=BatchOptions(**{**OPTIONS, **options}))
+    pool = pool or LocalPool()
+
+    async def start(serve_args):
+        return pool
+    job.start_pool = start
+    return asyncio.run(job.run())
+
+
+def by_custom_id(path) -> dict[str, dict]:
+    lines = read_output(path)
+    ids = [o["custom_id"] for o in lines]
+    assert len(ids) == len(set(ids)), f"a row answered twice: {ids}"
+    return {o["custom_id"]: o for o in lines}
+
+
+def test_failures_not_of_the_row_are_retried_until_answered(tmp_path):
+    inp = write_lines(tmp_path / "in.jsonl", [plain(f"row {i}") for i in range(4)]
+                      + [plain("row 4", temperature=-1)])  # its own input: final at once
+    pool = LocalPool({"row 1": (2, WorkerUnavailable), "row 2": (1, RuntimeError)})
+    summary = run(inp, tmp_path / "out.jsonl", pool)
+    out = by_custom_id(tmp_path / "out.jsonl")
+    assert {cid: o["response"]["status_code"] for cid, o in out.items()} == {
+        "line-1": 200, "line-2": 200, "line-3": 200, "line-4": 200, "line-5": 400}
+    assert pool.fleet.attempts == {"row 1": 3, "row 2": 2}
+    assert (summary.completed, summary.failed, summary.unanswered) == (4, 1, 0)
+
+
+def test_a_row_failing_past_the_retry_timeout_is_not_written_and_a_rerun_answers_it(tmp_path):
+    inp = write_lines(tmp_path / "in.jsonl", [plain(f"row {i}") for i in range(4)])
+    out = tmp_path / "out.jsonl"
+    pool = LocalPool({"row 1": (ALWAYS, WorkerUnavailable), "row 3": (ALWAYS, RuntimeError)})
+    first = run(inp, out, pool, retry_timeout_s=1.0)
+    assert (first.completed, first.failed, first.unanswered) == (2, 0, 2)
+    assert sorted(by_custom_id(out)) == ["line-1", "line-3"]  # no 503 / 500 line written
+    assert pool.fleet.attempts["row 1"] >= 2  # retried, not given up at once
+
+    second = run(inp, out)  # the engines are well again
+    assert (second.rows, second.skipped, second.completed, second.unanswered) == (4, 2, 2, 0)
+    answers = by_custom_id(out)
+    assert sorted(answers) == ["line-1", "line-2", "line-3", "line-4"]
+    assert all(o["response"]["status_code"] == 200 for o in answers.values())
+
+
+def test_a_rerun_of_a_finished_job_writes_nothing_and_appended_lines_are_run(tmp_path):
+    lines = [plain(f"row {i}") for i in range(3)]
+    inp = write_lines(tmp_path / "in.jsonl", lines)
+    out = tmp_path / "out.jsonl"
+    run(inp, out)
+    before = out.read_text()
+    again = run(inp, out)
+    assert (again.skipped, again.completed, out.read_text()) == (3, 0, before)
+    write_lines(inp, lines + [plain("row 3")])
+    more = run(inp, out)
+    assert (more.skipped, more.completed) == (3, 1)
+    assert sorted(by_custom_id(out)) == ["line-1", "line-2", "line-3", "line-4"]
+
+
+def test_an_input_line_edited_since_it_was_answered_is_refused(tmp_path):
+    inp = write_lines(tmp_path / "in.jsonl", [plain(f"row {i}") for i in range(4)])
+    out = tmp_path / "out.jsonl"
+    run(inp, out)
+    answered = out.read_text()
+    # same line numbers, same default custom_ids (line-N): only the bytes tell the edit
+    write_lines(inp, [plain("row 0"), plain("row one, edited"), plain("row 2"), plain("row 3")])
+    with pytest.raises(InputChanged, match=(
+            f"input line 2 of {inp} changed since {out} answered it: the output would mix "
+            "answers of two inputs")):
+        run(inp, out)
+    assert out.read_text() == answered
+
+
+def test_an_output_answering_lines_the_input_no_longer_has_is_refused(tmp_path):
+    inp = write_lines(tmp_path / "in.jsonl", [plain(f"row {i}") for i in range(4)])
+    out = tmp_path / "out.jsonl"
+    run(inp, out)
+    write_lines(inp, [plain(f"row {i}") for i in range(2)])
+    with pytest.raises(InputChanged, match=f"{out} answers 2 input lines that {inp} no longer "
+                                           r"has \(line 3, 4\)"):
+        run(inp, out)
+
+
+def test_a_line_over_the_cap_gets_a_413_line_and_the_rest_run(tmp_path):
+    long_line = plain("x" * 5000)
+    inp = write_lines(tmp_path / "in.jsonl", [plain("row 0"), long_line, plain("row 2")])
+    summary = run(inp, tmp_path / "out.jsonl", max_line_bytes=1024)
+    out = by_custom_id(tmp_path / "out.jsonl")
+    assert [out[f"line-{i}"]["response"]["status_code"] for i in (1, 3)] == [200, 200]
+    [long] = [o for o in read_output(tmp_path / "out.jsonl") if o["custom_id"] is None]
+    assert long["response"]["status_code"] == 413
+    assert long["error"]["message"] == (f"line 2: the line is {len(long_line):,} bytes, over the "
+                                        "limit of 1,024: shorten it, or raise --max-line-bytes")
+    assert (summary.completed, summary.failed) == (2, 1)
