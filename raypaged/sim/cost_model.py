@@ -109,3 +109,14 @@ H100_LLAMA3_8B = RooflineCost(
     layers=32, q_width=32 * 128, kv_bytes_per_token=2 * 32 * 8 * 128 * 2,
     peak_flops=989e12, bandwidth=3.35e12, mfu=0.6, mbu=0.8, overhead_s=0.5e-3,
     kv_budget_bytes=0.9 * 80e9 - 2 * _LLAMA_PARAMS - 2e9)
+
+
+# The real CPU engine on this project's 2-core machine (SmolLM2-135M, bf16, the engine's CPU
+# defaults, 1 thread = one serving worker's CPU), fitted by benchmarks/fleet_sim_calibrate.py to
+# benchmarks/results/forward_step.json (2026-11-23): decode of 1/4/16/64 sequences and a
+# 256-token prefill, all at context 256, so per_kv is not fitted (0): the model holds near
+# that context. Its check against a real `raypaged serve --workers 2` run is in
+# benchmarks/results/fleet_sim_calibration.json.
+CPU_SMOLLM2_135M = LinearCost(name="CPU x SmolLM2-135M (fitted)",
+                              per_step=0.014125632641791622, per_token=0.0008510550153178756,
+                              per_seq=0.0006991274368331322, per_kv=0.0)

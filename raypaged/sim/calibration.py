@@ -1,0 +1,80 @@
+"""Fit a LinearCost to measured engine steps (least squares, pure Python).
+
+A measured step is (new tokens, sequences, kv tokens read, seconds). The fit solves the normal
+equations for the coefficients that vary in the data; a column that is constant or collinear
+with another (e.g. kv_read when every step ran at one context length) must be left out by the
+caller (`fit_linear(..., terms=...)`), and its coefficient is 0: the model then holds only
+near the measured shapes, which the calibration's check against a real fleet run tells.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from raypaged.sim.cost_model import LinearCost
+
+TERMS = ("per_step", "per_token", "per_seq", "per_kv")
+
+
+def _row(point: Sequence[float], terms: Sequence[str]) -> list[float]:
+    new, seqs, kv = point[0], point[1], point[2]
+    values = {"per_step": 1.0, "per_token": new, "per_seq": seqs, "per_kv": kv}
+    return [values[t] for t in terms]
+
+
+def fit_linear(name: str, points: Sequence[tuple[float, float, float, float]],
+               terms: Sequence[str] = TERMS) -> LinearCost:
+    """points: (new_tokens, sequences, kv_read, seconds)."""
+    unknown = set(terms) - set(TERMS)
+    if unknown:
+        raise ValueError(f"unknown terms {sorted(unknown)}; choices: {', '.join(TERMS)}")
+    if len(points) < len(terms):
+        raise ValueError(f"{len(points)} measured steps cannot fit {len(terms)} coefficients: "
+                         f"measure more step shapes or fit fewer terms")
+    k = len(terms)
+    a = [[0.0] * k for _ in range(k)]
+    b = [0.0] * k
+    for p in points:
+        x = _row(p, terms)
+        for i in range(k):
+            b[i] += x[i] * p[3]
+            for j in range(k):
+                a[i][j] += x[i] * x[j]
+    coef = _solve(a, b, terms)
+    return LinearCost(name, **{t: coef.get(t, 0.0) for t in TERMS})
+
+
+def _solve(a: list[list[float]], b: list[float], terms: Sequence[str]) -> dict[str, float]:
+    """Gaussian elimination with partial pivoting; refuses a singular system by name."""
+    k = len(b)
+    m = [row[:] + [rhs] for row, rhs in zip(a, b)]
+    for c in range(k):
+        pivot = max(range(c, k), key=lambda r: abs(m[r][c]))
+        if abs(m[pivot][c]) < 1e-12 * max(1.0, max(abs(v) for row in a for v in row)):
+            raise ValueError(f"the measured steps do not tell {terms[c]!r} apart from the other "
+                             f"terms (constant or collinear): leave it out of `terms`")
+        m[c], m[pivot] = m[pivot], m[c]
+        for r in range(k):
+            if r != c:
+                f = m[r][c] / m[c][c]
+                m[r] = [x - f * y for x, y in zip(m[r], m[c])]
+    return {terms[i]: m[i][k] / m[i][i] for i in range(k)}
+
+
+def forward_step_points(data: dict) -> list[tuple[float, float, float, float]]:
+    """(new tokens, sequences, kv read, seconds) of each `default` step of a
+    benchmarks/forward_step.py result: "decode xB" is B sequences of one new token at the
+    result's context, "prefill P" one sequence of P new tokens."""
+    ctx = data["context"]
+    points = []
+    for row in data["rows"]:
+        if row["variant"] != "default":
+            continue
+        kind, n = row["step"].split()
+        seconds = row["median_cpu_ms"] / 1000
+        if kind == "decode":
+            b = int(n.lstrip("x"))
+            points.append((b, b, b * (ctx + 1), seconds))
+        else:
+            p = int(n)
+            points.append((p, 1, p, seconds))
+    return points
