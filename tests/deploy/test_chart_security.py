@@ -90,6 +90,8 @@ def test_the_network_policy_admits_only_the_release_on_ray_ports(values):
         assert open_to(policy, port, stranger) is False, port
         assert open_to(policy, port, operator) is (port == 8265), port
     serve = head_ports["serve"]
+    assert open_to(policy, serve, pod(test_pod["metadata"]["labels"]))  # `helm test` works
+    assert open_to(policy, serve, operator)  # KubeRay checks the head's Serve proxy there
     if values == "exposed":  # the ingress controller's namespace and one network only
         assert not open_to(policy, serve, stranger)
         assert open_to(policy, serve, pod({"x": "y"}, "ingress-nginx"))
