@@ -10,6 +10,8 @@ import bisect
 from array import array
 from typing import Iterator
 
+import numpy as np  # for sorting in place; the driver has it loaded anyway (torch, transformers)
+
 from raypaged.batch.input import digest_of
 
 assert array("I").itemsize == 4 and array("Q").itemsize == 8
@@ -79,8 +81,6 @@ class SeenIds:
         return True
 
     def _merge(self) -> None:
-        import numpy as np
-
         self._sorted.extend(self._recent)
         self._recent = set()
         np.frombuffer(self._sorted, dtype=np.uint64).sort()  # a view: sorts the array itself
