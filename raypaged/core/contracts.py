@@ -170,6 +170,17 @@ class MemoryStats:
 
 
 @dataclass(frozen=True)
+class PreemptionStats:
+    """What preemption cost since the engine started (see core/preemption.py)."""
+
+    computed_tokens: int = 0        # tokens fed to the model: prefill, decode and recompute
+    recomputed_tokens: int = 0      # of those, tokens computed before and lost to a preemption
+    preempted_seconds: float = 0.0  # summed over requests: preemption until resume (or finish)
+    # [k] = finished sequences that were preempted k times (len: the most times, plus one)
+    preempted_per_request: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class EngineStats:
     memory: MemoryStats
     num_running: int
@@ -179,6 +190,7 @@ class EngineStats:
     num_steps: int
     num_blocked: int = 0  # waiting for KV blocks or seats at the last schedule (see Scheduler)
     num_queued_tokens: int = 0  # tokens admitted but not computed yet: the work queued here
+    preemption: PreemptionStats = PreemptionStats()
 
     @property
     def kv_cache_usage(self) -> float:

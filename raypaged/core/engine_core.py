@@ -159,7 +159,8 @@ class EngineCore:
                            num_blocked=self.scheduler.num_blocked,
                            num_queued_tokens=self.scheduler.num_queued_tokens,
                            num_preemptions=self.scheduler.num_preemptions,
-                           num_finished=self.scheduler.num_finished, num_steps=self.num_steps)
+                           num_finished=self.scheduler.num_finished, num_steps=self.num_steps,
+                           preemption=self.scheduler.preemption.stats())
 
 
 def _check_continuation(c: Continuation, sampling: SamplingParams, max_tokens: int) -> None:

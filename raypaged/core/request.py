@@ -45,12 +45,15 @@ class Request:
         self.cache_salt = cache_salt
         self.parent_id = parent_id
         self.sample_index = sample_index
-        self.arrival = arrival                # admission order, for FCFS and "newest" preemption
+        self.arrival = arrival                # arrival order (forked samples: the parent's)
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_placeholders = 0             # tokens sampled by scheduled steps, not appended yet
         self.num_cached_tokens = 0            # prefix-cache hit at first admission (reported)
         self.num_preemptions = 0
+        # the most tokens whose KV a preemption threw away: computing them again is recompute
+        self.num_lost_tokens = 0
+        self.preempted_at: float | None = None  # the scheduler's clock at its last preemption
         self.forked = sampling.n == 1         # n > 1 forks once, when its prompt is done
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None

@@ -1,9 +1,12 @@
 """Iteration-level continuous batching under a per-step token budget.
 
 Each step: running requests first (oldest first; one token for a decode, the next chunk of a
-long prompt), then waiting requests FCFS while the budget, max_num_seqs and free blocks allow.
-When a running request needs a block and none is free, the newest running request is preempted
-by recompute: its blocks are freed and it goes back to the head of the waiting queue.
+long prompt), then waiting requests FCFS while the budget, max_num_seqs and free blocks allow,
+and (headroom admission, core/admission.py) while the running set's projected growth still
+fits. When a running request needs a block and none is free, a victim (core/preemption.py) is
+preempted by recompute: its blocks are freed and it waits again at its arrival's place, ahead of
+everyone who arrived after it. The first rules (admit what fits now, preempt the newest) remain
+as a policy (core/scheduling_policy.py), for comparison.
 
 A scheduled step advances `num_computed_tokens` at once and counts the tokens it will sample as
 placeholders, so `schedule()` may run again before the step's result is applied (overlapped
@@ -14,19 +17,29 @@ step forks it (n > 1) or surely ends it (max_tokens, max_model_len) waits for th
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
+from typing import Callable
 
 from raypaged.core.contracts import (PLACEHOLDER, RequestDelta, ScheduledBatch, ScheduledRequest,
                                      StepResult, TokensView)
+from raypaged.core.admission import OutputLengths, has_headroom
 from raypaged.core.kv_cache_manager import KVCacheManager
+from raypaged.core.preemption import PreemptionCounters, choose_victim, requeue_by_arrival
 from raypaged.core.request import Request, RequestStatus
+from raypaged.core.scheduling_policy import SchedulingPolicy
 
 
 class Scheduler:
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int,
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
-                 enable_prefix_caching: bool = True) -> None:
+                 enable_prefix_caching: bool = True, policy: SchedulingPolicy | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """clock: seconds, for the time requests spend preempted (a simulator passes its own)."""
         self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
+        self.policy = policy or SchedulingPolicy()
+        self.preemption = PreemptionCounters(clock)
+        self.output_lengths = OutputLengths()  # projects open max_tokens (headroom admission)
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
@@ -99,6 +112,9 @@ class Scheduler:
         self._left.add(req.request_id)
         del self.requests[req.request_id]
         self.num_finished += 1
+        self.preemption.finished(req)
+        if reason != "abort":
+            self.output_lengths.record(req.num_output_tokens)
         # Keep a group's child list until every sample is done, so abort(parent) still reaches them.
         group = req.parent_id or req.request_id
         kids = self.children.get(group)
@@ -125,6 +141,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         chosen: list[tuple[Request, int]] = []
         preempted = False
+        scheduled: set[str] = set()
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -134,13 +151,16 @@ class Scheduler:
                 continue
             n = min(req.num_tokens + req.num_placeholders - req.num_computed_tokens, budget)
             while not self.kv.allocate(req, n):
-                victim = self.running.pop()  # the newest; never one already chosen (those are older)
+                j = self._victim(scheduled)
+                victim = self.running.pop(j)
+                i -= j < i
                 self._preempt(victim)
                 preempted = True
                 if victim is req:
                     break
             else:
                 chosen.append((req, n))
+                scheduled.add(req.request_id)
                 budget -= n
                 i += 1
 
@@ -155,11 +175,14 @@ class Scheduler:
             hits = self.kv.find_cached_prefix(req) if self.kv.pool.enable_caching else []
             n = min(req.num_tokens - len(hits) * self.block_size, budget)
             computed = req.num_computed_tokens
-            if not self.kv.allocate(req, n, hits):
+            if (self.policy.headroom and self.running
+                    and not has_headroom(self.running, req, self.kv, self.output_lengths, self.policy)
+                    or not self.kv.allocate(req, n, hits)):
                 blocked = True
                 break  # FCFS: nobody overtakes the head of the queue
             self.num_queued_tokens -= req.num_computed_tokens - computed  # the prefix hit
             self.waiting.popleft()
+            self.preemption.resumed(req)
             if req.num_preemptions == 0:
                 req.num_cached_tokens = len(hits) * self.block_size
             req.status = RequestStatus.RUNNING
@@ -178,6 +201,14 @@ class Scheduler:
         if chosen:
             self._scheduled_reqs[id(batch)] = [(req, req.num_preemptions) for req, _ in chosen]
         return batch
+
+    def _victim(self, scheduled: set[str]) -> int:
+        """Index in self.running of the request to preempt; never one this step has already
+        scheduled (its share of the step is in the batch)."""
+        if not self.policy.bounded:
+            return len(self.running) - 1  # the newest; those already scheduled are older
+        candidates = [r for r in self.running if r.request_id not in scheduled]
+        return self.running.index(choose_victim(candidates, self.policy.protect_after_preemptions))
 
     def _surely_ends(self, req: Request) -> bool:
         """Whether the tokens its scheduled steps sample end it by length, whatever they are."""
@@ -205,12 +236,14 @@ class Scheduler:
             eos_token_id=req.eos_token_id,
             num_placeholders=unknown,
         )
+        self.preemption.scheduled(req, start, n)
         req.num_computed_tokens += n
         req.num_placeholders += num_samples
         self.num_queued_tokens += num_samples - n
         return sr
 
     def _preempt(self, req: Request) -> None:
+        self.preemption.preempted(req)
         self.kv.free(req)
         # recomputed from the start; a running step's sample for it is dropped
         self.num_queued_tokens += req.num_computed_tokens - req.num_placeholders
@@ -220,7 +253,10 @@ class Scheduler:
         req.num_preemptions += 1
         self.num_preemptions += 1
         self._left.add(req.request_id)
-        self.waiting.appendleft(req)
+        if self.policy.bounded:
+            requeue_by_arrival(self.waiting, req)
+        else:
+            self.waiting.appendleft(req)
 
     # -- apply the runner's result -----------------------------------------------------------
     def update(self, batch: ScheduledBatch, result: StepResult) -> list[RequestDelta]:
@@ -256,7 +292,7 @@ class Scheduler:
             child = Request(f"{parent.request_id}#{i}", parent.prompt_token_ids, parent.sampling,
                             parent.max_tokens, parent.eos_token_id, parent.cache_salt,
                             parent_id=parent.request_id, sample_index=i,
-                            arrival=next(self._arrivals))
+                            arrival=parent.arrival)
             child.forked = True
             child.status = RequestStatus.RUNNING
             child.num_computed_tokens = parent.num_computed_tokens

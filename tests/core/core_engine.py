@@ -1,4 +1,6 @@
 """Helpers for core tests: an EngineCore over the KV-simulating fake runner."""
+import time
+
 from raypaged.core.engine_core import EngineCore
 from raypaged.core.scheduler import Scheduler
 
@@ -6,10 +8,13 @@ from fake_runner import FakeRunner
 
 
 def make_engine(num_blocks=64, block_size=4, max_model_len=4096, max_num_seqs=256,
-                max_num_batched_tokens=2048, prefix=True, overlap=False, runner=None) -> EngineCore:
-    """overlap: async scheduling (the runner runs on the engine's step executor thread)."""
+                max_num_batched_tokens=2048, prefix=True, overlap=False, runner=None,
+                policy=None, clock=time.monotonic) -> EngineCore:
+    """overlap: async scheduling (the runner runs on the engine's step executor thread);
+    policy: core.scheduling_policy.SchedulingPolicy (FIRST_RULES: admit what fits, preempt the
+    newest, for tests that need preemptions to happen)."""
     sched = Scheduler(num_blocks, block_size, max_model_len, max_num_seqs,
-                      max_num_batched_tokens, prefix)
+                      max_num_batched_tokens, prefix, policy, clock)
     return EngineCore(sched, runner or FakeRunner(num_blocks, block_size), overlap)
 
 

@@ -9,6 +9,7 @@ from core_engine import make_engine
 from raypaged.core.block_hash import hash_block_tokens
 from raypaged.core.cache_summary import CacheSummary, CacheView, block_key
 from raypaged.core.sampling_params import SamplingParams
+from raypaged.core.scheduling_policy import FIRST_RULES
 
 
 def pool_keys(engine) -> set[int]:
@@ -18,7 +19,8 @@ def pool_keys(engine) -> set[int]:
 @pytest.mark.parametrize("log_size", [65536, 7])  # 7: readers often fall behind the log
 def test_a_view_synced_by_deltas_equals_the_pool_after_every_step(log_size):
     rng = random.Random(log_size)
-    engine = make_engine(num_blocks=16, block_size=4, max_num_batched_tokens=64)
+    # the first rules (admit what fits, preempt the newest): this workload must preempt
+    engine = make_engine(num_blocks=16, block_size=4, max_num_batched_tokens=64, policy=FIRST_RULES)
     pool = engine.scheduler.kv.pool
     pool.summary = CacheSummary(log_size)
     view, fulls = CacheView(), 0

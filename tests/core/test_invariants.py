@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raypaged.core.sampling_params import SamplingParams
+from raypaged.core.scheduling_policy import FIRST_RULES, FITS, SchedulingPolicy
 
 from core_engine import make_engine
 
@@ -46,14 +47,31 @@ def check_invariants(eng):
     sched = eng.scheduler
     assert sched.num_queued_tokens == sum(r.num_tokens + r.num_placeholders - r.num_computed_tokens
                                           for q in (sched.waiting, sched.running) for r in q)
+    # bounded preemption: a preempted request waits at its arrival's place (FCFS on resume)
+    if sched.policy.bounded:
+        order = [(r.arrival, r.sample_index) for r in sched.waiting]
+        assert order == sorted(order)
+    p = eng.stats().preemption
+    assert sum(p.preempted_per_request) == sched.num_finished
+    assert p.recomputed_tokens <= p.computed_tokens
 
 
+POLICIES = {
+    "headroom_bounded": SchedulingPolicy(),
+    "first_rules": FIRST_RULES,
+    "fits_bounded": SchedulingPolicy(admission_policy=FITS),
+    # reserving nothing for decodes: headroom admission that still preempts
+    "headroom_no_reserve_bounded": SchedulingPolicy(decode_reserve=0.0),
+}
+
+
+@pytest.mark.parametrize("policy", POLICIES.values(), ids=POLICIES.keys())
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 @settings(max_examples=150, deadline=None)
 @given(operations=ops)
-def test_random_operations_keep_invariants_and_free_everything(operations, overlap):
+def test_random_operations_keep_invariants_and_free_everything(operations, overlap, policy):
     eng = make_engine(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, max_model_len=64,
-                      max_num_batched_tokens=16, max_num_seqs=6, overlap=overlap)
+                      max_num_batched_tokens=16, max_num_seqs=6, overlap=overlap, policy=policy)
     next_id = 0
     for op in operations:
         if op[0] == "add":

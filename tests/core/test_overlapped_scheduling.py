@@ -11,6 +11,7 @@ from core_engine import make_engine
 from fake_runner import FakeRunner, next_token
 from raypaged.core.contracts import PLACEHOLDER
 from raypaged.core.sampling_params import SamplingParams
+from raypaged.core.scheduling_policy import FIRST_RULES, FITS, SchedulingPolicy
 
 
 def run(engine, max_steps=10_000):
@@ -46,9 +47,13 @@ def both(stops=None, **kw):
     return out
 
 
-@pytest.mark.parametrize("kv", [dict(num_blocks=200, max_num_batched_tokens=24),
-                                dict(num_blocks=20, max_num_batched_tokens=64)],
-                         ids=["roomy", "tiny_kv_preempts"])
+# tiny_kv: admitting what fits makes the tiny budget preempt; with the first rules' victim
+# (the newest) and with the bounded one (least work, requeued by arrival)
+@pytest.mark.parametrize("kv", [
+    dict(num_blocks=200, max_num_batched_tokens=24),
+    dict(num_blocks=20, max_num_batched_tokens=64, policy=FIRST_RULES),
+    dict(num_blocks=20, max_num_batched_tokens=64, policy=SchedulingPolicy(admission_policy=FITS)),
+], ids=["roomy", "tiny_kv_preempts_newest", "tiny_kv_preempts_bounded"])
 def test_overlap_gives_the_same_tokens_and_finish_reasons(kv):
     (sync, sync_engine), (over, over_engine) = both(**kv)
     assert over == sync

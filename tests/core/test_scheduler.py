@@ -5,6 +5,7 @@ import pytest
 
 from raypaged.core.request import RequestStatus
 from raypaged.core.sampling_params import SamplingParams
+from raypaged.core.scheduling_policy import FIRST_RULES, FITS, SchedulingPolicy
 
 from core_engine import make_engine, run_to_completion
 from fake_runner import next_token
@@ -66,10 +67,14 @@ def outputs(eng, reqs):
     return run_to_completion(eng)
 
 
-def test_preemption_under_a_tiny_pool_gives_the_same_outputs():
+# Admitting what fits makes the tiny pool preempt (headroom admission would not: see
+# test_scheduling_policy.py); both victim rules must give the same tokens.
+@pytest.mark.parametrize("policy", [FIRST_RULES, SchedulingPolicy(admission_policy=FITS)],
+                         ids=["newest", "bounded"])
+def test_preemption_under_a_tiny_pool_gives_the_same_outputs(policy):
     reqs = workload()
     big = make_engine(num_blocks=512, block_size=4)
-    tiny = make_engine(num_blocks=14, block_size=4)  # 56 tokens; one request needs up to 50
+    tiny = make_engine(num_blocks=14, block_size=4, policy=policy)  # 56 tokens; one needs up to 50
     want = outputs(big, reqs)
     got = outputs(tiny, reqs)
     assert tiny.stats().num_preemptions > 0
@@ -80,7 +85,7 @@ def test_preemption_under_a_tiny_pool_gives_the_same_outputs():
 
 
 def test_preempted_request_goes_back_to_the_head_of_the_queue():
-    eng = make_engine(num_blocks=6, block_size=4, max_num_batched_tokens=64)
+    eng = make_engine(num_blocks=6, block_size=4, max_num_batched_tokens=64, policy=FIRST_RULES)
     eng.add_request("old", list(range(8)), sp(12))   # grows to 20 tokens = 5 blocks
     eng.add_request("new", list(range(50, 58)), sp(12))
     eng.add_request("later", list(range(200, 209)), sp(1))  # 3 blocks: waits behind the others
@@ -99,7 +104,7 @@ def test_preempted_request_goes_back_to_the_head_of_the_queue():
 
 @pytest.mark.parametrize("state", ["waiting", "running", "preempted"])
 def test_abort_frees_everything_in_any_state(state):
-    eng = make_engine(num_blocks=6, block_size=4)
+    eng = make_engine(num_blocks=6, block_size=4, policy=FIRST_RULES)  # "preempted" needs one
     eng.add_request("old", list(range(8)), sp(12))
     eng.add_request("victim", list(range(50, 58)), sp(12))
     if state == "running":
