@@ -19,6 +19,12 @@ GPU_DEFAULT_KV_FRACTION = 0.9    # of device memory left after weights
 ENGINE = "model and KV cache"
 SCHEDULER = "scheduler and execution"
 
+# Scheduling rules (raypaged/core/scheduling_policy.py, docs/scheduling.md)
+HEADROOM = "headroom"  # admit only while the running set's projected growth still fits
+FITS = "fits"          # admit whatever fits now (the first rule)
+BOUNDED = "bounded"    # victim: least computed work among those preempted fewer times
+NEWEST = "newest"      # victim: the newest running request (the first rule)
+
 
 @dataclass(frozen=True)
 class EngineArgs:
@@ -48,6 +54,27 @@ class EngineArgs:
     max_num_seqs: int = setting(256, "sequences running at once", group=SCHEDULER, ge=1)
     max_num_batched_tokens: int = setting(
         2048, "per-step token budget; longer prompts are prefilled in chunks", group=SCHEDULER, ge=1)
+    # benchmarks/kv_waste.py compares the rules (docs/scheduling.md)
+    admission_policy: str = setting(
+        HEADROOM, "headroom: admit a waiting request only while the free KV blocks cover a "
+        "watermark plus the projected decode growth of everything running (from max_tokens, or "
+        "the mean output length seen when max_tokens is open); fits: admit whatever fits now "
+        "(more preemptions)", group=SCHEDULER, choices=(HEADROOM, FITS))
+    preemption_policy: str = setting(
+        BOUNDED, "when KV blocks run out: bounded: preempt the request with the least computed "
+        "work among those preempted fewer than --protect-after-preemptions times, and resume "
+        "preempted requests in arrival order; newest: preempt the newest", group=SCHEDULER,
+        choices=(BOUNDED, NEWEST))
+    kv_watermark: float = setting(
+        0.01, "headroom admission: fraction of KV blocks kept free beyond the projection",
+        group=SCHEDULER, ge=0, le=0.5)
+    decode_reserve: float = setting(
+        1.0, "headroom admission: fraction of each running request's projected remaining "
+        "output reserved (below 1 admits more and risks preemptions)", group=SCHEDULER,
+        ge=0, le=1)
+    protect_after_preemptions: int = setting(
+        1, "bounded preemption: a request preempted this many times is not chosen again while "
+        "another running request can be", group=SCHEDULER, ge=1)
     attention_backend: str | None = setting(None, "default: triton on CUDA, torch elsewhere",
                                             group=SCHEDULER, choices=("torch", "triton"))
     enforce_eager: bool = setting(False, "no CUDA graphs", group=SCHEDULER)

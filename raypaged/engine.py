@@ -17,6 +17,7 @@ from raypaged.core.contracts import Continuation, EngineStats, RequestDelta
 from raypaged.core.engine_core import EngineCore
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.scheduler import Scheduler
+from raypaged.core.scheduling_policy import policy_of
 from raypaged.model.onednn_cache import bound_kernel_caches
 from raypaged.output_processor import OutputProcessor
 from raypaged.output_stage import OutputStage
@@ -266,5 +267,6 @@ def assemble_core(model, mcfg, args: EngineArgs, device: torch.device):
     decode_threads = args.decode_threads if device.type == "cpu" else None
     runner = ModelRunner(model, kv_caches, buffers, Sampler(args.seed), graphs, decode_threads)
     scheduler = Scheduler(plan.num_blocks, args.block_size, max_len, args.max_num_seqs,
-                          args.max_num_batched_tokens, args.enable_prefix_caching)
+                          args.max_num_batched_tokens, args.enable_prefix_caching,
+                          policy_of(args))
     return EngineCore(scheduler, runner, args.async_scheduling), plan, runner

@@ -1,47 +1,29 @@
-"""How the scheduler admits waiting requests and whom it preempts: one frozen set of settings.
+"""How the scheduler admits waiting requests and whom it preempts: one frozen set of rules.
 
-Declared once with `setting(...)` (raypaged.settings): `EngineArgs` takes the same fields with
-`same_setting`, so `raypaged serve --admission-policy fits`, the Serve YAML and `LLM(...)` all
-reach this one definition. The defaults are the rules of docs/scheduling.md; `fits` + `newest`
-restore the scheduler's first rules (admit whatever fits now, preempt the newest) for
-comparison (benchmarks/kv_waste.py runs both).
+The settings are `EngineArgs`' (raypaged/config.py: `raypaged serve --admission-policy fits`,
+the Serve YAML and `LLM(...)` all reach that one definition); this is the scheduler's view of
+them, so that core and the fleet simulator build a Scheduler without an EngineArgs. The defaults
+are the rules of docs/scheduling.md; FIRST_RULES (admit whatever fits now, preempt the newest)
+restores the scheduler's first behaviour for comparison (benchmarks/kv_waste.py runs both).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
-from raypaged.settings import setting, validate
+from raypaged.config import BOUNDED, FITS, HEADROOM, NEWEST, SCHEDULER, EngineArgs
+from raypaged.settings import same_setting, validate
 
-SCHEDULING = "scheduler and execution"
-
-HEADROOM = "headroom"  # admit only while the running set's projected growth still fits
-FITS = "fits"          # admit whatever fits now (the first rule)
-BOUNDED = "bounded"    # victim: least computed work among those preempted fewer times
-NEWEST = "newest"      # victim: the newest running request (the first rule)
+__all__ = ["SchedulingPolicy", "FIRST_RULES", "policy_of", "HEADROOM", "FITS", "BOUNDED", "NEWEST"]
 
 
 @dataclass(frozen=True)
 class SchedulingPolicy:
-    admission_policy: str = setting(
-        HEADROOM, "headroom: admit a waiting request only while the free KV blocks cover a "
-        "watermark plus the projected decode growth of everything running (from max_tokens, or "
-        "the mean output length seen when max_tokens is open); fits: admit whatever fits now "
-        "(more preemptions)", group=SCHEDULING, choices=(HEADROOM, FITS))
-    preemption_policy: str = setting(
-        BOUNDED, "when blocks run out: bounded: preempt the request with the least computed "
-        "work among those preempted fewer than --protect-after-preemptions times, and resume "
-        "preempted requests in arrival order; newest: preempt the newest", group=SCHEDULING,
-        choices=(BOUNDED, NEWEST))
-    kv_watermark: float = setting(
-        0.01, "headroom admission: fraction of KV blocks kept free beyond the projection",
-        group=SCHEDULING, ge=0, le=0.5)
-    decode_reserve: float = setting(
-        1.0, "headroom admission: fraction of each running request's projected remaining "
-        "output reserved (below 1 admits more and risks preemptions)", group=SCHEDULING,
-        ge=0, le=1)
-    protect_after_preemptions: int = setting(
-        1, "bounded preemption: a request preempted this many times is not chosen again while "
-        "another running request can be", group=SCHEDULING, ge=1)
+    admission_policy: str = same_setting(EngineArgs, "admission_policy", group=SCHEDULER)
+    preemption_policy: str = same_setting(EngineArgs, "preemption_policy", group=SCHEDULER)
+    kv_watermark: float = same_setting(EngineArgs, "kv_watermark", group=SCHEDULER)
+    decode_reserve: float = same_setting(EngineArgs, "decode_reserve", group=SCHEDULER)
+    protect_after_preemptions: int = same_setting(EngineArgs, "protect_after_preemptions",
+                                                  group=SCHEDULER)
 
     def __post_init__(self) -> None:
         validate(self)
@@ -53,6 +35,11 @@ class SchedulingPolicy:
     @property
     def bounded(self) -> bool:
         return self.preemption_policy == BOUNDED
+
+
+def policy_of(args) -> SchedulingPolicy:
+    """The scheduling rules set in an EngineArgs (or anything with the same attributes)."""
+    return SchedulingPolicy(**{f.name: getattr(args, f.name) for f in fields(SchedulingPolicy)})
 
 
 FIRST_RULES = SchedulingPolicy(admission_policy=FITS, preemption_policy=NEWEST)

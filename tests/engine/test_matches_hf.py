@@ -38,7 +38,8 @@ def test_prefix_cache_hit_gives_the_same_tokens(llm, hf_greedy):
     {"block_size": 8},
     {"block_size": 32},
     {"max_num_batched_tokens": 16},            # every prompt prefilled in chunks
-    {"kv_context_len": 160, "max_model_len": 80, "block_size": 8},  # preemption
+    # preemption: admitting what fits makes this budget preempt (headroom admission would not)
+    {"kv_context_len": 160, "max_model_len": 80, "block_size": 8, "admission_policy": "fits"},
 ], ids=["block8", "block32", "chunked_prefill", "preemption"])
 def test_same_tokens_under_other_cache_shapes(default_model_dir, hf_greedy, kwargs):
     budget = {} if "kv_context_len" in kwargs else {"kv_memory_mb": 64}

@@ -33,7 +33,8 @@ def test_greedy_tokens_match_hf(overlapped, hf_greedy):
 
 @pytest.mark.parametrize("kwargs", [
     {"max_num_batched_tokens": 16},                                  # chunked prefill
-    {"kv_context_len": 160, "max_model_len": 80, "block_size": 8},  # preemption
+    # preemption: admitting what fits makes this budget preempt (headroom admission would not)
+    {"kv_context_len": 160, "max_model_len": 80, "block_size": 8, "admission_policy": "fits"},
 ], ids=["chunked_prefill", "preemption"])
 def test_greedy_tokens_match_hf_under_chunking_and_preemption(default_model_dir, hf_greedy, kwargs):
     budget = {} if "kv_context_len" in kwargs else {"kv_memory_mb": 64}

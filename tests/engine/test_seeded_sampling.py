@@ -46,9 +46,11 @@ def test_same_seed_same_tokens_alone_in_a_batch_of_12_and_after_preemption(llm, 
     batched, _ = run_to_end(llm.engine, batch)
     assert batched["seeded"] == alone["alone"]
 
-    # 7 blocks of 16 tokens: 5 sequences growing to 2-3 blocks each cannot all stay, and the
-    # newest running one (the seeded request, added last) is the one preempted
-    small = LLM(str(default_model_dir), dtype="float32", kv_context_len=7 * 16, max_model_len=64)
+    # 7 blocks of 16 tokens: 5 sequences growing to 2-3 blocks each cannot all stay, and under
+    # the first rules (admit what fits, preempt the newest) the newest running one (the seeded
+    # request, added last) is the one preempted
+    small = LLM(str(default_model_dir), dtype="float32", kv_context_len=7 * 16, max_model_len=64,
+                admission_policy="fits", preemption_policy="newest")
     tight, preempted = run_to_end(small.engine, batch[-5:])
     assert preempted["seeded"] >= 1
     assert tight["seeded"] == alone["alone"]
