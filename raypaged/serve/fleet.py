@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from raypaged.core.contracts import PreemptionStats
 from raypaged.serve.worker import WorkerStats
 
 STARTING = "starting"          # created, never answered yet (loading the model)
@@ -68,6 +69,7 @@ class FleetSnapshot:
             num_running=sum(s.engine.num_running for s in with_stats),
             num_waiting=sum(s.engine.num_waiting for s in with_stats),
             num_preemptions=sum(s.engine.num_preemptions for s in with_stats),
+            preemption=_sum_preemption([s.engine.preemption for s in with_stats]),
             workers_ready=len(with_stats), workers_total=len(self.workers))
         out["kv_cache_usage"] = out["blocks_used"] / out["num_blocks"] if out["num_blocks"] else 0.0
         out["prefix_hit_rate"] = (out["prefix_hits"] / out["prefix_queries"]
@@ -88,6 +90,25 @@ class FleetSnapshot:
                     budget=vars(s.budget), memory=vars(s.engine.memory),
                     num_running=s.engine.num_running, num_waiting=s.engine.num_waiting,
                     num_preemptions=s.engine.num_preemptions, num_steps=s.engine.num_steps,
+                    preemption=_preemption_json(s.engine.preemption),
                     graph_steps=s.graph_steps, eager_steps=s.eager_steps)
             workers.append(item)
         return {"workers": workers, "total": self.totals()}
+
+
+def _preemption_json(p) -> dict:
+    """PreemptionStats for /fleet: the counters, and the recomputed share of computed tokens."""
+    return {"computed_tokens": p.computed_tokens, "recomputed_tokens": p.recomputed_tokens,
+            "recomputed_fraction": p.recomputed_tokens / p.computed_tokens if p.computed_tokens
+            else 0.0, "preempted_seconds": p.preempted_seconds,
+            "preempted_per_request": list(p.preempted_per_request)}
+
+
+def _sum_preemption(stats: list) -> dict:
+    per_request = [0] * max((len(p.preempted_per_request) for p in stats), default=0)
+    for p in stats:
+        for k, n in enumerate(p.preempted_per_request):
+            per_request[k] += n
+    return _preemption_json(PreemptionStats(
+        sum(p.computed_tokens for p in stats), sum(p.recomputed_tokens for p in stats),
+        sum(p.preempted_seconds for p in stats), tuple(per_request)))

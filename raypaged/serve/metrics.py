@@ -24,6 +24,8 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                 10.0, 20.0, 40.0, 80.0)
+# Times a finished sequence was preempted (docs/scheduling.md: a healthy run preempts once, if at all)
+PREEMPTION_BUCKETS = (0, 1, 2, 3, 4, 8)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
@@ -139,6 +141,12 @@ def fleet_families(fleet: FleetSnapshot, model_name: str):
     hits = counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.")
     evictions = counter("prefix_cache_evictions", "Cached blocks evicted for new data.")
     preempt = counter("num_preemptions", "Requests preempted (recomputed) for lack of blocks.")
+    computed = counter("computed_tokens", "Tokens fed to the model: prefill, decode and recompute.")
+    recomputed = counter("recomputed_tokens", "Tokens computed again after a preemption (prefix "
+                         "cache hits on resume excluded).")
+    preempted_s = counter("preempted_seconds", "Seconds requests spent preempted, summed.")
+    per_request = HistogramMetricFamily(P + "request_preemptions", "Times each finished sequence "
+                                        "was preempted.", labels=labels)
     cow = counter("kv_cache_cow_copies", "Copy-on-write block copies (n > 1 sampling).")
     steps = CounterMetricFamily(P + "engine_steps", "Model steps run, by mode (cuda_graph, eager).",
                                 labels=labels + ["mode"])
@@ -164,8 +172,21 @@ def fleet_families(fleet: FleetSnapshot, model_name: str):
         hits.add_metric(lv, m.prefix_hits)
         evictions.add_metric(lv, m.evictions)
         preempt.add_metric(lv, s.engine.num_preemptions)
+        p = s.engine.preemption
+        computed.add_metric(lv, p.computed_tokens)
+        recomputed.add_metric(lv, p.recomputed_tokens)
+        preempted_s.add_metric(lv, p.preempted_seconds)
+        per_request.add_metric(lv, preemption_buckets(p.preempted_per_request),
+                               sum_value=sum(k * n for k, n in enumerate(p.preempted_per_request)))
         cow.add_metric(lv, m.cow_copies)
         steps.add_metric(lv + ["cuda_graph"], s.graph_steps)
         steps.add_metric(lv + ["eager"], s.eager_steps)
     yield from (up, restarts, running, waiting, usage, blocks, budget, per_token, fit_tokens,
-                fit_seqs, queries, hits, evictions, preempt, cow, steps)
+                fit_seqs, queries, hits, evictions, preempt, computed, recomputed, preempted_s,
+                per_request, cow, steps)
+
+
+def preemption_buckets(per_request: tuple[int, ...]) -> list[tuple[str, int]]:
+    """Cumulative counts of sequences preempted at most k times, k in PREEMPTION_BUCKETS."""
+    out = [(repr(float(b)), sum(per_request[:b + 1])) for b in PREEMPTION_BUCKETS]
+    return out + [("+Inf", sum(per_request))]
