@@ -63,3 +63,5 @@ def test_a_summary_counts_hits_throughput_and_snapshot_traffic():
     assert out["requests"] == 2
     assert out["hit_rate"] == pytest.approx(96 / 200)
     assert out["snapshot_bytes_per_s"] > 0
+    # saturation is read off the first 90% of finishes (here: the first, at 1.1 + 1.001 s)
+    assert out["throughput_first_90pct"] == pytest.approx(1 / 2.101)
