@@ -38,11 +38,28 @@ from raypaged.core.scheduling_policy import (BOUNDED, FIRST_RULES, FITS, HEADROO
 MAX_MODEL_LEN = 2048 + 1024
 
 
+EOS = 2
+# How a request's output length reaches the scheduler (the workload's lengths are the same):
+#   exact: max_tokens = the length, ignore_eos (the allocator benchmark's own workload)
+#   open:  max_tokens left open, the output stops at EOS after its length
+#   1024:  max_tokens = 1024 for everyone (a generous client), stops at EOS after its length
+OUTPUT_MODES = ("exact", "open", "1024")
+
+
 class ConstantRunner:
-    """Samples token 7 for everyone: the allocator's behaviour doesn't depend on token values."""
+    """Samples token 7, or EOS once a request reaches its length: the allocator's behaviour
+    doesn't depend on token values."""
+
+    def __init__(self, lengths: dict[str, int]) -> None:
+        self.lengths = lengths
 
     def execute(self, batch: ScheduledBatch) -> StepResult:
-        return StepResult({r.request_id: (7,) * r.num_samples for r in batch.requests if r.num_samples})
+        out = {}
+        for r in batch.requests:
+            if r.num_samples:
+                produced = len(r.output_token_ids) + r.num_placeholders + 1
+                out[r.request_id] = (EOS if produced >= self.lengths[r.request_id] else 7,)
+        return StepResult(out)
 
 
 def workload(n: int, seed: int) -> list[tuple[int, int]]:
@@ -50,7 +67,8 @@ def workload(n: int, seed: int) -> list[tuple[int, int]]:
     return [(rng.randint(16, 2048), rng.randint(1, 1024)) for _ in range(n)]
 
 
-def run(reqs, block_size: int, budget_tokens: int, policy: SchedulingPolicy) -> dict:
+def run(reqs, block_size: int, budget_tokens: int, policy: SchedulingPolicy,
+        outputs: str = "exact") -> dict:
     """Replay the workload through the real scheduler; block_size = MAX_MODEL_LEN is the
     contiguous allocator (every request reserves one max_model_len slot)."""
     num_blocks = budget_tokens // block_size
@@ -58,11 +76,12 @@ def run(reqs, block_size: int, budget_tokens: int, policy: SchedulingPolicy) -> 
     sched = Scheduler(num_blocks, block_size, MAX_MODEL_LEN, max_num_seqs=4096,
                       max_num_batched_tokens=8192, enable_prefix_caching=False, policy=policy,
                       clock=lambda: steps_clock[0])
-    engine = EngineCore(sched, ConstantRunner())
+    engine = EngineCore(sched, ConstantRunner({f"r{i}": o for i, (_, o) in enumerate(reqs)}))
     for i, (p, o) in enumerate(reqs):
+        max_tokens = {"exact": o, "open": None, "1024": 1024}[outputs]
         # distinct prompts: no prefix sharing, so waste is fragmentation alone
-        engine.add_request(f"r{i}", [i % 50_000 + 1] * p,
-                           SamplingParams(max_tokens=o, ignore_eos=True, temperature=0))
+        engine.add_request(f"r{i}", [i % 50_000 + 3] * p, SamplingParams(
+            max_tokens=max_tokens, ignore_eos=outputs == "exact", temperature=0), eos_token_id=EOS)
     held = reserved = running_sum = steps = 0
     t0 = time.perf_counter()
     while engine.has_unfinished():
@@ -77,7 +96,7 @@ def run(reqs, block_size: int, budget_tokens: int, policy: SchedulingPolicy) -> 
     per_request = p.preempted_per_request
     return {
         "allocator": "contiguous" if block_size == MAX_MODEL_LEN else f"paged/{block_size}",
-        "rules": rules_name(policy), "admission": policy.admission_policy,
+        "rules": rules_name(policy), "outputs": outputs, "admission": policy.admission_policy,
         "preemption": policy.preemption_policy,
         "block_size": block_size, "steps": steps, "waste_pct": 100 * (1 - held / reserved),
         "mean_running": running_sum / steps, "preemptions": sched.num_preemptions,
@@ -96,6 +115,8 @@ def rules_name(policy: SchedulingPolicy) -> str:
         return "new (default)"
     if policy == FIRST_RULES:
         return "first rules"
+    if policy == SchedulingPolicy(decode_reserve=policy.decode_reserve):
+        return f"new, decode_reserve {policy.decode_reserve:g}"
     return f"{policy.admission_policy}+{policy.preemption_policy}"
 
 
@@ -145,11 +166,23 @@ def main() -> None:
         "rules", "preemptions", "preempted_requests", "max_preemptions_per_request",
         "recomputed_tokens", "recompute_pct", "computed_tokens", "work_vs_first", "steps",
         "steps_vs_first", "mean_running", "preempted_steps", "waste_pct"]))
+    # the workload the defaults were not tuned on: outputs that end at EOS, max_tokens open or
+    # a generous 1024 (the first rules ignore max_tokens: one run of them serves both)
+    eos = [run(reqs, 16, args.budget_tokens, FIRST_RULES, "open")]
+    eos += [run(reqs, 16, args.budget_tokens, p, mode) for p, mode in (
+        (new, "open"), (new, "1024"), (SchedulingPolicy(decode_reserve=0.5), "1024"))]
+    for r in eos:
+        r["work_vs_first"] = r["computed_tokens"] / eos[0]["computed_tokens"]
+        r["steps_vs_first"] = r["steps"] / eos[0]["steps"]
+    print("\noutputs that stop at EOS (same lengths), max_tokens open or 1024, block 16")
+    print(table(eos, [
+        "rules", "outputs", "preemptions", "preempted_requests", "max_preemptions_per_request",
+        "recompute_pct", "work_vs_first", "steps", "steps_vs_first", "mean_running"]))
     targets = check_targets(b16, old, args.requests)
     for what, measured, met in targets:
         print(f"target: {what}: {measured} ({'met' if met else 'MISSED'})")
     out = write("kv_waste", {"args": vars(args), "max_model_len": MAX_MODEL_LEN, "rows": rows,
-                             "rules_at_block_16": [b16, *rules],
+                             "rules_at_block_16": [b16, *rules], "eos_outputs_at_block_16": eos,
                              "targets": [{"target": w, "measured": m, "met": ok}
                                          for w, m, ok in targets]})
     print(f"wrote {out}")

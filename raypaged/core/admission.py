@@ -27,6 +27,8 @@ admits without sorting whenever even the no-frees bound fits.
 """
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections import deque
 from typing import TYPE_CHECKING, Iterable, NamedTuple
@@ -81,32 +83,46 @@ def peak_blocks(seqs: Iterable[Growth], used_now: int, block_size: int) -> int:
 
 
 class OutputLengths:
-    """Mean output length of the last `window` finished sequences: the projection for requests
-    that left max_tokens open (their max_tokens is what the context has left, far too much)."""
+    """Output lengths of the last `window` finished sequences: the projection for requests that
+    left max_tokens open (their max_tokens is what the context has left, far too much).
+
+    A request that has already produced `k` tokens is projected at the mean of the lengths seen
+    that exceed k (its expected length given that it is still running), not at the overall
+    mean: the long ones would all outgrow that, and each would cost a preemption.
+    """
 
     def __init__(self, window: int = 1000) -> None:
         self._recent: deque[int] = deque(maxlen=window)
-        self._sum = 0
+        self._sorted: list[int] = []
+        self._suffix: list[int] | None = None  # _suffix[i] = sum(_sorted[i:]), rebuilt lazily
 
     def record(self, num_output_tokens: int) -> None:
         if len(self._recent) == self._recent.maxlen:
-            self._sum -= self._recent[0]
+            del self._sorted[bisect.bisect_left(self._sorted, self._recent[0])]
         self._recent.append(num_output_tokens)
-        self._sum += num_output_tokens
+        bisect.insort(self._sorted, num_output_tokens)
+        self._suffix = None
 
-    @property
-    def mean(self) -> int:
-        return -(-self._sum // len(self._recent)) if self._recent else 0
+    def expected(self, produced: int) -> int | None:
+        """Mean length of the sequences seen that ran past `produced` tokens (None: none did)."""
+        i = bisect.bisect_right(self._sorted, produced)
+        if i == len(self._sorted):
+            return None
+        if self._suffix is None:
+            self._suffix = list(itertools.accumulate(reversed(self._sorted)))[::-1] + [0]
+        return -(-self._suffix[i] // (len(self._sorted) - i))
 
 
 def projected_outputs(req: Request, lengths: OutputLengths, block_size: int) -> int:
     """How many output tokens req is expected to end with. A max_tokens the client gave is taken
-    at its word; an open one is the mean seen so far, and at least one more block than req has
-    (so nothing is projected to have ended already; before any request finishes, that block is
-    all the projection holds for it)."""
+    at its word; an open one is the expected length given what req has produced, and at least
+    one more block than req has (before any request finishes, or once req has outrun every
+    length seen, that block is all the projection holds for it)."""
     if req.sampling.max_tokens is not None:
         return req.max_tokens
-    return min(req.max_tokens, max(lengths.mean, req.num_output_tokens + block_size))
+    produced = req.num_output_tokens + req.num_placeholders
+    return min(req.max_tokens,
+               max(lengths.expected(produced) or 0, req.num_output_tokens + block_size))
 
 
 def growth_of(req: Request, held: int, lengths: OutputLengths, block_size: int,

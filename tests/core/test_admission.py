@@ -46,13 +46,16 @@ def test_peak_of_two_sequences_that_end_apart():
     assert peak_blocks(seqs, used_now=4, block_size=4) == 6
 
 
-def test_open_max_tokens_are_projected_from_the_mean_output_seen():
-    lengths = OutputLengths(window=2)
+def test_open_max_tokens_are_projected_from_the_lengths_seen_beyond_what_was_produced():
+    lengths = OutputLengths(window=3)
     req = Request("r", [1] * 10, SamplingParams(max_tokens=None), max_tokens=100)
     assert projected_outputs(req, lengths, block_size=16) == 16  # nothing seen: one block
-    for n in (30, 50, 71):
-        lengths.record(n)
-    assert lengths.mean == 61  # the last two: ceil((50 + 71) / 2)
+    for n in (5, 30, 50, 71):
+        lengths.record(n)  # the window keeps 30, 50, 71
+    assert projected_outputs(req, lengths, block_size=16) == 51  # ceil((30 + 50 + 71) / 3)
+    req.output_token_ids = [7] * 40  # it ran past 40: only 50 and 71 are still possible
     assert projected_outputs(req, lengths, block_size=16) == 61
+    req.output_token_ids = [7] * 80  # past every length seen: one more block
+    assert projected_outputs(req, lengths, block_size=16) == 96
     given_max = Request("g", [1] * 10, SamplingParams(max_tokens=40), max_tokens=40)
     assert projected_outputs(given_max, lengths, block_size=16) == 40  # taken at its word
