@@ -2,8 +2,8 @@
 
 On a terminal: a live bar (share of the input read, rows, output tok/s, ETA). Always: a plain
 log line every `interval_s` seconds, because `ray job logs` is not a terminal. The input is read
-once, as the job goes, so the number of rows is known only at the end: progress and ETA are
-measured in bytes of the input read.
+once, as the job goes, so the number of rows is known only at the end: until then it is
+estimated from the bytes the rows read so far took.
 """
 from __future__ import annotations
 
@@ -96,12 +96,17 @@ class Progress:
 
     def line(self, now: float) -> str:
         done = self.skipped + self.completed + self.failed
-        read = self.read_bytes / self.input_bytes if self.input_bytes else 1.0
-        elapsed = now - self.started
-        eta = elapsed * (1 - read) / read if read > 0 else float("inf")
-        return (f"raypaged batch: {done:,} rows done, {read:.0%} of the input read, "
-                f"{self.failed:,} failed, {self._tok_s(now):,.1f} output tok/s, "
-                f"ETA {_duration(eta)}")
+        total = self.estimated_rows()
+        rate = (self.completed + self.failed) / max(now - self.started, 1e-9)
+        eta = (total - done) / rate if rate > 0 else float("inf")
+        return (f"raypaged batch: {done:,} rows done of ~{total:,}, {self.failed:,} failed, "
+                f"{self._tok_s(now):,.1f} output tok/s, ETA {_duration(eta)}")
+
+    def estimated_rows(self) -> int:
+        """Rows in the input, from the rows read so far and the bytes they took."""
+        if not self.read_bytes:
+            return self.rows
+        return max(self.rows, round(self.rows * self.input_bytes / self.read_bytes))
 
     def _tok_s(self, now: float) -> float:
         return self.completion_tokens / max(now - self.started, 1e-9)

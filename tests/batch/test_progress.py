@@ -20,10 +20,9 @@ def test_a_plain_line_every_interval_with_rows_failures_tok_s_and_eta(monkeypatc
     p.row_done(True, USAGE)        # 2 s in: before the interval, no line
     assert capsys.readouterr().out == ""
     now[0] += 3.0
-    p.row_done(False)              # 5 s in: 4 rows done, 40% of the bytes read in 5 s
-    assert capsys.readouterr().out == (
-        "raypaged batch: 4 rows done, 40% of the input read, 1 failed, 2.0 output tok/s, "
-        "ETA 0m07s\n")
+    p.row_done(False)              # 5 s in: 4 rows of ~10 done (4 read in 40% of the bytes),
+    assert capsys.readouterr().out == (  # 2 answered now in 5 s: 6 more take 15 s
+        "raypaged batch: 4 rows done of ~10, 1 failed, 2.0 output tok/s, ETA 0m15s\n")
     p.row_unanswered()
     summary = p.finish(startup_s=7.0)
     assert summary == BatchSummary(rows=4, skipped=2, completed=1, failed=1, prompt_tokens=100,
