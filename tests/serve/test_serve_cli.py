@@ -41,7 +41,9 @@ def test_flags_map_onto_the_application_arguments():
                                    "max_num_batched_tokens": 2048, "enforce_eager": False,
                                    "output_thread": True, "onednn_cache_capacity": 64,
                                    "packed_linears": True, "async_scheduling": False,
-                                   "cpu_decode_kernel": True}
+                                   "cpu_decode_kernel": True, "admission_policy": "headroom",
+                                   "preemption_policy": "bounded", "kv_watermark": 0.01,
+                                   "decode_reserve": 1.0, "protect_after_preemptions": 1}
 
 
 def test_a_kv_budget_that_cannot_hold_one_sequence_is_refused_before_ray_starts():
