@@ -12,7 +12,7 @@ worker's queue of requests waiting for KV space is full: --max-queued-requests) 
 as refused, not failed; failed = any other error. Preemptions and recomputed tokens come from
 /metrics (docs/scheduling.md).
 
-    python benchmarks/serve_overload.py [--modes new,first_rules] [--loads 1.5,3]
+    python benchmarks/serve_overload.py [--modes new,first_rules,new_reserve_0.5] [--loads 1.5,3]
 """
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ from benchmarks.serve_bench import one_request, run_load  # noqa: E402
 from benchmarks.serve_datasets import make_dataset  # noqa: E402
 from benchmarks.serve_process import launch, stop  # noqa: E402
 
-MODES = {"new": [], "first_rules": ["--admission-policy", "fits", "--preemption-policy", "newest"]}
+MODES = {"new": [], "first_rules": ["--admission-policy", "fits", "--preemption-policy", "newest"],
+         "new_reserve_0.5": ["--decode-reserve", "0.5"]}
 COUNTERS = ("num_preemptions", "recomputed_tokens", "computed_tokens")
 
 
@@ -132,7 +133,7 @@ COLUMNS = ["mode", "load", "offered_rate", "requests", "finished", "in_slo", "re
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--modes", default="new,first_rules", help=f"of {', '.join(MODES)}")
+    p.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
     p.add_argument("--loads", default="1.5,3", help="offered load, as factors of saturation")
     p.add_argument("--num-prompts", type=int, default=48, help="requests per load")
     p.add_argument("--concurrency", type=int, default=8,
