@@ -19,14 +19,15 @@ import torch  # noqa: E402
 from benchmarks.random_model import random_model  # noqa: E402
 from benchmarks.report import pyplot, plot_path, table, write  # noqa: E402
 from raypaged.core.sampling_params import SamplingParams  # noqa: E402
-from raypaged.engine import EngineArgs, assemble_core  # noqa: E402
+from raypaged.engine import EngineArgs, build_core  # noqa: E402
 
 
 def steps_per_s(batch: int, eager: bool, steps: int, config: str) -> float:
-    model, mcfg = random_model(config, "triton", torch.bfloat16)
     args = EngineArgs(kv_memory_mb=4096, max_model_len=2048, max_num_seqs=max(batch, 1),
-                      attention_backend="triton", enforce_eager=eager)
-    core, _, runner = assemble_core(model, mcfg, args, torch.device("cuda"))
+                      attention_backend="triton", enforce_eager=eager, dtype="bfloat16",
+                      device="cuda")
+    model, setup = random_model(config, args)
+    core, _, runner = build_core(setup, model)
     for i in range(batch):
         core.add_request(f"r{i}", list(range(100 + i, 612 + i)),
                          SamplingParams(temperature=0, max_tokens=steps + 20, ignore_eos=True))

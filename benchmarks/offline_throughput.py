@@ -129,7 +129,8 @@ def main() -> None:
         print("VLLM_RESULT " + json.dumps(run_vllm(args.model_dir, reqs, args.dtype, None, [])))
         return
 
-    from raypaged.engine import resolve_dtype_name, resolve_model_dir
+    from raypaged.model.loader import resolve_dtype_name
+    from raypaged.model.setup import resolve_model_dir
     model_dir = str(resolve_model_dir(args.model))
     args.dtype = resolve_dtype_name(args.dtype, torch.device("cpu"))
     rows = [run_raypaged(model_dir, reqs, args.dtype, max_num_seqs=args.max_num_seqs,

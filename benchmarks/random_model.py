@@ -11,19 +11,26 @@ from pathlib import Path
 
 import torch
 
-from raypaged.model.attention import get_attention_backend
+from raypaged.config import EngineArgs
 from raypaged.model.llama import LlamaModel
 from raypaged.model.model_config import ModelConfig
+from raypaged.model.setup import ModelSetup
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 
 
-def random_model(config_name: str, backend: str, dtype: torch.dtype, device: str = "cuda",
-                 seed: int = 0) -> tuple[LlamaModel, ModelConfig]:
-    config = ModelConfig.from_dict(json.loads((CONFIGS / f"{config_name}.json").read_text()))
+def config_named(name: str) -> ModelConfig:
+    """benchmarks/configs/<name>.json: a real model's config.json."""
+    return ModelConfig.from_dict(json.loads((CONFIGS / f"{name}.json").read_text()))
+
+
+def random_model(config_name: str, args: EngineArgs, seed: int = 0) -> tuple[LlamaModel, ModelSetup]:
+    """The model of `config_name` with random weights, run as `args` says (device, dtype,
+    attention backend: decided by ModelSetup, as for a loaded model)."""
+    setup = ModelSetup.decide(args, config_named(config_name))
     torch.manual_seed(seed)
-    with torch.device(device):
-        model = LlamaModel(config, get_attention_backend(backend, device))
+    with torch.device(setup.device):
+        model = LlamaModel(setup.config, setup.attention_backend())
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -32,4 +39,4 @@ def random_model(config_name: str, backend: str, dtype: torch.dtype, device: str
                 p.normal_(0, 1.0)
             else:
                 p.normal_(0, 0.02)
-    return model.to(dtype).eval(), config
+    return model.to(setup.dtype).eval(), setup

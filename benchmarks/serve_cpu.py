@@ -62,7 +62,8 @@ def main() -> None:
 
     import torch
 
-    from raypaged.engine import resolve_dtype_name, resolve_model_dir
+    from raypaged.model.loader import resolve_dtype_name
+    from raypaged.model.setup import resolve_model_dir
     model_dir = str(resolve_model_dir(None))
     dtype = resolve_dtype_name(args.dtype, torch.device("cpu"))
     log = Path(tempfile.mkdtemp(prefix="serve_cpu-")) / "serve.log"

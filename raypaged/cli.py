@@ -38,7 +38,7 @@ def _generate(ns: argparse.Namespace) -> int:
 
 
 def _plan(ns: argparse.Namespace) -> int:
-    from raypaged.engine import plan_for
+    from raypaged.model.setup import plan_for
 
     print(plan_for(from_namespace(EngineArgs, ns)).report())
     return 0

@@ -1,81 +1,23 @@
-"""The one way to build an engine: config -> model, KV cache, runner, scheduler, tokenizer.
-
-The offline `LLM` and the worker actor both call `build_engine`; `Engine` adds
-tokenizer-side work (detokenization, stop strings, extra EOS ids) on top of core's EngineCore.
+"""Engine: core's EngineCore plus the tokenizer side (detokenization, stop strings, extra EOS
+ids), and `build_engine`, the one way to get one: the offline `LLM`, the worker actor and the
+batch job all call it. How the model runs is decided in raypaged/model/setup.py.
 """
 from __future__ import annotations
 
 import dataclasses
-import logging
-from pathlib import Path
 from typing import Callable
 
-import torch
-
-from raypaged.config import EngineArgs, KVPlan, KVShape, plan_kv_cache
+from raypaged.config import EngineArgs, KVPlan
 from raypaged.core.contracts import Continuation, EngineStats, RequestDelta
 from raypaged.core.engine_core import EngineCore
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.scheduler import Scheduler
 from raypaged.core.scheduling_policy import policy_of
-from raypaged.model.onednn_cache import bound_kernel_caches
+from raypaged.model.runner import ModelRunner
+from raypaged.model.setup import ModelSetup
 from raypaged.output_processor import OutputProcessor
 from raypaged.output_stage import OutputStage
 from raypaged.outputs import SequenceOutput
-
-log = logging.getLogger(__name__)
-
-
-def resolve_model_dir(model: str | None) -> Path:
-    if model is None:
-        from raypaged.model.default_model import default_model_dir
-        return default_model_dir()
-    return Path(model).expanduser()
-
-
-def resolve_device(device: str | None) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def resolve_max_model_len(requested: int | None, model_limit: int) -> int:
-    if requested is None:
-        return model_limit
-    if requested > model_limit:
-        raise ValueError(f"max_model_len={requested} is longer than the model's limit of "
-                         f"{model_limit} tokens: set max_model_len <= {model_limit}")
-    return requested
-
-
-def resolve_dtype_name(dtype: str, device: torch.device) -> str:
-    """"auto": bf16 on a GPU; on a CPU bf16 where it has native bf16 matmuls (AVX512-BF16 / AMX:
-    2x fp32's speed on our 2-core EPYC, benchmarks/offline_throughput.py), else fp32."""
-    if dtype != "auto":
-        return dtype
-    if device.type == "cuda":
-        return "bfloat16"
-    return "bfloat16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "float32"
-
-
-def plan_for(args: EngineArgs) -> KVPlan:
-    """The "what fits" report without loading weights (CPU budget rules; GPU uses free memory)."""
-    from raypaged.model.kv_cache import kv_bytes_per_token
-    from raypaged.model.loader import resolve_dtype
-    from raypaged.model.model_config import ModelConfig
-
-    config = ModelConfig.from_dir(resolve_model_dir(args.model))
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(resolve_dtype_name(args.dtype, device), device)
-    per_token = kv_bytes_per_token(config, dtype, args.kv_dtype)
-    shape = KVShape(config.num_layers, config.num_kv_heads, config.head_dim,
-                    per_token // (2 * config.num_layers * config.num_kv_heads * config.head_dim))
-    free = None
-    if device.type == "cuda":
-        weight_bytes = sum(f.stat().st_size for f in resolve_model_dir(args.model).glob("*.safetensors"))
-        free = torch.cuda.mem_get_info(device)[0] - weight_bytes
-    max_len = resolve_max_model_len(args.max_model_len, config.max_model_len)
-    return plan_kv_cache(shape, args, max_len, free)
 
 
 class Engine:
@@ -184,89 +126,23 @@ class Engine:
         return self.core.stats()
 
 
+def build_core(setup: ModelSetup, model) -> tuple[EngineCore, KVPlan, ModelRunner]:
+    """A loaded (or randomly initialised) model -> its runner and scheduler, sized by the plan.
+    GPU tests and benchmarks call this with random weights of real shapes."""
+    args = setup.args
+    runner, plan = setup.build_runner(model)
+    scheduler = Scheduler(plan.num_blocks, args.block_size, plan.max_model_len, args.max_num_seqs,
+                          args.max_num_batched_tokens, args.enable_prefix_caching,
+                          policy_of(args))
+    return EngineCore(scheduler, runner, args.async_scheduling), plan, runner
+
+
 def build_engine(args: EngineArgs) -> Engine:
     """Load the model and tokenizer named by `args` and assemble a ready engine."""
     from transformers import AutoTokenizer
 
-    from raypaged.model.loader import load_model
-    from raypaged.model.packed_linear import can_pack, pack_linears
-
-    bound_kernel_caches(args.onednn_cache_capacity)  # before the first matmul reads it
-    if args.num_threads:
-        torch.set_num_threads(args.num_threads)
-    model_dir = resolve_model_dir(args.model)
-    device = resolve_device(args.device)
-    model, mcfg = load_model(model_dir, resolve_dtype_name(args.dtype, device), device,
-                             args.attention_backend)
-    if args.packed_linears and can_pack(next(model.parameters()).dtype, device):
-        pack_linears(model)
-    core, plan, runner = assemble_core(model, mcfg, args, device)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    name = args.model or "SmolLM2-135M-Instruct"
-    return Engine(core, tokenizer, plan, name, mcfg.eos_token_ids, runner, args.output_thread)
-
-
-def cpu_decode_kernel(mcfg, cache, dtype: torch.dtype):
-    """The C++ decode attention for this model and cache, or None (with a warning saying why and
-    what to do) where it cannot serve them or cannot be built here."""
-    from raypaged.kernels import cpu_paged_decode
-
-    why = cpu_paged_decode.unsupported(dtype, cache.key.dtype, mcfg.num_heads, mcfg.num_kv_heads,
-                                       mcfg.head_dim, cache.block_size)
-    if why is None:
-        try:
-            cpu_paged_decode.load()
-        except RuntimeError as e:
-            why = str(e)
-    if why is not None:
-        log.warning("C++ decode attention off, gather + SDPA instead: %s (install g++ and "
-                    "ninja, or pass --no-cpu-decode-kernel to choose this path)", why)
-        return None
-    return cpu_paged_decode.paged_decode
-
-
-def assemble_core(model, mcfg, args: EngineArgs, device: torch.device):
-    """Model in hand -> (EngineCore, KVPlan, ModelRunner): KV cache sized by the plan, attention
-    workspace, CUDA graphs, scheduler. GPU tests call this with randomly initialised models."""
-    from raypaged.model.attention.torch_backend import TorchAttentionBackend
-    from raypaged.model.cuda_graphs import CudaGraphDecoder
-    from raypaged.model.input_buffers import InputBuffers
-    from raypaged.model.kv_cache import allocate_kv_caches
-    from raypaged.model.runner import ModelRunner
-    from raypaged.model.sampler import Sampler
-
-    dtype = next(model.parameters()).dtype
-    if model.backend.name == "triton":  # refuse what its kernels cannot run, before any step
-        from raypaged.model.attention.gpu_support import check_triton_kv_dtype
-        from raypaged.model.loader import DTYPES
-        dtype_name = next(name for name, d in DTYPES.items() if d == dtype)
-        check_triton_kv_dtype(torch.cuda.get_device_capability(device), args.kv_dtype,
-                              dtype_name)
-    elem = allocate_kv_caches(mcfg, 1, args.block_size, dtype, args.kv_dtype,
-                              "meta")[0].key.element_size()
-    shape = KVShape(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, elem)
-    max_len = resolve_max_model_len(args.max_model_len, mcfg.max_model_len)
-    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
-    plan = plan_kv_cache(shape, args, max_len, free)
-    kv_caches = allocate_kv_caches(mcfg, plan.num_blocks, args.block_size, dtype,
-                                   args.kv_dtype, device)
-    if device.type == "cpu" and model.backend.name == "torch" and args.cpu_decode_kernel:
-        model.backend = TorchAttentionBackend(cpu_decode_kernel(mcfg, kv_caches[0], dtype))
-    if model.backend.name == "triton":
-        # size the split-K workspace for this engine's batch; a fixed split rule (from
-        # max_model_len) keeps decode launches identical between graph capture and replay
-        from raypaged.model.attention.triton_backend import TritonAttentionBackend
-        model.backend = TritonAttentionBackend(max_num_seqs=args.max_num_seqs, max_model_len=max_len)
-    buffers = InputBuffers(args.max_num_seqs, args.max_num_batched_tokens, max_len,
-                           args.block_size, device)
-    graphs = None
-    if device.type == "cuda" and not args.enforce_eager and model.backend.name == "triton":
-        graphs = CudaGraphDecoder(model, kv_caches, args.max_num_seqs, max_len, buffers)
-        if not graphs.capture():
-            graphs = None
-    decode_threads = args.decode_threads if device.type == "cpu" else None
-    runner = ModelRunner(model, kv_caches, buffers, Sampler(args.seed), graphs, decode_threads)
-    scheduler = Scheduler(plan.num_blocks, args.block_size, max_len, args.max_num_seqs,
-                          args.max_num_batched_tokens, args.enable_prefix_caching,
-                          policy_of(args))
-    return EngineCore(scheduler, runner, args.async_scheduling), plan, runner
+    setup = ModelSetup.decide(args)
+    core, plan, runner = build_core(setup, setup.load_model())
+    tokenizer = AutoTokenizer.from_pretrained(str(setup.model_dir))
+    return Engine(core, tokenizer, plan, setup.model_name, setup.config.eos_token_ids, runner,
+                  args.output_thread)

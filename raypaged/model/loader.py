@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 
 from raypaged.config import DTYPE_CHOICES
-from raypaged.model.attention import get_attention_backend
+from raypaged.model.attention import AttentionBackend, get_attention_backend
 from raypaged.model.llama import LlamaModel
 from raypaged.model.model_config import ModelConfig
 
@@ -23,18 +23,30 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 INDEX_FILE = "model.safetensors.index.json"
 
 
+def cpu_has_native_bf16() -> bool:
+    """AVX512-BF16 / AMX: bf16 matmuls at ~2x fp32's speed (our 2-core EPYC,
+    benchmarks/offline_throughput.py); without them bf16 is emulated and slower than fp32."""
+    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def resolve_dtype_name(dtype: str, device: torch.device | str) -> str:
+    """The one "auto" rule: bf16 on a GPU; on a CPU bf16 where it has native bf16 matmuls, else
+    fp32. Other names are checked and returned as they are."""
+    if dtype == "auto":
+        if torch.device(device).type == "cuda" or cpu_has_native_bf16():
+            return "bfloat16"
+        return "float32"
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choices: {', '.join(DTYPE_CHOICES)}")
+    return dtype
+
+
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device | str) -> torch.dtype:
-    """"auto" is bfloat16 on CUDA (half the memory, tensor cores) and float32 elsewhere
-    (CPU bf16 matmuls are slower than fp32 on most CPUs without AMX)."""
     if isinstance(dtype, torch.dtype):
         if dtype not in DTYPES.values():
             raise ValueError(f"unsupported dtype {dtype}; choices: {', '.join(DTYPE_CHOICES)}")
         return dtype
-    if dtype == "auto":
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choices: {', '.join(DTYPE_CHOICES)}")
-    return DTYPES[dtype]
+    return DTYPES[resolve_dtype_name(dtype, device)]
 
 
 def checkpoint_files(model_dir: str | Path) -> list[Path]:
@@ -71,14 +83,18 @@ def iter_checkpoint(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
 
 def load_model(model_dir: str | Path, dtype: str | torch.dtype = "auto",
                device: torch.device | str = "cpu",
-               attention_backend: str | None = None) -> tuple[LlamaModel, ModelConfig]:
-    """Read `model_dir` into an eval-mode LlamaModel on `device` in `dtype`.
-    attention_backend: "torch", "triton" or None (Triton on CUDA, torch elsewhere)."""
+               attention_backend: AttentionBackend | str | None = None
+               ) -> tuple[LlamaModel, ModelConfig]:
+    """Read `model_dir` into an eval-mode LlamaModel on `device` in `dtype`. attention_backend:
+    a backend (the engine's, from raypaged/model/setup.py), or a name: "torch", "triton" or
+    None (Triton on CUDA, torch elsewhere)."""
     model_dir = Path(model_dir)
     files = checkpoint_files(model_dir)   # checks the folder exists first: the clearer message
     config = ModelConfig.from_dir(model_dir)
     torch_dtype = resolve_dtype(dtype, device)
-    backend = get_attention_backend(attention_backend, device)
+    backend = attention_backend
+    if backend is None or isinstance(backend, str):
+        backend = get_attention_backend(backend, device)
     with torch.device("meta"):
         model = LlamaModel(config, backend)
     model = model.to(torch_dtype).to_empty(device=device)

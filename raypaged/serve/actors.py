@@ -57,9 +57,6 @@ class WorkerActor(Worker):
                  engine_factory: str | None = None, watch_app: str | None = None):
         if watch_app is not None:  # a detached worker: nothing else removes it
             watch_application(watch_app)
-        if engine_kwargs.get("num_threads"):
-            import torch  # only workers pay for torch; routers and the controller never do
-            torch.set_num_threads(engine_kwargs["num_threads"])
         super().__init__(build_engine_from(engine_kwargs, engine_factory), worker_id, max_queued)
 
     @ray.method(concurrency_group=CONTROL)

@@ -81,7 +81,7 @@ def run_serve(ns: argparse.Namespace) -> int:
     if started_ray:
         # Size the KV cache here first: a budget or max_model_len that cannot work fails now,
         # with the engine's reason, instead of in every worker.
-        from raypaged.engine import plan_for
+        from raypaged.model.setup import plan_for
         plan_for(from_namespace(EngineArgs, ns))
         import torch
         num_cpus = ns.num_cpus or os.cpu_count()

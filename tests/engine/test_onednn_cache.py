@@ -3,6 +3,8 @@ model loads), refused when it would crash."""
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -49,6 +51,8 @@ def test_build_engine_bounds_the_caches_before_the_model_runs(monkeypatch, tmp_p
         raise Loaded
 
     monkeypatch.setattr(loader, "load_model", load_model)
+    configs = Path(__file__).resolve().parents[2] / "benchmarks" / "configs"
+    shutil.copy(configs / "smollm2-135m.json", tmp_path / "config.json")  # read before loading
     with pytest.raises(Loaded):
         build_engine(EngineArgs(model=str(tmp_path), onednn_cache_capacity=48))
     assert seen == {"LRU_CACHE_CAPACITY": "48", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "48"}

@@ -1,20 +1,24 @@
 """The engine refuses, at start, a KV dtype its Triton kernels cannot run on the GPU at hand.
 
-No GPU needed: a one-parameter stand-in model says its backend is Triton and the device's
-capability is an A100's. The refusal must come from assemble_core, before any KV allocation."""
+No GPU needed: the device's capability is an A100's. The refusal must come from ModelSetup's
+choice of attention backend, before the model is built or any KV cache allocated."""
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
-from raypaged.engine import EngineArgs, assemble_core
+from raypaged.config import EngineArgs
+from raypaged.model.model_config import ModelConfig
+from raypaged.model.setup import ModelSetup
 
-
-class TritonModelStandIn(torch.nn.Linear):
-    class backend:
-        name = "triton"
+CONFIG = Path(__file__).resolve().parents[2] / "benchmarks" / "configs" / "smollm2-135m.json"
 
 
 def test_fp8_kv_on_an_sm80_gpu_is_refused_at_engine_start(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
-    model = TritonModelStandIn(1, 1, dtype=torch.bfloat16)
+    setup = ModelSetup.decide(EngineArgs(kv_dtype="fp8_e4m3", attention_backend="triton",
+                                         device="cuda"),
+                              ModelConfig.from_dict(json.loads(CONFIG.read_text())))
     with pytest.raises(ValueError, match=r"compute capability 8\.0.*kv_dtype 'auto'"):
-        assemble_core(model, None, EngineArgs(kv_dtype="fp8_e4m3"), torch.device("cuda"))
+        setup.attention_backend()

@@ -19,12 +19,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 def greedy_tokens(backend: str, enforce_eager: bool, kv_dtype: str = "auto"):
     from benchmarks.random_model import random_model
     from raypaged.core.sampling_params import SamplingParams
-    from raypaged.engine import EngineArgs, assemble_core
+    from raypaged.engine import EngineArgs, build_core
 
-    model, mcfg = random_model("smollm2-135m", backend, torch.bfloat16)
     args = EngineArgs(kv_memory_mb=1024, max_model_len=1024, max_num_seqs=16, attention_backend=backend,
-                      enforce_eager=enforce_eager, kv_dtype=kv_dtype)
-    core, _, runner = assemble_core(model, mcfg, args, torch.device("cuda"))
+                      enforce_eager=enforce_eager, kv_dtype=kv_dtype, dtype="bfloat16",
+                      device="cuda")
+    model, setup = random_model("smollm2-135m", args)
+    core, _, runner = build_core(setup, model)
     gen = torch.Generator().manual_seed(1)
     for i in range(12):  # mixed lengths: decode batches of several sizes once short ones finish
         n = int(torch.randint(5, 300, (1,), generator=gen))

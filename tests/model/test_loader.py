@@ -56,9 +56,14 @@ def test_bfloat16_load_casts_every_parameter(tmp_path, tiny_hf):
     assert {p.dtype for p in ours.parameters()} == {torch.bfloat16}
 
 
-def test_auto_dtype_is_float32_on_cpu_and_bfloat16_on_cuda():
+def test_auto_dtype_is_bfloat16_on_cuda_and_on_cpus_with_native_bf16_else_float32(monkeypatch):
+    import raypaged.model.loader as loader
+
+    monkeypatch.setattr(loader, "cpu_has_native_bf16", lambda: False)
     assert resolve_dtype("auto", "cpu") == torch.float32
     assert resolve_dtype("auto", "cuda:0") == torch.bfloat16
+    monkeypatch.setattr(loader, "cpu_has_native_bf16", lambda: True)
+    assert resolve_dtype("auto", "cpu") == torch.bfloat16
 
 
 def test_unknown_dtype_lists_the_choices():

@@ -206,17 +206,17 @@ def test_engine_keeps_the_gather_path_with_a_warning_where_the_kernel_cannot_ser
         monkeypatch, caplog):
     from types import SimpleNamespace
 
-    from raypaged.engine import cpu_decode_kernel
+    from raypaged.model.setup import cpu_decode_kernel
 
     mcfg = SimpleNamespace(num_heads=6, num_kv_heads=2, head_dim=HEAD_DIM)
     cache = empty_cache(block_size=16, num_kv_heads=2, kv_dtype="fp32")
-    assert cpu_decode_kernel(mcfg, cache, torch.float32) is cpu_paged_decode.paged_decode
-    assert cpu_decode_kernel(mcfg, cache, torch.float16) is None  # a dtype it does not take
+    assert cpu_decode_kernel(mcfg, torch.float32, cache.key.dtype, cache.block_size) is cpu_paged_decode.paged_decode
+    assert cpu_decode_kernel(mcfg, torch.float16, cache.key.dtype, cache.block_size) is None  # a dtype it does not take
     assert "dtype torch.float16" in caplog.text and "--no-cpu-decode-kernel" in caplog.text
 
     def no_compiler():
         raise RuntimeError("the C++ decode attention could not be built (g++: not found)")
     monkeypatch.setattr(cpu_paged_decode, "load", no_compiler)
     caplog.clear()
-    assert cpu_decode_kernel(mcfg, cache, torch.float32) is None
+    assert cpu_decode_kernel(mcfg, torch.float32, cache.key.dtype, cache.block_size) is None
     assert "g++: not found" in caplog.text

@@ -1,0 +1,181 @@
+"""How a model runs here, decided once: device, dtype, length, KV shape and budget, attention
+backend, threads. The engine, `raypaged plan`, and the benchmarks and GPU tests that run random
+weights all go through it, so no two of them can decide differently.
+
+    ModelSetup.decide(args)      config.json only: device, dtype ("auto"), max_model_len, KVShape
+      .plan()                    the "what fits" KVPlan (`raypaged plan`: no weights read)
+      .attention_backend()       chosen once: torch (+ the C++ decode kernel on CPU) or Triton
+                                 (its split-K workspace sized for this engine), refusing what
+                                 the GPU at hand cannot run
+      .load_model()              threads and kernel caches set, weights read into that backend,
+                                 linears packed for oneDNN where they can be
+      .build_runner(model)       KV cache sized by the plan, input buffers, CUDA graphs, sampler
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import torch
+
+from raypaged.config import EngineArgs, KVPlan, KVShape, plan_kv_cache
+from raypaged.model.attention import AttentionBackend, get_attention_backend
+from raypaged.model.kv_cache import kv_storage_dtype
+from raypaged.model.loader import checkpoint_files, resolve_dtype
+from raypaged.model.model_config import ModelConfig
+from raypaged.model.runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def resolve_model_dir(model: str | None) -> Path:
+    if model is None:
+        from raypaged.model.default_model import default_model_dir
+        return default_model_dir()
+    return Path(model).expanduser()
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_max_model_len(requested: int | None, model_limit: int) -> int:
+    if requested is None:
+        return model_limit
+    if requested > model_limit:
+        raise ValueError(f"max_model_len={requested} is longer than the model's limit of "
+                         f"{model_limit} tokens: set max_model_len <= {model_limit}")
+    return requested
+
+
+@dataclass(frozen=True)
+class ModelSetup:
+    args: EngineArgs
+    config: ModelConfig
+    device: torch.device
+    dtype: torch.dtype
+    max_model_len: int
+    model_dir: Path | None  # None: a model built in memory (random weights on a GPU box)
+
+    @classmethod
+    def decide(cls, args: EngineArgs, config: ModelConfig | None = None) -> ModelSetup:
+        """From the model folder's config.json, or from `config` for a model built in memory."""
+        model_dir = None
+        if config is None:
+            model_dir = resolve_model_dir(args.model)
+            if not model_dir.is_dir():
+                checkpoint_files(model_dir)  # raises: "model folder ... does not exist"
+            config = ModelConfig.from_dir(model_dir)
+        device = resolve_device(args.device)
+        return cls(args, config, device, resolve_dtype(args.dtype, device),
+                   resolve_max_model_len(args.max_model_len, config.max_model_len), model_dir)
+
+    @property
+    def model_name(self) -> str:
+        return self.args.model or DEFAULT_MODEL_NAME
+
+    @cached_property
+    def kv_shape(self) -> KVShape:
+        store = kv_storage_dtype(self.dtype, self.args.kv_dtype)
+        return KVShape(self.config.num_layers, self.config.num_kv_heads, self.config.head_dim,
+                       torch.empty((), dtype=store).element_size())
+
+    def plan(self, weights_loaded: bool = False) -> KVPlan:
+        """The block pool this engine gets. On a GPU the budget is a fraction of the memory left
+        after the weights: measured once they are loaded, estimated from the files before."""
+        free = None
+        if self.device.type == "cuda":
+            free = torch.cuda.mem_get_info(self.device)[0]
+            if not weights_loaded and self.model_dir is not None:
+                free -= sum(f.stat().st_size for f in checkpoint_files(self.model_dir))
+        return plan_kv_cache(self.kv_shape, self.args, self.max_model_len, free)
+
+    def attention_backend(self) -> AttentionBackend:
+        name = self.args.attention_backend or ("triton" if self.device.type == "cuda" else "torch")
+        if name == "triton":
+            if self.device.type == "cuda":  # refuse what its kernels cannot run on this GPU
+                from raypaged.model.attention.gpu_support import check_triton_kv_dtype
+                from raypaged.model.loader import DTYPES
+                dtype_name = next(n for n, d in DTYPES.items() if d == self.dtype)
+                check_triton_kv_dtype(torch.cuda.get_device_capability(self.device),
+                                      self.args.kv_dtype, dtype_name)
+            get_attention_backend(name, self.device)  # needs CUDA and an importable Triton
+            # the split-K workspace for this engine's batch; a fixed split rule (from
+            # max_model_len) keeps decode launches identical between graph capture and replay
+            from raypaged.model.attention.triton_backend import TritonAttentionBackend
+            return TritonAttentionBackend(max_num_seqs=self.args.max_num_seqs,
+                                          max_model_len=self.max_model_len)
+        if name == "torch" and self.device.type == "cpu" and self.args.cpu_decode_kernel:
+            from raypaged.model.attention.torch_backend import TorchAttentionBackend
+            store = kv_storage_dtype(self.dtype, self.args.kv_dtype)
+            return TorchAttentionBackend(
+                cpu_decode_kernel(self.config, self.dtype, store, self.args.block_size))
+        return get_attention_backend(name, self.device)
+
+    def load_model(self):
+        """The model's weights on the device, in the dtype and backend decided here."""
+        from raypaged.model.loader import load_model
+        from raypaged.model.onednn_cache import bound_kernel_caches
+        from raypaged.model.packed_linear import can_pack, pack_linears
+
+        bound_kernel_caches(self.args.onednn_cache_capacity)  # before the first matmul reads it
+        if self.args.num_threads:
+            torch.set_num_threads(self.args.num_threads)  # the runner keeps it for prefill steps
+        model, _ = load_model(self.model_dir, self.dtype, self.device, self.attention_backend())
+        if self.args.packed_linears and can_pack(self.dtype, self.device):
+            pack_linears(model)
+        return model
+
+    def build_runner(self, model) -> tuple[ModelRunner, KVPlan]:
+        """Model in hand -> its runner: KV cache sized by the plan, buffers, CUDA graphs."""
+        from raypaged.model.cuda_graphs import CudaGraphDecoder
+        from raypaged.model.input_buffers import InputBuffers
+        from raypaged.model.kv_cache import allocate_kv_caches
+        from raypaged.model.sampler import Sampler
+
+        args = self.args
+        plan = self.plan(weights_loaded=True)
+        kv_caches = allocate_kv_caches(self.config, plan.num_blocks, args.block_size, self.dtype,
+                                       args.kv_dtype, self.device)
+        buffers = InputBuffers(args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len,
+                               args.block_size, self.device)
+        graphs = None
+        if self.device.type == "cuda" and not args.enforce_eager and model.backend.name == "triton":
+            graphs = CudaGraphDecoder(model, kv_caches, args.max_num_seqs, self.max_model_len,
+                                      buffers)
+            if not graphs.capture():
+                graphs = None
+        decode_threads = args.decode_threads if self.device.type == "cpu" else None
+        runner = ModelRunner(model, kv_caches, buffers, Sampler(args.seed), graphs, decode_threads)
+        return runner, plan
+
+
+def cpu_decode_kernel(config: ModelConfig, dtype: torch.dtype, kv_dtype: torch.dtype,
+                      block_size: int):
+    """The C++ decode attention for this model and cache, or None (with a warning saying why and
+    what to do) where it cannot serve them or cannot be built here."""
+    from raypaged.kernels import cpu_paged_decode
+
+    why = cpu_paged_decode.unsupported(dtype, kv_dtype, config.num_heads, config.num_kv_heads,
+                                       config.head_dim, block_size)
+    if why is None:
+        try:
+            cpu_paged_decode.load()
+        except RuntimeError as e:
+            why = str(e)
+    if why is not None:
+        log.warning("C++ decode attention off, gather + SDPA instead: %s (install g++ and "
+                    "ninja, or pass --no-cpu-decode-kernel to choose this path)", why)
+        return None
+    return cpu_paged_decode.paged_decode
+
+
+def plan_for(args: EngineArgs) -> KVPlan:
+    """The "what fits" report without loading weights."""
+    return ModelSetup.decide(args).plan()
