@@ -4,7 +4,9 @@ request and the snapshot traffic it receives, from the real code (raypaged/serve
 Decision: Router.rank() over W workers whose cache views each hold the blocks of a few Mooncake
 prompts (every worker holds the trace's shared first block, as a real fleet's would), timed per
 request on Mooncake prompts; the prompt's block hashing (which rank() does first, and which a
-router needs whatever it decides) is timed apart, and `choice` is the rest.
+router needs whatever it decides) is timed apart, and `choice` is the rest. Times are the
+thread's CPU time (time.thread_time), so a machine shared with other jobs does not add its
+waits for a core to the percentiles.
 Snapshot traffic: the pickled bytes per worker per second measured by the simulator
 (benchmarks/fleet_sim.py's JSON at --sim-json), times W: what one router receives.
 
@@ -55,14 +57,14 @@ def time_decisions(policy: str, prompts, loads) -> dict:
     router = RouterPolicy(policy, BLOCK)
     total, hashing = [], []
     for p in prompts:
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         router.choose(p, loads)
-        t1 = time.perf_counter()
+        t1 = time.thread_time()
         if policy == "cache_aware":
             prompt_block_keys(p, BLOCK)
         if policy != "round_robin":
             routing_key(p, BLOCK, router.router.config.route_prefix_blocks)
-        t2 = time.perf_counter()
+        t2 = time.thread_time()
         total.append(t1 - t0)
         hashing.append(t2 - t1)
     choice = [t - h for t, h in zip(total, hashing)]
