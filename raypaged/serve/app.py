@@ -17,15 +17,15 @@ import logging
 import time
 
 from ray import serve
-from ray.serve.config import DeploymentActorConfig
+from ray.serve.config import BackpressureConfig, DeploymentActorConfig
 
 from raypaged.serve.actors import ControllerActor
 from raypaged.serve.api_key import resolve_api_key
-from raypaged.serve.config import (MAX_N, ROUTER_MAX_ONGOING_REQUESTS, SNAPSHOT_INTERVAL_S,
-                                   ServeArgs)
+from raypaged.serve.config import SNAPSHOT_INTERVAL_S, ServeArgs
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
 from raypaged.serve.generation import Dispatcher
 from raypaged.serve.http_app import build_http_app
+from raypaged.serve.limits import RequestLimits
 from raypaged.serve.metrics import RequestMetrics, merge, render
 from raypaged.serve.replica_bind import bind_replica_grpc_to_node_ip
 from raypaged.serve.ray_fleet import RayFleetClient
@@ -67,14 +67,17 @@ class OpenAIRouter:
                               created=int(time.time()))
         dispatcher = Dispatcher(self.fleet, Router(self.config, stats.block_size),
                                 self.metrics)
-        self.frontend = OpenAIFrontend(dispatcher, tokenizer, self.info, MAX_N)
+        self.frontend = OpenAIFrontend(dispatcher, tokenizer, self.info,
+                                       limits=RequestLimits.of(self.config),
+                                       request_timeout_s=self.config.request_timeout_s)
         logger.info("router %s ready: model %s, max_model_len %d, %d workers ready",
                     self.replica_id, self.info.name, self.info.max_model_len,
                     len(snapshot.ready()))
 
     def __serve_build_asgi_app__(self):
         return build_http_app(self.frontend, self.fleet.snapshot, self.metrics,
-                              self._render_metrics, self.api_key, self.config.max_request_bytes)
+                              self._render_metrics, self.api_key, self.config.max_request_bytes,
+                              body_timeout_s=self.config.body_timeout_s)
 
     def _render_metrics(self) -> bytes:
         """Fleet gauges plus request metrics summed over every router replica (this one live,
@@ -117,7 +120,12 @@ def build_app(args: dict | ServeArgs | None = None):
         OpenAIRouter,
         name="OpenAIRouter",
         num_replicas=options.router_replicas,
-        max_ongoing_requests=ROUTER_MAX_ONGOING_REQUESTS,
+        # Bounded at both ends: a replica serves this many at once, and each Serve proxy holds
+        # at most router_max_queued_requests waiting for one; beyond, Serve answers 503 with
+        # Retry-After itself, before the request costs the router anything.
+        max_ongoing_requests=options.router_max_ongoing_requests,
+        max_queued_requests=options.router_max_queued_requests,
+        backpressure_config=BackpressureConfig(status_code=503, retry_after_s=1),
         ray_actor_options={"num_cpus": 0},
         deployment_actors=[DeploymentActorConfig(
             name=CONTROLLER, actor_class=ControllerActor,

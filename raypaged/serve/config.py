@@ -21,21 +21,24 @@ from raypaged.settings import pydantic_fields, setting, validate
 # system prompt, shallow enough that requests sharing a few hundred tokens still agree.
 DEFAULT_ROUTE_PREFIX_BLOCKS = 4
 
-# Fixed by the code, not settings: the largest n per request, how often routers refresh the
-# fleet snapshot, how often the controller probes workers and how long it waits for an answer
-# (health and stats are control calls with their own concurrency group, so a loaded worker
-# still answers at once: silence for this long means frozen), and how long an engine step may
-# run before the worker counts as hung (a long prefill on a CPU takes seconds, not this).
+# Defaults of the settings max_n and router_max_ongoing_requests (below).
 MAX_N = 16
+ROUTER_MAX_ONGOING_REQUESTS = 2048
+
+# Fixed by the code, not settings: how often routers refresh the fleet snapshot, how often the
+# controller probes workers and how long it waits for an answer (health and stats are control
+# calls with their own concurrency group, so a loaded worker still answers at once: silence for
+# this long means frozen), and how long an engine step may run before the worker counts as hung
+# (a long prefill on a CPU takes seconds, not this).
 SNAPSHOT_INTERVAL_S = 0.25
 POLL_INTERVAL_S = 0.5
 POLL_TIMEOUT_S = 2.0
 STEP_STALL_S = 30.0
-ROUTER_MAX_ONGOING_REQUESTS = 2048
 
 FLEET = "Ray and the fleet"
 ROUTING = "routing"
 SERVER = "server"
+LIMITS = "limits per request (docs/limits.md)"
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,34 @@ class ServeOptions:
         None, "the model name clients send (default: the model's)", group=SERVER)
     max_request_bytes: int = setting(8 * 1024 * 1024, "larger request bodies get 413",
                                      group=SERVER, ge=1024)
+    router_max_ongoing_requests: int = setting(
+        ROUTER_MAX_ONGOING_REQUESTS, "requests one router replica serves at once",
+        group=SERVER, ge=1)
+    router_max_queued_requests: int = setting(
+        ROUTER_MAX_ONGOING_REQUESTS, "requests waiting for a router replica, per Serve proxy; "
+        "beyond them 503 + Retry-After", group=SERVER, ge=1)
+    request_timeout_s: float = setting(
+        600.0, "a request still unanswered after this many seconds ends: 504, or an error event "
+        "and [DONE] mid-stream, its blocks freed (600: the OpenAI client's own timeout)",
+        group=SERVER, gt=0)
+    body_timeout_s: float = setting(
+        30.0, "a request body not received in full within this many seconds gets 408",
+        group=SERVER, gt=0)
+    max_prompts_per_request: int = setting(
+        64, "prompts in one completions request (a list of strings or token lists)",
+        group=LIMITS, ge=1)
+    max_n: int = setting(MAX_N, "largest n (samples per prompt)", group=LIMITS, ge=1)
+    max_request_output_tokens: int = setting(
+        16 * 8192, "prompts x n x max_tokens one request may generate (max_tokens unset counts "
+        "as what is left of max_model_len)", group=LIMITS, ge=1)
+    max_stop_strings: int = setting(16, "stop strings per request", group=LIMITS, ge=0)
+    max_stop_string_chars: int = setting(
+        256, "characters in one stop string (streamed text is held back by the longest)",
+        group=LIMITS, ge=1)
+    max_stop_token_ids: int = setting(128, "stop_token_ids per request", group=LIMITS, ge=0)
+    max_logprobs: int = setting(20, "largest logprobs / top_logprobs", group=LIMITS, ge=0,
+                                le=20)
+    max_messages: int = setting(2048, "messages in one chat request", group=LIMITS, ge=1)
     # "module:function" called with the engine kwargs instead of raypaged.engine.build_engine:
     # lets tests run the whole application on a fake engine.
     engine_factory: str | None = setting(None, "engine builder 'module:function' (tests)",

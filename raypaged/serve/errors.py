@@ -7,9 +7,9 @@ from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-         405: "invalid_request_error", 413: "invalid_request_error",
+         405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
          415: "invalid_request_error", 429: "rate_limit_error",
-         500: "internal_server_error", 503: "service_unavailable"}
+         500: "internal_server_error", 503: "service_unavailable", 504: "timeout_error"}
 
 
 class APIError(Exception):

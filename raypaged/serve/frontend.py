@@ -7,6 +7,11 @@
 Every problem found before the first batch is an APIError with its status. A lost worker is
 failed over inside Generation; only when that gives up (an APIError) does a stream under way
 end with an error event and [DONE].
+
+What one request may ask (serve/limits.py) is checked on the parsed JSON before anything else.
+A request still unanswered `request_timeout_s` after its body arrived ends: 504 before the
+response starts, an error event and [DONE] during a stream; either way its Generations close,
+which cancels it on its workers and frees its blocks (the same path as a client leaving).
 """
 from __future__ import annotations
 
@@ -22,8 +27,10 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.outputs import SequenceOutput
+from raypaged.serve.config import MAX_N
 from raypaged.serve.errors import APIError, bad_request, from_validation_error, from_value_error
 from raypaged.serve.generation import Dispatcher, Generation
+from raypaged.serve.limits import RequestLimits
 from raypaged.serve.prompt_bound import max_token_bytes
 from raypaged.serve.protocol import ChatCompletionRequest, CompletionRequest
 from raypaged.serve.responses import (WORKER_HEADER, Choice, Shapes, sse_data, sse_response,
@@ -63,12 +70,15 @@ def parse(model, body) -> object:
 
 
 class OpenAIFrontend:
-    def __init__(self, dispatcher: Dispatcher, tokenizer, info: ModelInfo, max_n: int = 16):
+    def __init__(self, dispatcher: Dispatcher, tokenizer, info: ModelInfo, max_n: int = MAX_N, *,
+                 limits: RequestLimits | None = None, request_timeout_s: float | None = None):
         self.dispatcher = dispatcher
         self.tokenizer = tokenizer
         self.shapes = Shapes(tokenizer)
         self.info = info
-        self.max_n = max_n
+        self.limits = limits or RequestLimits(max_n=max_n)
+        self.max_n = self.limits.max_n
+        self.request_timeout_s = request_timeout_s  # None: no deadline
         self.max_token_bytes = max_token_bytes(tokenizer)  # None: no bound, tokenize everything
 
     # -- endpoints -------------------------------------------------------------------------
@@ -79,7 +89,36 @@ class OpenAIFrontend:
             "max_model_len": self.info.max_model_len}]}
 
     async def completions(self, body) -> JSONResponse | StreamingResponse:
+        return await self._by_deadline(self._completions, body)
+
+    async def chat_completions(self, body) -> JSONResponse | StreamingResponse:
+        return await self._by_deadline(self._chat_completions, body)
+
+    async def _by_deadline(self, endpoint, body) -> JSONResponse | StreamingResponse:
+        """Run an endpoint up to its response (for a stream: its first batch) within the
+        request's deadline; the stream itself keeps the same deadline (_events)."""
         arrival = time.monotonic()
+        loop_now = asyncio.get_running_loop().time()
+        deadline = None if self.request_timeout_s is None else loop_now + self.request_timeout_s
+        timeout = asyncio.timeout_at(deadline)
+        try:
+            async with timeout:
+                return await endpoint(body, arrival, deadline)
+        except TimeoutError:
+            if timeout.expired():
+                raise self._timed_out() from None
+            raise
+
+    def _timed_out(self) -> APIError:
+        return APIError(504, f"the request did not finish within {self.request_timeout_s:g} s "
+                             "and was cancelled: ask for fewer tokens, or raise the server's "
+                             "setting request_timeout_s (--request-timeout-s)",
+                        code="request_timeout")
+
+    async def _completions(self, body, arrival: float, deadline: float | None
+                           ) -> JSONResponse | StreamingResponse:
+        if isinstance(body, dict):
+            self.limits.check_completion(body, self.info.max_model_len)
         req: CompletionRequest = self._parse(CompletionRequest, body)
         texts = req.prompts()
         for text in texts:  # all of them before tokenizing any
@@ -88,29 +127,35 @@ class OpenAIFrontend:
         prompts = [await self._prompt_tokens(p) for p in texts]
         chunk = functools.partial(self.shapes.completion_choice, req.logprobs is not None)
         return await self._respond(COMPLETIONS, req, prompts, req.max_tokens, req.logprobs,
-                                   chunk, arrival)
+                                   chunk, arrival, deadline)
 
-    async def chat_completions(self, body) -> JSONResponse | StreamingResponse:
-        arrival = time.monotonic()
+    async def _chat_completions(self, body, arrival: float, deadline: float | None
+                                ) -> JSONResponse | StreamingResponse:
+        if isinstance(body, dict):
+            self.limits.check_chat(body)
         req: ChatCompletionRequest = self._parse(ChatCompletionRequest, body)
         chunk = functools.partial(self.shapes.chat_choice, req.logprobs)
         return await self._respond(CHAT, req, [await self._chat_tokens(req)],
                                    req.requested_max_tokens(), req.requested_logprobs(), chunk,
-                                   arrival)
+                                   arrival, deadline)
 
     # -- the one request path ----------------------------------------------------------------
     async def _respond(self, route: Route, req, prompts: list[list[int]], max_tokens: int | None,
-                       logprobs: int | None, chunk: Callable, arrival: float
-                       ) -> JSONResponse | StreamingResponse:
+                       logprobs: int | None, chunk: Callable, arrival: float,
+                       deadline: float | None = None) -> JSONResponse | StreamingResponse:
         for tokens in prompts:
             self._check_length(tokens, max_tokens)
+        if not isinstance(max_tokens, int):  # unset: up to what is left of each context
+            left = sum(self.info.max_model_len - len(tokens) for tokens in prompts)
+            self.limits.check_total(left * req.n, len(prompts), req.n,
+                                    "what is left of max_model_len, as max_tokens is unset")
         params = self._params(req, max_tokens, logprobs)
         gens = await self._start(route.id_prefix, prompts, params, req.cache_salt, arrival)
         if req.stream:  # the header goes out first: it names the workers streaming now
             opts = req.stream_options
             return sse_response(self._events(
                 gens, params.n, chunk, route, include_usage=bool(opts and opts.include_usage),
-                continuous_usage=bool(opts and opts.continuous_usage_stats)),
+                continuous_usage=bool(opts and opts.continuous_usage_stats), deadline=deadline),
                 {WORKER_HEADER: workers_header(gens)})
         choices = await self._collect(gens, params.n)
         header = {WORKER_HEADER: workers_header(gens)}  # after a failover: who finished it
@@ -123,7 +168,7 @@ class OpenAIFrontend:
     # -- validation and tokenization --------------------------------------------------------
     def _parse(self, model, body):
         req = parse(model, body)
-        req.check(self.max_n)
+        req.check(self.max_n, self.limits.max_logprobs)
         self._check_model(req.model)
         return req
 
@@ -203,7 +248,11 @@ class OpenAIFrontend:
         base = f"{kind}-{uuid.uuid4().hex}"
         gens = [Generation(self.dispatcher, base if len(prompts) == 1 else f"{base}-{i}",
                            tokens, params, cache_salt, arrival) for i, tokens in enumerate(prompts)]
-        results = await asyncio.gather(*(g.start() for g in gens), return_exceptions=True)
+        try:
+            results = await asyncio.gather(*(g.start() for g in gens), return_exceptions=True)
+        except BaseException:  # cancelled (the deadline, a client gone): leave every worker
+            await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)
+            raise
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)
@@ -222,7 +271,8 @@ class OpenAIFrontend:
         return choices
 
     async def _events(self, gens: list[Generation], n: int, chunk: Callable, route: Route,
-                      include_usage: bool, continuous_usage: bool) -> AsyncIterator[str]:
+                      include_usage: bool, continuous_usage: bool,
+                      deadline: float | None = None) -> AsyncIterator[str]:
         head = {"id": gens[0].request_id, "object": route.chunk_object,
                 "created": int(time.time()), "model": self.info.name}
         try:
@@ -230,7 +280,7 @@ class OpenAIFrontend:
                 for i in range(len(gens) * n):
                     yield sse_data({**head, "choices": [{"index": i, "delta": route.first_delta,
                                                          "logprobs": None, "finish_reason": None}]})
-            async for g, batch in _merge(gens):
+            async for g, batch in _until(_merge(gens), deadline):
                 by_choice: dict[int, Choice] = {}
                 for out in batch:
                     by_choice.setdefault(g * n + out.index, Choice()).add(out)
@@ -242,9 +292,36 @@ class OpenAIFrontend:
                 yield sse_data({**head, "choices": [], "usage": usage(gens)})
         except APIError as exc:  # e.g. every worker tried was lost: 503 worker_unavailable
             yield exc.sse()
+        except _DeadlinePassed:
+            yield self._timed_out().sse()
         finally:
             await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)
         yield "data: [DONE]\n\n"
+
+
+class _DeadlinePassed(Exception):
+    pass
+
+
+async def _until(items: AsyncIterator, deadline: float | None) -> AsyncIterator:
+    """`items` until the loop's clock reaches `deadline` (then _DeadlinePassed). The timeout
+    wraps only the wait for the next item, never the consumer's work between items, so what
+    it cancels is that wait alone."""
+    try:
+        while True:
+            timeout = asyncio.timeout_at(deadline)
+            try:
+                async with timeout:
+                    item = await anext(items)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                if timeout.expired():
+                    raise _DeadlinePassed() from None
+                raise
+            yield item
+    finally:
+        await items.aclose()
 
 
 async def _merge(gens: list[Generation]) -> AsyncIterator[tuple[int, list[SequenceOutput]]]:

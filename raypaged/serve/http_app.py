@@ -31,7 +31,8 @@ LARGE_BODY_BYTES = 256 * 1024
 
 def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapshot],
                    metrics: RequestMetrics, render_metrics: Callable[[], bytes],
-                   api_key: str | None, max_request_bytes: int) -> FastAPI:
+                   api_key: str | None, max_request_bytes: int,
+                   body_timeout_s: float | None = None) -> FastAPI:
     check_api_key(api_key, "api_key")  # None: no auth; "" is a mistake, not a wish
     app = FastAPI(title="raypaged", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(DisconnectAsMessage)
@@ -53,10 +54,23 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
             if int(declared) > max_request_bytes:
                 raise _too_large(max_request_bytes)
         body = bytearray()
-        async for piece in request.stream():
-            body += piece
-            if len(body) > max_request_bytes:
-                raise _too_large(max_request_bytes)
+        # A client that sends its body slowly (or never) holds one of the replica's request
+        # slots for as long as it is read: give up after body_timeout_s with 408, and the
+        # server closes the connection (its unread body cannot be skipped).
+        timeout = asyncio.timeout(body_timeout_s)
+        try:
+            async with timeout:
+                async for piece in request.stream():
+                    body += piece
+                    if len(body) > max_request_bytes:
+                        raise _too_large(max_request_bytes)
+        except TimeoutError:
+            if not timeout.expired():
+                raise
+            raise APIError(408, f"the request body was not received within {body_timeout_s:g} "
+                                "s: send it at once (the limit is the setting body_timeout_s, "
+                                "--body-timeout-s)", code="body_timeout",
+                           headers={"Connection": "close"}) from None
         if len(body) > LARGE_BODY_BYTES:  # parsing megabytes takes ~10 ms per MB: not on the loop
             return await asyncio.to_thread(parse_json_body, bytes(body))
         return parse_json_body(bytes(body))

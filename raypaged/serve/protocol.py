@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.serve.errors import bad_request
 
-MAX_LOGPROBS = 20
+MAX_LOGPROBS = 20  # the engine's bound (SamplingParams); a server may set a lower max_logprobs
 
 
 class StreamOptions(BaseModel):
@@ -81,7 +81,7 @@ class CompletionRequest(_Sampling):
     suffix: StrictStr | None = None
     best_of: StrictInt | None = None
 
-    def check(self, max_n: int) -> None:
+    def check(self, max_n: int, max_logprobs: int = MAX_LOGPROBS) -> None:
         self.check_common(max_n)
         if self.echo:
             raise bad_request("echo is not supported", "echo")
@@ -89,8 +89,8 @@ class CompletionRequest(_Sampling):
             raise bad_request("suffix is not supported", "suffix")
         if self.best_of is not None and self.best_of != self.n:
             raise bad_request("best_of is not supported (use n)", "best_of")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise bad_request(f"logprobs must be between 0 and {MAX_LOGPROBS}", "logprobs")
+        if self.logprobs is not None and not 0 <= self.logprobs <= max_logprobs:
+            raise bad_request(f"logprobs must be between 0 and {max_logprobs}", "logprobs")
 
     def prompts(self) -> list[str | list[int]]:
         """One entry per prompt: text, or token ids."""
@@ -138,7 +138,7 @@ class ChatCompletionRequest(_Sampling):
     response_format: ResponseFormat | None = None
     add_generation_prompt: StrictBool = True
 
-    def check(self, max_n: int) -> None:
+    def check(self, max_n: int, max_logprobs: int = MAX_LOGPROBS) -> None:
         self.check_common(max_n)
         if not self.messages:
             raise bad_request("messages must not be empty", "messages")
@@ -149,8 +149,8 @@ class ChatCompletionRequest(_Sampling):
         if self.top_logprobs is not None:
             if not self.logprobs:
                 raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
-            if not 0 <= self.top_logprobs <= MAX_LOGPROBS:
-                raise bad_request(f"top_logprobs must be between 0 and {MAX_LOGPROBS}",
+            if not 0 <= self.top_logprobs <= max_logprobs:
+                raise bad_request(f"top_logprobs must be between 0 and {max_logprobs}",
                                   "top_logprobs")
         if self.tools:
             raise bad_request("tools are not supported", "tools")

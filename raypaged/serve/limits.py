@@ -1,0 +1,122 @@
+"""What one request may ask, checked on the parsed JSON before pydantic, tokenizing or queueing.
+
+Every bound is a `ServeOptions` setting (serve/config.py, docs/limits.md). The checks read only
+lengths of the raw body, so refusing a request that lists millions of prompts, stop strings or
+token ids costs microseconds rather than validating, tokenizing and submitting all of them; the
+400 names the field, the limit, and the setting (and flag) that raises it. Fields of the wrong
+type are left to pydantic, which names them just as clearly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raypaged.serve.config import ServeOptions
+from raypaged.serve.errors import bad_request
+from raypaged.settings import flag
+
+_DEFAULTS = ServeOptions()
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    max_prompts_per_request: int = _DEFAULTS.max_prompts_per_request
+    max_n: int = _DEFAULTS.max_n
+    max_request_output_tokens: int = _DEFAULTS.max_request_output_tokens
+    max_stop_strings: int = _DEFAULTS.max_stop_strings
+    max_stop_string_chars: int = _DEFAULTS.max_stop_string_chars
+    max_stop_token_ids: int = _DEFAULTS.max_stop_token_ids
+    max_logprobs: int = _DEFAULTS.max_logprobs
+    max_messages: int = _DEFAULTS.max_messages
+
+    @classmethod
+    def of(cls, options: ServeOptions) -> "RequestLimits":
+        return cls(**{name: getattr(options, name) for name in cls.__dataclass_fields__})
+
+    # -- the checks ---------------------------------------------------------------------------
+    def check_completion(self, body: dict, max_model_len: int) -> None:
+        self._check_common(body)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt:
+            lists = prompt if isinstance(prompt[0], (list, str)) else [prompt]
+            _at_most(len(lists), self.max_prompts_per_request, "prompt",
+                     "prompts in one request", "max_prompts_per_request")
+            for i, p in enumerate(lists):  # a token list too long to fit: before validating it
+                if isinstance(p, list) and len(p) >= max_model_len:
+                    where = "prompt" if lists is not prompt else f"prompt.{i}"
+                    raise bad_request(
+                        f"This model's maximum context length is {max_model_len} tokens, but "
+                        f"{where} is {len(p)} tokens: shorten it to at most {max_model_len - 1} "
+                        "tokens", "prompt")
+        self._check_logprobs(body.get("logprobs"), "logprobs")
+        self.check_output_tokens(body, _count_prompts(prompt), body.get("max_tokens", 16))
+
+    def check_chat(self, body: dict) -> None:
+        self._check_common(body)
+        messages = body.get("messages")
+        if isinstance(messages, list):
+            _at_most(len(messages), self.max_messages, "messages", "messages in one request",
+                     "max_messages")
+        self._check_logprobs(body.get("top_logprobs"), "top_logprobs")
+        max_tokens = body.get("max_completion_tokens")
+        if max_tokens is None:
+            max_tokens = body.get("max_tokens")
+        self.check_output_tokens(body, 1, max_tokens)
+
+    def check_output_tokens(self, body: dict, prompts: int, max_tokens) -> None:
+        """prompts x n x max_tokens, when max_tokens is given (the frontend checks again with
+        what is left of the context once prompts are tokens, for max_tokens unset)."""
+        n = body.get("n", 1)
+        if not (_is_int(n) and _is_int(max_tokens) and n >= 1 and max_tokens >= 1):
+            return  # pydantic or SamplingParams refuse the types and signs
+        self.check_total(prompts * n * max_tokens, prompts, n, f"max_tokens {max_tokens}")
+
+    def check_total(self, total: int, prompts: int, n: int, per_sample: str) -> None:
+        if total > self.max_request_output_tokens:
+            raise bad_request(
+                f"this request may generate {total} tokens ({prompts} prompt(s) x n {n} x "
+                f"{per_sample}), more than the {self.max_request_output_tokens} one request may "
+                f"ask of this server: lower max_tokens or n, or split the request (the limit is "
+                f"the setting max_request_output_tokens, {flag('max_request_output_tokens')})",
+                "max_tokens")
+
+    def _check_common(self, body: dict) -> None:
+        n = body.get("n")
+        if _is_int(n) and not 1 <= n <= self.max_n:
+            raise bad_request(f"n must be between 1 and {self.max_n}, got {n} (the limit is the "
+                              f"setting max_n, {flag('max_n')})", "n")
+        stop = body.get("stop")
+        if isinstance(stop, list):
+            _at_most(len(stop), self.max_stop_strings, "stop", "stop strings",
+                     "max_stop_strings")
+        for s in ([stop] if isinstance(stop, str) else stop if isinstance(stop, list) else ()):
+            if isinstance(s, str) and len(s) > self.max_stop_string_chars:
+                raise bad_request(
+                    f"a stop string of {len(s)} characters is longer than the "
+                    f"{self.max_stop_string_chars} this server accepts (the limit is the setting "
+                    f"max_stop_string_chars, {flag('max_stop_string_chars')})", "stop")
+        ids = body.get("stop_token_ids")
+        if isinstance(ids, list):
+            _at_most(len(ids), self.max_stop_token_ids, "stop_token_ids", "stop_token_ids",
+                     "max_stop_token_ids")
+
+    def _check_logprobs(self, value, param: str) -> None:
+        if _is_int(value) and not 0 <= value <= self.max_logprobs:
+            raise bad_request(f"{param} must be between 0 and {self.max_logprobs}, got {value} "
+                              f"(the limit is the setting max_logprobs, {flag('max_logprobs')})",
+                              param)
+
+
+def _at_most(count: int, limit: int, param: str, what: str, setting: str) -> None:
+    if count > limit:
+        raise bad_request(f"{param} has {count} entries: at most {limit} {what} are accepted "
+                          f"(the limit is the setting {setting}, {flag(setting)})", param)
+
+
+def _count_prompts(prompt) -> int:
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
+        return len(prompt)
+    return 1
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
