@@ -65,3 +65,13 @@ def test_a_summary_counts_hits_throughput_and_snapshot_traffic():
     assert out["snapshot_bytes_per_s"] > 0
     # saturation is read off the first 90% of finishes (here: the first, at 1.1 + 1.001 s)
     assert out["throughput_first_90pct"] == pytest.approx(1 / 2.101)
+
+
+def test_a_conversation_turn_leaves_only_when_the_turn_before_it_has_finished():
+    first = req(0.0, [7] * 100, out=3)
+    second = SimRequest(0.5, 120, 2, lambda: [7] * 100 + [9] * 20, after=0)
+    run = build_fleet(1, SHAPE, COST, "round_robin").run([first, second])
+    done = run.records[0].finish_s  # prefill 1.1 s + two decode steps of 1.001 s
+    assert done == pytest.approx(3.102)
+    assert run.records[1].arrival_s == done
+    assert run.records[1].cached_tokens == 96  # the first turn's full prompt blocks
