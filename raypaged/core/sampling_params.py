@@ -30,6 +30,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     include_stop_str_in_output: bool = False
     extra: dict = field(default_factory=dict, compare=False, hash=False)
+    # stop_token_ids as a set, built once: "is this token a stop?" is asked of every sampled
+    # token, and must not cost more for a request that lists more ids.
+    stop_token_set: frozenset = field(init=False, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         # Accept lists / single strings from callers, store tuples so the params stay hashable.
@@ -43,6 +46,7 @@ class SamplingParams:
             raise ValueError("stop_token_ids must be non-negative integers, got "
                              f"{self.stop_token_ids!r}") from None
         object.__setattr__(self, "stop_token_ids", ids)
+        object.__setattr__(self, "stop_token_set", frozenset(ids))
         if self.top_k == 0:
             object.__setattr__(self, "top_k", -1)
         self._validate()

@@ -42,6 +42,10 @@ def row_key(row: SampleRow) -> int:
 class Sampler:
     def __init__(self, seed: int = 0) -> None:
         self._rng = random.Random(seed)  # keys for unseeded rows
+        # id(params) -> (params, eos, device tensor of the ids min_tokens bans): built when a
+        # request first samples under min_tokens, kept while it still does (each step keeps
+        # only the entries it used), so a step's cost does not grow with the ids it lists.
+        self._banned: dict[int, tuple[SamplingParams, int | None, torch.Tensor]] = {}
 
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]
                  ) -> tuple[list[int], list[TokenLogprobs | None]]:
@@ -86,20 +90,31 @@ class Sampler:
         sub -= freq.unsqueeze(1) * counts + pres.unsqueeze(1) * (counts > 0).float()
         logits[idx] = sub
 
-    @staticmethod
-    def _mask_until_min_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> None:
-        ri: list[int] = []
-        ti: list[int] = []
+    def _mask_until_min_tokens(self, logits: torch.Tensor, rows: list[SampleRow]) -> None:
+        """Ban the stop ids (and EOS) of rows still short of min_tokens: one index_put_ over
+        each row's banned-id tensor, built once per request, not once per step."""
+        cache, self._banned = self._banned, {}
+        rows_idx: list[int] = []
+        banned: list[torch.Tensor] = []
         for i, r in enumerate(rows):
             if len(r.output_token_ids) >= r.params.min_tokens:
                 continue
-            banned = list(r.params.stop_token_ids)
-            if r.eos_token_id is not None and not r.params.ignore_eos:
-                banned.append(r.eos_token_id)
-            ri += [i] * len(banned)
-            ti += banned
-        if ri:
-            logits[torch.tensor(ri).to(logits.device), torch.tensor(ti).to(logits.device)] = float("-inf")
+            entry = cache.get(id(r.params)) or self._banned.get(id(r.params))
+            if entry is None or entry[0] is not r.params or entry[1] != r.eos_token_id:
+                ids = list(r.params.stop_token_ids)
+                if r.eos_token_id is not None and not r.params.ignore_eos:
+                    ids.append(r.eos_token_id)
+                entry = (r.params, r.eos_token_id,
+                         torch.tensor(ids, dtype=torch.long).to(logits.device))
+            self._banned[id(r.params)] = entry
+            if entry[2].numel():
+                rows_idx.append(i)
+                banned.append(entry[2])
+        if rows_idx:
+            counts = torch.tensor([t.numel() for t in banned])
+            ri = torch.repeat_interleave(torch.tensor(rows_idx), counts).to(logits.device)
+            logits.index_put_((ri, torch.cat(banned)), torch.tensor(float("-inf"),
+                                                                    device=logits.device))
 
     def _sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         dev = logits.device

@@ -24,3 +24,27 @@ def test_stop_string_is_cut_and_never_streamed(llm):
     assert "".join(deltas) == " The answer is "
     assert not any("Par" in d for d in deltas)
     assert detok.stop_reason == "Paris"
+
+
+def test_held_back_text_never_exceeds_the_longest_stop_string():
+    """Streaming holds back only what a stop string could still complete: len(longest) - 1
+    characters, which max_stop_string_chars bounds (a 1 MB stop string once held back the
+    whole output)."""
+    tok = _Bytes()
+    for stop in (("END",), ("x" * 40, "no"), ("é" * 5,)):
+        detok = IncrementalDetokenizer(tok, [], stop)
+        hold = max(len(s) for s in stop) - 1
+        for t in tok.encode("some text that never stops, " * 20):
+            detok.add([t])
+            assert len(detok.text) - detok.emitted <= hold
+        assert len(detok.text) - detok.emitted == hold  # and the rest was streamed
+
+
+class _Bytes:
+    """Token id = byte."""
+
+    def encode(self, text):
+        return list(text.encode())
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(ids).decode(errors="replace")

@@ -99,3 +99,27 @@ def test_penalties_apply_per_row_in_one_batch():
             row(temperature=0, output=[0]),                        # no penalty: keeps token 0
             row(temperature=0, prompt=[0], repetition_penalty=2.0)]
     assert Sampler()(logits, rows)[0] == [1, 0, 1]
+
+
+def test_min_tokens_builds_a_requests_banned_ids_once_not_every_step():
+    """A request listing many stop ids costs its index tensor once: later steps reuse it, and
+    it is dropped once the request is past min_tokens."""
+    params = SamplingParams(temperature=0, min_tokens=3, stop_token_ids=list(range(1, 100)))
+    s = Sampler()
+    logits = torch.zeros(2, 128)
+    logits[:, 5] = 1.0                                            # a stop id is the favourite
+    other = SampleRow(SamplingParams(temperature=0), [9], [], 0, None)
+    assert s(logits, [SampleRow(params, [9], [], 0, 127), other])[0] == [0, 5]
+    built = s._banned[id(params)][2]
+    assert s(logits, [SampleRow(params, [9], [0], 0, 127), other])[0] == [0, 5]
+    assert s._banned[id(params)][2] is built                      # reused, not rebuilt
+    assert s(logits[:1], [SampleRow(params, [9], [0, 0, 0], 0, 127)])[0] == [5]
+    assert s._banned == {}                                        # past min_tokens: let go
+
+
+def test_stop_token_ids_are_a_set_as_well():
+    import dataclasses
+    params = SamplingParams(stop_token_ids=[7, 3, 7])
+    assert params.stop_token_set == frozenset({3, 7}) and params.stop_token_ids == (7, 3, 7)
+    assert dataclasses.replace(params, stop_token_ids=(1,)).stop_token_set == frozenset({1})
+    assert params == SamplingParams(stop_token_ids=[7, 3, 7])
