@@ -43,6 +43,8 @@ def parse_args(argv=None):
     p.add_argument("--policies", default="round_robin,least_loaded,hash,cache_aware")
     p.add_argument("--snapshot-interval", type=float, default=0.75,
                    help="seconds between the router's snapshots (serving: poll 0.5 + refresh 0.25)")
+    p.add_argument("--route-load-factor", type=float, default=None,
+                   help="the serving Router's load bound (default: serving's, 1.25)")
     p.add_argument("--jobs", type=int, default=2, help="simulations run at once (processes)")
     p.add_argument("--name", default=None, help="results name (default fleet_sim_<workers>)")
     ns = p.parse_args(argv)
@@ -66,14 +68,14 @@ def _window(n: int):
 
 
 def _run(task: tuple) -> dict:
-    n, workers, policy, speedup, interval = task
+    n, workers, policy, speedup, interval, options = task
     requests = _window(n)
     if speedup is None:  # saturation: everything offered at once
         requests = time_scaled(requests, float("inf"))
     else:
         requests = time_scaled(requests, speedup)
     t0 = time.perf_counter()
-    out = simulate(requests, workers, ENGINE, COST, policy, interval)
+    out = simulate(requests, workers, ENGINE, COST, policy, interval, **options)
     return {"policy": policy, **out, "wall_s": time.perf_counter() - t0}
 
 
@@ -83,8 +85,10 @@ def main(argv=None) -> int:
     span = max(r.arrival_s for r in window)
     trace_rate = len(window) / span
     with multiprocessing.get_context("spawn").Pool(ns.jobs) as pool:
+        options = ({} if ns.route_load_factor is None
+                   else {"route_load_factor": ns.route_load_factor})
         sat = pool.apply(_run, ((ns.requests, ns.workers, "round_robin", None,
-                                 ns.snapshot_interval),))
+                                 ns.snapshot_interval, options),))
         saturation = sat["throughput_first_90pct"]
         print(f"saturation (round robin, all {ns.requests} requests at t=0, first 90% done): "
               f"{saturation:.2f} req/s; the trace window offers {trace_rate:.2f} req/s")
@@ -92,7 +96,8 @@ def main(argv=None) -> int:
         for load in ns.loads:
             speedup = load * saturation / trace_rate
             for policy in [*ns.policies, ORACLE]:
-                tasks.append((ns.requests, ns.workers, policy, speedup, ns.snapshot_interval))
+                tasks.append((ns.requests, ns.workers, policy, speedup, ns.snapshot_interval,
+                              options))
                 keys.append((load, speedup))
         results = pool.map(_run, tasks, chunksize=1)
     rows = []
@@ -121,7 +126,8 @@ def main(argv=None) -> int:
         "workload": {"trace": "mooncake_conversation_trace.jsonl", "requests": ns.requests,
                      "trace_window_s": span, "trace_rate_req_s": trace_rate,
                      "workers": ns.workers, "loads": ns.loads,
-                     "snapshot_interval_s": ns.snapshot_interval},
+                     "snapshot_interval_s": ns.snapshot_interval,
+                     "route_load_factor": ns.route_load_factor},
         "cost_model": COST.name, "engine": vars(ENGINE) if hasattr(ENGINE, "__dict__") else
         {f: getattr(ENGINE, f) for f in ENGINE.__dataclass_fields__},
         "default_policy": DEFAULT_POLICY, "saturation": sat, "saturation_req_s": saturation,

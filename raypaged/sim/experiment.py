@@ -19,7 +19,8 @@ ORACLE = "oracle"
 
 
 def build_fleet(num_workers: int, engine: EngineShape, cost, policy: str,
-                snapshot_interval_s: float = 0.75, seed: int = 0) -> Fleet:
+                snapshot_interval_s: float = 0.75, seed: int = 0, **router_options) -> Fleet:
+    """router_options: the serving Router's settings (ServeOptions), e.g. route_load_factor."""
     if policy == ORACLE:
         big = dataclasses.replace(
             engine, num_blocks=engine.num_blocks * num_workers,
@@ -28,12 +29,15 @@ def build_fleet(num_workers: int, engine: EngineShape, cost, policy: str,
         workers = [SimWorker("oracle", big, cost, speedup=num_workers)]
         return Fleet(workers, make_policy("round_robin", engine.block_size), snapshot_interval_s)
     workers = [SimWorker(f"w{i:04d}", engine, cost) for i in range(num_workers)]
-    return Fleet(workers, make_policy(policy, engine.block_size, seed), snapshot_interval_s)
+    return Fleet(workers, make_policy(policy, engine.block_size, seed, **router_options),
+                 snapshot_interval_s)
 
 
 def simulate(requests: Sequence[SimRequest], num_workers: int, engine: EngineShape, cost,
-             policy: str, snapshot_interval_s: float = 0.75, seed: int = 0) -> dict:
-    fleet = build_fleet(num_workers, engine, cost, policy, snapshot_interval_s, seed)
+             policy: str, snapshot_interval_s: float = 0.75, seed: int = 0,
+             **router_options) -> dict:
+    fleet = build_fleet(num_workers, engine, cost, policy, snapshot_interval_s, seed,
+                        **router_options)
     return summarize(fleet.run(requests), num_workers)
 
 

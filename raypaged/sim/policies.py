@@ -52,9 +52,10 @@ class LeastLoaded:
         return min((a, b), key=lambda w: (workers[w].queued_tokens, workers[w].requests))
 
 
-def make_policy(name: str, block_size: int, seed: int = 0) -> Policy:
+def make_policy(name: str, block_size: int, seed: int = 0, **router_options) -> Policy:
+    """router_options: ServeOptions routing settings (route_load_factor, route_prefix_blocks)."""
     if name in ROUTER_POLICIES:
-        return RouterPolicy(name, block_size)
+        return RouterPolicy(name, block_size, **router_options)
     if name == "least_loaded":
         return LeastLoaded(seed)
     raise ValueError(f"unknown routing policy {name!r}; choices: {', '.join(POLICIES)}")
