@@ -11,6 +11,11 @@ target is 0), whether the engines kept their processes (no restart, no model loa
 from the kill to a new controller process, lines written before the kill and in total over
 time, the exit status and wall time. The sibling of benchmarks/chaos.py (which breaks a
 `raypaged serve` fleet).
+
+--compare-commit REV runs `raypaged batch` as of REV instead (checked out in a temporary git
+worktree), written under --name: e.g. the code before the job survived its controller.
+--limit-s stops the job (SIGTERM, as `ray job stop` does) if it runs that long, and reports
+what its output holds then.
 """
 from __future__ import annotations
 
@@ -51,7 +56,23 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--name", default="batch_chaos")
+    ap.add_argument("--compare-commit", help="run raypaged/batch as of this git revision")
+    ap.add_argument("--limit-s", type=float, default=1800,
+                    help="stop the job after this many seconds")
     ns = ap.parse_args(argv)
+    if not ns.compare_commit:
+        return run(ns, ROOT)
+    tree = Path(tempfile.mkdtemp(prefix="batch_chaos_code_")) / "code"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree),
+                    ns.compare_commit], check=True, capture_output=True)
+    try:
+        return run(ns, tree)
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                       check=True)
+
+
+def run(ns, code_root: Path) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="batch_chaos_"))
     inp, out, log = work / "in.jsonl", work / "out.jsonl", work / "job.log"
@@ -68,10 +89,11 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     timeline = []  # (s, lines written)
     with open(log, "w") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, cwd=str(ROOT),
-                                env={**os.environ, "PYTHONPATH": str(ROOT)},
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, cwd=str(code_root),
+                                env={**os.environ, "PYTHONPATH": str(code_root)},
                                 start_new_session=True)
     killed_at = new_controller_s = None
+    stopped = False
     killed: set[int] = set()
     workers_before: set[int] = set()
     try:
@@ -91,8 +113,11 @@ def main(argv=None) -> int:
                     new_controller_s = now - killed_at
                     workers_after = pids(proc.pid, WORKER)
             time.sleep(0.1)
-            if now > 1800:
-                raise TimeoutError("the job ran past 30 minutes")
+            if now > ns.limit_s and not stopped:
+                print(f"{now:.1f} s: past --limit-s, SIGTERM to the job", flush=True)
+                proc.send_signal(signal.SIGTERM)
+                stopped = True
+                proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -105,8 +130,9 @@ def main(argv=None) -> int:
     statuses = Counter(o["response"]["status_code"] for o in answers)
     expected = {f"r{i}" for i in range(ns.rows)}
     result = {
-        "rows": ns.rows, "workers": ns.workers, "max_tokens": ns.max_tokens,
-        "exit_status": proc.returncode, "wall_s": wall_s, "output_lines": len(answers),
+        "code": ns.compare_commit or "this", "rows": ns.rows, "workers": ns.workers, "max_tokens": ns.max_tokens,
+        "exit_status": proc.returncode, "stopped_at_limit_s": ns.limit_s if stopped else None,
+        "wall_s": wall_s, "output_lines": len(answers),
         "answered_exactly_once": sum(1 for c in expected if counts.get(c) == 1),
         "duplicated": sum(1 for c in counts.values() if c > 1),
         "missing": len(expected - set(counts)),
