@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -70,6 +71,7 @@ def main(argv=None) -> int:
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
                        check=True)
+        shutil.rmtree(tree.parent, ignore_errors=True)
 
 
 def run(ns, code_root: Path) -> int:
@@ -163,6 +165,7 @@ def run(ns, code_root: Path) -> int:
     path = write(ns.name, result)
     plot(result, ns.name)
     print(f"wrote {path}")
+    shutil.rmtree(work, ignore_errors=True)
     return 0 if ok else 1
 
 
