@@ -10,6 +10,10 @@ between them:
     freeze_worker      SIGSTOP of the busiest worker for 10 s, then SIGCONT
     poison             the issue's poison requests (stop token id out of the vocabulary, huge
                        top_k) and malformed ones, sent beside the load
+    expensive          well-formed requests that ask too much (benchmarks/limits_probe.py's:
+                       20,000 prompts, a million stop_token_ids, ...), each refused by a limit
+    big_bodies         8 parallel 8 MiB `[1,1,...]` bodies
+    slow_bodies        200 connections that never finish their body (--body-timeout-s 5)
     kill_controller    SIGKILL of the fleet controller actor (its workers outlive it; Serve
                        recreates it and the new one adopts them)
 and prints and writes (benchmarks/results/chaos.json, .png): requests sent, completed, failed by
@@ -41,10 +45,13 @@ import httpx  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
+from benchmarks.limits_probe import ATTACKS, slow_body  # noqa: E402
 from benchmarks.serve_process import descendants, launch, stop  # noqa: E402
 
 MAX_TOKENS = 24
-PHASES = ("kill_worker", "freeze_worker", "poison", "kill_controller")
+PHASES = ("kill_worker", "freeze_worker", "poison", "expensive", "big_bodies", "slow_bodies",
+          "kill_controller")
+BODY_TIMEOUT_S = 5
 CLIENT_TIMEOUT_S = 120
 POISON = [
     {"prompt": "hi", "max_tokens": 2, "min_tokens": 1, "stop_token_ids": [99999999]},
@@ -191,6 +198,59 @@ async def send_raw(url: str) -> dict:
     return counts
 
 
+async def health_max(url: str, work) -> tuple[object, float]:
+    """(what `work` returns, the slowest /health answer while it ran)."""
+    stop_polling = asyncio.Event()
+
+    async def poll() -> float:
+        worst = 0.0
+        async with httpx.AsyncClient(timeout=60) as client:
+            while not stop_polling.is_set():
+                t = time.monotonic()
+                await client.get(f"{url}/health")
+                worst = max(worst, time.monotonic() - t)
+                await asyncio.sleep(0.1)
+        return worst
+
+    poller = asyncio.create_task(poll())
+    try:
+        result = await work
+    finally:
+        stop_polling.set()
+    return result, await poller
+
+
+async def send_expensive(url: str) -> dict:
+    """Each over-limit request once: its status and seconds."""
+    out = {}
+    async with httpx.AsyncClient(timeout=60) as client:
+        for name, (path, body) in ATTACKS.items():
+            t = time.monotonic()
+            r = await client.post(f"{url}/v1/{path}", content=json.dumps(body).encode(),
+                                  headers={"content-type": "application/json"})
+            out[name] = {"status": r.status_code, "seconds": round(time.monotonic() - t, 3)}
+    return out
+
+
+async def send_big_bodies(url: str, n: int = 8) -> dict:
+    big = b'{"prompt":[' + b"1," * (4 * 2**20 - 16) + b"1]}"
+    t = time.monotonic()
+    async with httpx.AsyncClient(timeout=120) as client:
+        rs = await asyncio.gather(*(client.post(f"{url}/v1/completions", content=big,
+                                                headers={"content-type": "application/json"})
+                                    for _ in range(n)))
+    return {"bodies": n, "statuses": sorted({r.status_code for r in rs}),
+            "seconds": round(time.monotonic() - t, 2)}
+
+
+async def send_slow_bodies(url: str, n: int = 200) -> dict:
+    port = int(url.rsplit(":", 1)[1])
+    t = time.monotonic()
+    codes = await asyncio.gather(*(slow_body(port) for _ in range(n)))
+    return {"connections": n, "got_408": sum(c == 408 for c in codes),
+            "closed_within_s": round(time.monotonic() - t, 2), "body_timeout_s": BODY_TIMEOUT_S}
+
+
 async def scenario(proc, url: str, ns) -> dict:
     load = Load(url, ns.concurrency)
     runner = asyncio.create_task(load.run())
@@ -212,6 +272,10 @@ async def scenario(proc, url: str, ns) -> dict:
             os.kill(victim["pid"], signal.SIGCONT)
         elif name == "poison":
             raw_counts = await send_raw(url)
+        elif name in ("expensive", "big_bodies", "slow_bodies"):
+            send = {"expensive": send_expensive, "big_bodies": send_big_bodies,
+                    "slow_bodies": send_slow_bodies}[name]
+            extra["answers"], extra["health_max_s"] = await health_max(url, send(url))
         else:
             workers_before = {w["worker_id"]: w.get("pid") for w in fleet(url)}
             controllers = controller_pids(proc.pid)
@@ -299,7 +363,8 @@ def main(argv=None) -> int:
     p.add_argument("--name", default="chaos")
     ns = p.parse_args(argv)
     log = Path(tempfile.gettempdir()) / f"{ns.name}_serve.log"
-    flags = ["--workers", str(ns.workers), "--kv-memory-mb", "64", "--max-model-len", "512"]
+    flags = ["--workers", str(ns.workers), "--kv-memory-mb", "64", "--max-model-len", "512",
+             "--body-timeout-s", str(BODY_TIMEOUT_S)]
     proc, url = launch(flags, log)
     try:
         t0 = time.monotonic()
@@ -314,6 +379,10 @@ def main(argv=None) -> int:
                                     "fleet_ready_s", "first_ok_request_s", "controller_back_s",
                                     "worker_pids_unchanged"]))
     print("malformed / poison replies by status:", json.dumps(summary["raw_requests"]))
+    for ph in summary["phases"]:
+        if "answers" in ph:
+            print(f"{ph['phase']}: /health max {ph['health_max_s']:.2f} s;",
+                  json.dumps(ph["answers"]))
     path = write(ns.name, {"workload": vars(ns), **summary})
     plot(res, t0, summary, plot_path(ns.name))
     print(f"wrote {path} and {plot_path(ns.name)}")
