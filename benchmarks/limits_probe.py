@@ -45,6 +45,8 @@ ATTACKS = {  # name -> (path, body)
                                                      "max_tokens": 1000}),
     "logprobs 100000": ("completions", {"prompt": "a", "logprobs": 100_000}),
     "100,000 chat messages": ("chat/completions", {"messages": [USER] * 100_000}),
+    "250,000 content parts": ("chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": ""}] * 250_000}]}),
     "a 2M-token prompt": ("completions", {"prompt": [1] * 2_000_000}),
 }
 

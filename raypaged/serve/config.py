@@ -109,6 +109,9 @@ class ServeOptions:
     max_logprobs: int = setting(20, "largest logprobs / top_logprobs", group=LIMITS, ge=0,
                                 le=20)
     max_messages: int = setting(2048, "messages in one chat request", group=LIMITS, ge=1)
+    max_content_parts: int = setting(
+        8192, "content parts (list items of messages' content) in one chat request, all "
+        "messages together", group=LIMITS, ge=1)
     # "module:function" called with the engine kwargs instead of raypaged.engine.build_engine:
     # lets tests run the whole application on a fake engine.
     engine_factory: str | None = setting(None, "engine builder 'module:function' (tests)",

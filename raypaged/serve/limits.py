@@ -27,6 +27,7 @@ class RequestLimits:
     max_stop_token_ids: int = _DEFAULTS.max_stop_token_ids
     max_logprobs: int = _DEFAULTS.max_logprobs
     max_messages: int = _DEFAULTS.max_messages
+    max_content_parts: int = _DEFAULTS.max_content_parts
 
     @classmethod
     def of(cls, options: ServeOptions) -> "RequestLimits":
@@ -56,6 +57,12 @@ class RequestLimits:
         if isinstance(messages, list):
             _at_most(len(messages), self.max_messages, "messages", "messages in one request",
                      "max_messages")
+            # validating each part is pydantic's work on the event loop: 300,000 empty text
+            # parts (8.6 MB) took 0.64 s of it
+            parts = sum(len(m["content"]) for m in messages
+                        if isinstance(m, dict) and isinstance(m.get("content"), list))
+            _at_most(parts, self.max_content_parts, "messages", "content parts in one request",
+                     "max_content_parts")
         self._check_logprobs(body.get("top_logprobs"), "top_logprobs")
         max_tokens = body.get("max_completion_tokens")
         if max_tokens is None:

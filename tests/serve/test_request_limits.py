@@ -20,9 +20,10 @@ from raypaged.serve.routing import Router
 
 LIMITS = RequestLimits(max_prompts_per_request=3, max_n=2, max_request_output_tokens=48,
                        max_stop_strings=2, max_stop_string_chars=6, max_stop_token_ids=3,
-                       max_logprobs=2, max_messages=3)
+                       max_logprobs=2, max_messages=3, max_content_parts=3)
 CMPL, CHAT = "/v1/completions", "/v1/chat/completions"
 USER = {"role": "user", "content": "hi"}
+PART = {"type": "text", "text": "hi"}
 
 
 class CountingTokenizer:
@@ -102,6 +103,10 @@ CASES = [
      {"messages": [USER], "logprobs": True, "top_logprobs": 2, "max_tokens": 2}),
     ("messages", CHAT, {"messages": [USER] * 4, "max_tokens": 2}, "max_messages",
      {"messages": [USER] * 3, "max_tokens": 2}),
+    ("content parts", CHAT, {"messages": [{"role": "user", "content": [PART] * 2}] * 2,
+                             "max_tokens": 2}, "max_content_parts",
+     {"messages": [{"role": "user", "content": [PART] * 2}, USER,
+                   {"role": "user", "content": [PART]}], "max_tokens": 2}),
 ]
 
 
