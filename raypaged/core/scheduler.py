@@ -307,7 +307,7 @@ class Scheduler:
     def _check_stop(self, req: Request, token: int) -> None:
         sp = req.sampling
         past_min = req.num_output_tokens > sp.min_tokens
-        if past_min and token in sp.stop_token_ids:
+        if past_min and token in sp.stop_token_set:
             self._finish(req, "stop", token)
         elif past_min and not sp.ignore_eos and token == req.eos_token_id:
             self._finish(req, "stop")
