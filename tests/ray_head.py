@@ -48,11 +48,13 @@ def without_token(env: dict, home: Path) -> dict:
     return out
 
 
-def start_ray_head():
+def start_ray_head(num_cpus: int = 1, env: dict | None = None):
+    """(the head's process, RayHead) once the Jobs API answers the token's holder; `env` is added
+    to the environment of the head and of tools that use it."""
     gcs, dash, client, agent, agent_grpc, metrics, runtime_env, nm, om = free_ports(9)
     temp_dir = tempfile.mkdtemp(prefix="rpa", dir="/tmp")  # short: Ray's socket paths are limited
     token = secrets.token_hex(32)
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}",
+    env = {**os.environ, **(env or {}), "PATH": f"{BIN}:{os.environ['PATH']}",
            "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
     env.pop("RAY_ADDRESS", None)
     head = subprocess.Popen(
@@ -61,7 +63,7 @@ def start_ray_head():
          f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
          f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
          f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={runtime_env}",
-         f"--node-manager-port={nm}", f"--object-manager-port={om}", "--num-cpus=1",
+         f"--node-manager-port={nm}", f"--object-manager-port={om}", f"--num-cpus={num_cpus}",
          f"--temp-dir={temp_dir}", "--disable-usage-stats"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     address = f"http://127.0.0.1:{dash}"
