@@ -1,0 +1,58 @@
+"""The inverted index of many cache views answers exactly what walking each view answers, and
+stays in step with the views through partial deltas, full deltas and overlapping changes."""
+import random
+
+from raypaged.core.cache_index import CacheIndex
+from raypaged.core.cache_summary import CacheSummary, CacheView, SummaryDelta
+
+
+def test_a_walk_of_the_index_gives_every_views_own_hit_on_random_fleets():
+    rng = random.Random(26)
+    for trial in range(40):
+        index, plain = CacheIndex(), {}
+        summaries = {f"w{i}": CacheSummary(log_size=rng.choice([4, 64])) for i in range(rng.randrange(1, 12))}
+        universe = list(range(1, 40))
+        for _ in range(30):
+            wid = rng.choice(list(summaries))
+            s = summaries[wid]
+            for _ in range(rng.randrange(1, 8)):
+                key = rng.choice(universe).to_bytes(8, "little") + bytes(8)
+                (s.add if rng.random() < 0.6 else s.remove)(key)
+            for w, summary in summaries.items():   # some readers lag, some fall off the log
+                if rng.random() < 0.7:
+                    view = index.view(w)
+                    delta = summary.delta_since(view.version)
+                    view.apply(delta)
+                    plain.setdefault(w, CacheView()).apply(delta)
+            prompts = [[rng.choice(universe) for _ in range(rng.randrange(0, 8))] for _ in range(5)]
+            prompts.append(sorted(universe)[:rng.randrange(1, 10)])
+            for keys in prompts:
+                want = {w: v.cached_prefix_blocks(keys) for w, v in plain.items()}
+                got = index.hit_blocks(keys)
+                assert {w: got.get(w, 0) for w in plain} == want, (trial, keys)
+                assert all(n > 0 for n in got.values())
+        held = {}
+        for w, v in index.views.items():
+            assert v.keys == plain[w].keys
+            for k in v.keys:
+                held[k] = held.get(k, 0) | (1 << index.position[w])
+        assert index.holders == held  # no stale bits, no empty masks left behind
+
+
+def test_a_key_both_removed_and_added_in_one_delta_stays_held_as_cacheview_applies_it():
+    index = CacheIndex()
+    view = index.view("w0")
+    view.apply(SummaryDelta(1, (5, 6), full=True))
+    view.apply(SummaryDelta(2, added=(5,), removed=(5, 6)))
+    assert view.keys == {5} and index.holders == {5: 1}
+    view.apply(SummaryDelta(3, (7,), full=True))
+    assert index.holders == {7: 1} and index.hit_blocks([7, 5]) == {"w0": 1}
+
+
+def test_the_walk_reports_the_depth_at_which_each_worker_stops():
+    index = CacheIndex()
+    for w, keys in {"a": (1, 2, 3, 4), "b": (1,), "c": (1, 2, 3), "d": (2, 3, 4)}.items():
+        index.view(w).apply(SummaryDelta(1, keys, full=True))
+    assert index.hit_blocks([1, 2, 3, 4]) == {"a": 4, "b": 1, "c": 3}  # d lacks block 0
+    assert index.hit_groups([1, 2, 3, 4]) == [(1, 0b0010), (3, 0b0100), (4, 0b0001)]
+    assert index.hit_blocks([]) == {} and index.hit_blocks([9]) == {}
