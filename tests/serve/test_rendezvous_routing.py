@@ -90,3 +90,23 @@ def test_round_robin_cycles_and_ignores_the_prompt():
 
 def test_no_candidates_gives_an_empty_ranking():
     assert Router(ServeOptions(), 16).rank([1, 2], None, {}) == ([], "")
+
+
+def test_the_vectorised_weight_is_splitmix64_of_key_xor_the_workers_salt():
+    import hashlib
+    M = (1 << 64) - 1
+
+    def splitmix64(x):
+        x ^= x >> 30
+        x = (x * 0xBF58476D1CE4E5B9) & M
+        x ^= x >> 27
+        x = (x * 0x94D049BB133111EB) & M
+        return x ^ (x >> 31)
+
+    def weight(key, w):
+        salt = int.from_bytes(hashlib.blake2b(w.encode(), digest_size=8).digest(), "little")
+        return splitmix64(int.from_bytes(key[:8], "little") ^ salt)
+    ids = [f"w{i:04d}" for i in range(300)]
+    for i in range(50):
+        key = routing_key([i] * 16, 16, 1)
+        assert rendezvous_order(key, ids) == sorted(ids, key=lambda w: weight(key, w), reverse=True)
