@@ -14,6 +14,11 @@ cap, as `--routing hash` would: cold prefixes spread over the fleet by their has
 request with the same prefix finds it cached there (or in flight there, before the summary
 shows it: same key, same worker). Every replica with the same snapshot makes the same choice.
 
+At 1,000 workers the per-worker loops are the cost, so the choice is made in numpy over the
+rendezvous order, and when the views belong to one CacheIndex (the router's fleet client and the
+simulator keep them so) the hits come from one walk of the prompt's keys over its inverted index
+instead of a walk per worker; both give exactly `_hit_tokens` of each view.
+
 The snapshot lags the workers by up to a poll plus a refresh (~0.75 s by default): a prefix
 cached since then is not yet seen (that request is routed as cold, by its hash), and one evicted
 since is still counted (that request gets fewer hits than predicted). Both cost speed only.
@@ -21,8 +26,11 @@ since is still counted (that request gets fewer hits than predicted). Both cost 
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from typing import Mapping, Sequence
+
+import numpy as np
 
 from raypaged.core.block_hash import hash_block_tokens
 from raypaged.core.cache_summary import CacheView, block_key
@@ -48,22 +56,49 @@ def prompt_block_keys(token_ids: Sequence[int], block_size: int,
                                                     max_blocks=n)]
 
 
+_REQUESTS, _QUEUED, _CACHE = (operator.attrgetter(a) for a in ("requests", "queued_tokens", "cache"))
+
+
 def rank_by_cost(num_tokens: int, keys: Sequence[int], block_size: int,
                  workers: Mapping[str, WorkerLoad], rendezvous: Sequence[str],
                  concurrency_factor: float) -> tuple[list[str], str]:
     """(workers in the order to try, CACHED or COLD); `rendezvous` orders the same workers."""
-    cap = math.ceil(concurrency_factor * (sum(w.requests for w in workers.values()) + 1)
+    n = len(rendezvous)
+    loads = list(map(workers.__getitem__, rendezvous))          # position = rendezvous rank
+    cap = math.ceil(concurrency_factor * (sum(map(_REQUESTS, workers.values())) + 1)
                     / len(workers))
-    eligible = [w for w in rendezvous if workers[w].requests + 1 <= cap] or list(rendezvous)
-    hits = {w: _hit_tokens(workers[w].cache, keys, block_size) for w in eligible}
-    if not any(hits.values()):
-        best, reason = eligible[0], COLD
+    eligible = np.fromiter(map(_REQUESTS, loads), np.float64, n) + 1 <= cap
+    if not eligible.any():
+        eligible[:] = True
+    hits = hit_tokens(keys, block_size, rendezvous, loads)    # [n], per position
+    if not hits[eligible].any():
+        best = int(np.argmax(eligible))                        # the first eligible
     else:
-        position = {w: i for i, w in enumerate(rendezvous)}
-        best = min(eligible, key=lambda w: (num_tokens - hits[w] + workers[w].queued_tokens,
-                                            position[w]))
-        reason = CACHED if hits[best] else COLD
-    return [best, *(w for w in rendezvous if w != best)], reason
+        cost = num_tokens - hits + np.fromiter(map(_QUEUED, loads), np.int64, n)
+        cost[~eligible] = np.iinfo(np.int64).max
+        best = int(np.argmin(cost))                            # first minimum: rendezvous ties
+    order = list(rendezvous)
+    if best:
+        order.insert(0, order.pop(best))
+    return order, CACHED if hits[best] else COLD
+
+
+def hit_tokens(keys: Sequence[int], block_size: int, worker_ids: Sequence[str],
+               loads: Sequence[WorkerLoad]) -> np.ndarray:
+    """Cached prompt tokens per worker (int64 [len(worker_ids)]), each exactly `_hit_tokens`."""
+    caches = list(map(_CACHE, loads))
+    index = getattr(caches[0], "index", None) if caches else None
+    if index is None or not all(map(operator.is_, caches, map(index.views.get, worker_ids))):
+        return np.fromiter((_hit_tokens(c, keys, block_size) for c in caches), np.int64,
+                           len(caches))
+    by_bit = np.zeros(len(index.worker_ids), np.int64)
+    nbytes = (len(index.worker_ids) + 7) // 8
+    for depth, mask in index.hit_groups(keys):
+        bits = np.unpackbits(np.frombuffer(mask.to_bytes(nbytes, "little"), np.uint8),
+                             bitorder="little")
+        by_bit[np.flatnonzero(bits)] = depth * block_size
+    return by_bit[np.fromiter(map(index.position.__getitem__, worker_ids), np.int64,
+                              len(worker_ids))]
 
 
 def _hit_tokens(cache: CacheView | None, keys: Sequence[int], block_size: int) -> int:

@@ -21,7 +21,7 @@ from typing import Awaitable, Callable
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from raypaged.core.cache_summary import CacheView
+from raypaged.core.cache_index import CacheIndex, IndexedCacheView
 from raypaged.serve.fleet import FleetSnapshot, WorkerView
 from raypaged.serve.generation import WorkerUnavailable
 from raypaged.serve.metrics import RequestMetrics
@@ -40,7 +40,8 @@ class RayFleetClient:
         self.metrics = metrics
         self.refresh_s, self.push_metrics_s = refresh_s, push_metrics_s
         self._snapshot = FleetSnapshot()
-        self._caches: dict[str, CacheView] = {}
+        self._cache_index = CacheIndex()  # one walk per prompt finds every worker's hit
+        self._caches: dict[str, IndexedCacheView] = {}
         self._task: asyncio.Task | None = None
         self.mux = mux
         self._muxes: dict[str, WorkerMux] = {}  # worker id -> its live output stream
@@ -80,7 +81,9 @@ class RayFleetClient:
                 return
             versions = {wid: view.version for wid, view in self._caches.items()}
             for wid, delta in (await self._controller.cache_deltas.remote(versions)).items():
-                self._caches.setdefault(wid, CacheView()).apply(delta)
+                if wid not in self._caches:
+                    self._caches[wid] = self._cache_index.view(wid)
+                self._caches[wid].apply(delta)
             self._snapshot = dataclasses.replace(snapshot, caches=dict(self._caches))
         except RayActorError:
             # Recreated by Serve: resolve it again next time. Its cache mirrors count versions

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from raypaged.core.cache_summary import CacheView
+from raypaged.core.cache_index import CacheIndex
 from raypaged.serve.cost_routing import WorkerLoad
 from raypaged.sim.policies import Policy
 from raypaged.sim.trace import SimRequest
@@ -64,7 +64,8 @@ class Fleet:
         self.workers = {w.worker_id: w for w in workers}
         self.policy = policy
         self.snapshot_interval_s = snapshot_interval_s
-        self.views = {wid: CacheView() for wid in self.workers}
+        self.cache_index = CacheIndex()  # the router's views, inverted (core/cache_index.py)
+        self.views = {wid: self.cache_index.view(wid) for wid in self.workers}
         self.queued = {wid: 0 for wid in self.workers}   # queued tokens as of the snapshot
         self.sent_since = collections.Counter()           # prompt tokens sent since then
         self.inflight = collections.Counter()

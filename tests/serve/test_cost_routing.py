@@ -154,3 +154,45 @@ def test_two_router_replicas_with_the_same_snapshot_choose_alike():
         assert (order[0], reason) == ("worker-2", CACHED)
     finally:
         fleet.shutdown()
+
+
+# -- the inverted index: the same ranking as walking every view -------------------------------
+import random  # noqa: E402
+
+from raypaged.core.cache_index import CacheIndex  # noqa: E402
+from raypaged.serve.routing import rendezvous_order, routing_key  # noqa: E402
+
+
+def test_ranking_from_the_inverted_index_equals_walking_each_view_on_random_fleets(monkeypatch):
+    import raypaged.serve.cost_routing as cr
+    walk = cr._hit_tokens
+    rng = random.Random(7)
+    prompts = [[rng.randrange(50) for _ in range(rng.choice([20, 65, 130]))] for _ in range(12)]
+    prompts += [prompts[0][:40] + p[40:] for p in prompts[1:6]]   # shared heads
+    keys = [prompt_block_keys(p, BS) for p in prompts]
+    for trial in range(60):
+        index, ids = CacheIndex(), [f"w{i:02d}" for i in range(rng.randrange(1, 24))]
+        indexed, plain = {}, {}
+        for w in ids:
+            held = set()
+            for k in rng.sample(range(len(keys)), rng.randrange(0, 4)):
+                held.update(keys[k][:rng.randrange(len(keys[k]) + 1)])
+            held.update(rng.sample(range(1, 1000), 3))
+            delta = SummaryDelta(1, tuple(held), full=True)
+            index.view(w).apply(delta)
+            load = (rng.randrange(0, 5), rng.choice([0, 0, 16, 100, rng.randrange(400)]))
+            indexed[w] = WorkerLoad(*load, cache=index.view(w))
+            plain[w] = WorkerLoad(*load, cache=view(held))
+        for p, k in zip(prompts, keys):
+            order = rendezvous_order(routing_key(p, BS, 4), sorted(ids))
+            for factor in (1.0, 1.25, 4.0):
+                monkeypatch.setattr(cr, "_hit_tokens", None)  # the index path walks no view
+                got = rank_by_cost(len(p), k, BS, indexed, order, factor)
+                monkeypatch.setattr(cr, "_hit_tokens", walk)
+                assert got == rank_by_cost(len(p), k, BS, plain, order, factor)
+        # a worker whose view is not the index's (e.g. a fresh copy) sends all to the walk
+        mixed = {**indexed, ids[0]: WorkerLoad(0, cache=view(indexed[ids[0]].cache.keys))}
+        p, k = prompts[0], keys[0]
+        order = rendezvous_order(routing_key(p, BS, 4), sorted(ids))
+        assert rank_by_cost(len(p), k, BS, mixed, order, 1.5) == \
+            rank_by_cost(len(p), k, BS, {**plain, ids[0]: mixed[ids[0]]}, order, 1.5)
