@@ -9,7 +9,8 @@ cache) gives the hit-rate ceiling at each load. Ratios are to round robin in the
 
     python benchmarks/fleet_sim.py [--workers 16] [--requests 2000] [--loads 0.5,0.8,0.95]
                                    [--policies round_robin,least_loaded,hash,cache_aware]
-                                   [--snapshot-interval 0.75] [--jobs 2] [--name fleet_sim]
+                                   [--snapshot-interval 0.75] [--route-cache-sample N]
+                                   [--jobs 2] [--name fleet_sim]
 """
 from __future__ import annotations
 
@@ -45,6 +46,8 @@ def parse_args(argv=None):
                    help="seconds between the router's snapshots (serving: poll 0.5 + refresh 0.25)")
     p.add_argument("--route-load-factor", type=float, default=None,
                    help="the serving Router's load bound (default: serving's, 1.25)")
+    p.add_argument("--route-cache-sample", type=int, default=None,
+                   help="routers see cache keys with key mod N == 0 only (default: serving's)")
     p.add_argument("--jobs", type=int, default=2, help="simulations run at once (processes)")
     p.add_argument("--name", default=None, help="results name (default fleet_sim_<workers>)")
     ns = p.parse_args(argv)
@@ -85,8 +88,9 @@ def main(argv=None) -> int:
     span = max(r.arrival_s for r in window)
     trace_rate = len(window) / span
     with multiprocessing.get_context("spawn").Pool(ns.jobs) as pool:
-        options = ({} if ns.route_load_factor is None
-                   else {"route_load_factor": ns.route_load_factor})
+        options = {k: v for k, v in (("route_load_factor", ns.route_load_factor),
+                                     ("route_cache_sample", ns.route_cache_sample))
+                   if v is not None}
         sat = pool.apply(_run, ((ns.requests, ns.workers, "round_robin", None,
                                  ns.snapshot_interval, options),))
         saturation = sat["throughput_first_90pct"]
@@ -127,7 +131,8 @@ def main(argv=None) -> int:
                      "trace_window_s": span, "trace_rate_req_s": trace_rate,
                      "workers": ns.workers, "loads": ns.loads,
                      "snapshot_interval_s": ns.snapshot_interval,
-                     "route_load_factor": ns.route_load_factor},
+                     "route_load_factor": ns.route_load_factor,
+                     "route_cache_sample": ns.route_cache_sample},
         "cost_model": COST.name, "engine": vars(ENGINE) if hasattr(ENGINE, "__dict__") else
         {f: getattr(ENGINE, f) for f in ENGINE.__dataclass_fields__},
         "default_policy": DEFAULT_POLICY, "saturation": sat, "saturation_req_s": saturation,

@@ -40,6 +40,28 @@ class SummaryDelta:
     full: bool = False                 # True: `added` is the whole set (replace, don't apply)
 
 
+def sampled(delta: SummaryDelta, every: int) -> SummaryDelta:
+    """The delta restricted to keys with key % every == 0 (every = 1: unchanged).
+
+    What a router sees when the fleet publishes a hash sample of each cache: the chain hash
+    makes a sampled key name its whole prefix, and keys are uniform, so ~1 key in `every`
+    survives, spread along every prompt. See `sampled_positions` for how a reader uses them."""
+    if every == 1:
+        return delta
+    return SummaryDelta(delta.version, tuple(k for k in delta.added if k % every == 0),
+                        tuple(k for k in delta.removed if k % every == 0), delta.full)
+
+
+def sampled_positions(keys: Sequence[int], every: int) -> list[int]:
+    """Indexes of the prompt's keys a sampled view can hold:
+
+        keys       k0  k1  k2  k3  k4  k5  k6        (k2, k5 have key % every == 0)
+        positions          2           5
+        a view holding k2 and k5 holds >= 6 leading blocks; holding k2 only: >= 3 blocks
+    """
+    return [i for i, k in enumerate(keys) if k % every == 0]
+
+
 class CacheSummary:
     """The writer's side. Thread-safe: a worker's step thread writes while its event loop
     answers the controller's polls."""

@@ -172,4 +172,5 @@ class ControllerActor(Controller):
                  workers: list[tuple[str, object]] | None = None):
         if workers is None:
             workers = create_workers(args, detached_workers)
-        super().__init__(workers, probe_worker, POLL_INTERVAL_S, POLL_TIMEOUT_S)
+        sample = args.get("route_cache_sample", ServeOptions().route_cache_sample)
+        super().__init__(workers, probe_worker, POLL_INTERVAL_S, POLL_TIMEOUT_S, sample)

@@ -70,6 +70,10 @@ class ServeOptions:
     route_load_factor: float = setting(
         1.25, "a worker above this x the mean requests in flight passes a request on",
         group=ROUTING, ge=1)
+    route_cache_sample: int = setting(
+        1, "routers see only the cached-block keys with key mod N == 0 (N x fewer snapshot bytes "
+        "per router; cache_aware estimates hits at N-block granularity); 1: every key",
+        group=ROUTING, ge=1)
     stream_mux: bool = setting(
         True, "workers stream to each router over one stream per worker, one message per engine "
         "step carrying every request's new tokens (off: one Ray stream per request)",

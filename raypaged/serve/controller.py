@@ -11,7 +11,8 @@ application. Each poll round asks every worker for `stats()` concurrently, with 
 Each poll also brings the worker's prefix-cache changes since the last one; the controller keeps
 a mirror of every worker's cache summary, and routers catch up with it by deltas
 (`cache_deltas`), so the cache-aware router knows which blocks each worker holds without ever
-calling a worker itself.
+calling a worker itself. With `cache_sample` N > 1 the mirrors keep only the keys with
+key % N == 0 (cache_summary.sampled): N x fewer bytes to every router, hits at N-block grain.
 
 Routers push their request metrics here so /metrics on any replica shows the whole fleet.
 """
@@ -23,7 +24,7 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Sequence
 
-from raypaged.core.cache_summary import CacheSummary, SummaryDelta
+from raypaged.core.cache_summary import CacheSummary, SummaryDelta, sampled
 from raypaged.serve.fleet import (DEAD, READY, STARTING, UNRESPONSIVE, FleetSnapshot,
                                   WorkerView)
 from raypaged.serve.worker import WorkerStats
@@ -46,7 +47,8 @@ Probe = Callable[[Any, int], Awaitable[WorkerStats]]
 
 class Controller:
     def __init__(self, workers: Sequence[tuple[str, Any]], probe: Probe,
-                 poll_interval_s: float = 0.5, poll_timeout_s: float = 5.0):
+                 poll_interval_s: float = 0.5, poll_timeout_s: float = 5.0,
+                 cache_sample: int = 1):
         now = time.time()
         self._views = {wid: WorkerView(wid, STARTING, handle, since=now) for wid, handle in workers}
         self._probe = probe
@@ -57,6 +59,7 @@ class Controller:
         self._poller: asyncio.Task | None = None
         self._caches = {wid: CacheSummary() for wid, _ in workers}  # mirrors, for routers
         self._cache_from: dict[str, tuple[str, int]] = {}  # worker -> (incarnation, version)
+        self.cache_sample = cache_sample  # ServeOptions.route_cache_sample
 
     async def snapshot(self) -> FleetSnapshot:
         self._ensure_polling()
@@ -110,7 +113,7 @@ class Controller:
             # would apply to the wrong base. Ask for everything next time.
             self._cache_from[worker_id] = (stats.incarnation, -1)
             return
-        self._caches[worker_id].mirror(delta)
+        self._caches[worker_id].mirror(sampled(delta, self.cache_sample))
         self._cache_from[worker_id] = (stats.incarnation, delta.version)
 
     def _ensure_polling(self) -> None:

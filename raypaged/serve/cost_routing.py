@@ -61,8 +61,13 @@ _REQUESTS, _QUEUED, _CACHE = (operator.attrgetter(a) for a in ("requests", "queu
 
 def rank_by_cost(num_tokens: int, keys: Sequence[int], block_size: int,
                  workers: Mapping[str, WorkerLoad], rendezvous: Sequence[str],
-                 concurrency_factor: float) -> tuple[list[str], str]:
-    """(workers in the order to try, CACHED or COLD); `rendezvous` orders the same workers."""
+                 concurrency_factor: float,
+                 blocks_at: Sequence[int] | None = None) -> tuple[list[str], str]:
+    """(workers in the order to try, CACHED or COLD); `rendezvous` orders the same workers.
+
+    `blocks_at[j]`: the leading prompt blocks a view holding the first j of `keys` is known to
+    hold (sampled views: `keys` are the prompt's sampled keys; None: every key, blocks_at[j] = j).
+    """
     n = len(rendezvous)
     loads = list(map(workers.__getitem__, rendezvous))          # position = rendezvous rank
     cap = math.ceil(concurrency_factor * (sum(map(_REQUESTS, workers.values())) + 1)
@@ -70,7 +75,8 @@ def rank_by_cost(num_tokens: int, keys: Sequence[int], block_size: int,
     eligible = np.fromiter(map(_REQUESTS, loads), np.float64, n) + 1 <= cap
     if not eligible.any():
         eligible[:] = True
-    hits = hit_tokens(keys, block_size, rendezvous, loads)    # [n], per position
+    held = held_keys(keys, rendezvous, loads)                  # [n], per position
+    hits = (held if blocks_at is None else np.asarray(blocks_at, np.int64)[held]) * block_size
     if not hits[eligible].any():
         best = int(np.argmax(eligible))                        # the first eligible
     else:
@@ -83,23 +89,23 @@ def rank_by_cost(num_tokens: int, keys: Sequence[int], block_size: int,
     return order, CACHED if hits[best] else COLD
 
 
-def hit_tokens(keys: Sequence[int], block_size: int, worker_ids: Sequence[str],
-               loads: Sequence[WorkerLoad]) -> np.ndarray:
-    """Cached prompt tokens per worker (int64 [len(worker_ids)]), each exactly `_hit_tokens`."""
+def held_keys(keys: Sequence[int], worker_ids: Sequence[str],
+              loads: Sequence[WorkerLoad]) -> np.ndarray:
+    """Leading `keys` each worker's view holds (int64 [len(worker_ids)]), each exactly
+    CacheView.cached_prefix_blocks (0 without a view)."""
     caches = list(map(_CACHE, loads))
     index = getattr(caches[0], "index", None) if caches else None
     if index is None or not all(map(operator.is_, caches, map(index.views.get, worker_ids))):
-        return np.fromiter((_hit_tokens(c, keys, block_size) for c in caches), np.int64,
-                           len(caches))
+        return np.fromiter((_held(c, keys) for c in caches), np.int64, len(caches))
     by_bit = np.zeros(len(index.worker_ids), np.int64)
     nbytes = (len(index.worker_ids) + 7) // 8
     for depth, mask in index.hit_groups(keys):
         bits = np.unpackbits(np.frombuffer(mask.to_bytes(nbytes, "little"), np.uint8),
                              bitorder="little")
-        by_bit[np.flatnonzero(bits)] = depth * block_size
+        by_bit[np.flatnonzero(bits)] = depth
     return by_bit[np.fromiter(map(index.position.__getitem__, worker_ids), np.int64,
                               len(worker_ids))]
 
 
-def _hit_tokens(cache: CacheView | None, keys: Sequence[int], block_size: int) -> int:
-    return cache.cached_prefix_blocks(keys) * block_size if cache is not None else 0
+def _held(cache: CacheView | None, keys: Sequence[int]) -> int:
+    return cache.cached_prefix_blocks(keys) if cache is not None else 0

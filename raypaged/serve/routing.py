@@ -27,6 +27,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from raypaged.core.block_hash import BlockHash, hash_block, hash_block_tokens, salt_key
+from raypaged.core.cache_summary import sampled_positions
 from raypaged.serve.config import ServeOptions
 from raypaged.serve.cost_routing import WorkerLoad, prompt_block_keys, rank_by_cost
 
@@ -94,8 +95,12 @@ class Router:
         order = rendezvous_order(key, worker_ids)
         if self.config.routing == "cache_aware":
             keys = prompt_block_keys(token_ids, self.block_size, cache_salt)
+            every, blocks_at = self.config.route_cache_sample, None
+            if every > 1:  # the views hold sampled keys only (cache_summary.sampled)
+                positions = sampled_positions(keys, every)
+                keys, blocks_at = [keys[i] for i in positions], [0, *(i + 1 for i in positions)]
             return rank_by_cost(len(token_ids), keys, self.block_size, workers, order,
-                                self.config.route_load_factor)
+                                self.config.route_load_factor, blocks_at)
         pick = _first_under_bound(order, workers, self.config.route_load_factor)
         if pick:
             order.insert(0, order.pop(pick))

@@ -10,6 +10,7 @@ import dataclasses
 import statistics
 from typing import Sequence
 
+from raypaged.serve.config import ServeOptions
 from raypaged.sim.fleet import Fleet, FleetRun
 from raypaged.sim.policies import make_policy
 from raypaged.sim.trace import SimRequest
@@ -29,8 +30,9 @@ def build_fleet(num_workers: int, engine: EngineShape, cost, policy: str,
         workers = [SimWorker("oracle", big, cost, speedup=num_workers)]
         return Fleet(workers, make_policy("round_robin", engine.block_size), snapshot_interval_s)
     workers = [SimWorker(f"w{i:04d}", engine, cost) for i in range(num_workers)]
+    sample = router_options.get("route_cache_sample", ServeOptions().route_cache_sample)
     return Fleet(workers, make_policy(policy, engine.block_size, seed, **router_options),
-                 snapshot_interval_s)
+                 snapshot_interval_s, sample)
 
 
 def simulate(requests: Sequence[SimRequest], num_workers: int, engine: EngineShape, cost,

@@ -8,7 +8,9 @@ Events, in simulated time, ordered (time, kind, sequence):
                    its own requests, as raypaged.serve.generation.Dispatcher does)
                  - queued prompt tokens and the prefix-cache view: as of the last snapshot
     snapshot   every `snapshot_interval_s` the router's view catches up with every worker
-               (stats + the cache summary's delta since the last one, as /fleet carries them)
+               (stats + the cache summary's delta since the last one, as /fleet carries them;
+               with `cache_sample` N > 1 only keys with key % N == 0, as the controller's
+               mirrors keep them)
     kick       after everything at this instant: idle workers with work start a step
 
 The snapshot's traffic is counted as the pickled bytes of what a router receives (each
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from raypaged.core.cache_index import CacheIndex
+from raypaged.core.cache_summary import sampled
 from raypaged.serve.cost_routing import WorkerLoad
 from raypaged.sim.policies import Policy
 from raypaged.sim.trace import SimRequest
@@ -56,7 +59,7 @@ class FleetRun:
 
 class Fleet:
     def __init__(self, workers: Sequence[SimWorker], policy: Policy,
-                 snapshot_interval_s: float = 0.75) -> None:
+                 snapshot_interval_s: float = 0.75, cache_sample: int = 1) -> None:
         if not workers:
             raise ValueError("a fleet needs at least one worker")
         if snapshot_interval_s <= 0:
@@ -64,6 +67,7 @@ class Fleet:
         self.workers = {w.worker_id: w for w in workers}
         self.policy = policy
         self.snapshot_interval_s = snapshot_interval_s
+        self.cache_sample = cache_sample  # ServeOptions.route_cache_sample
         self.cache_index = CacheIndex()  # the router's views, inverted (core/cache_index.py)
         self.views = {wid: self.cache_index.view(wid) for wid in self.workers}
         self.queued = {wid: 0 for wid in self.workers}   # queued tokens as of the snapshot
@@ -144,7 +148,8 @@ class Fleet:
     def _take_snapshot(self) -> None:
         for wid, worker in self.workers.items():
             view = self.views[wid]
-            delta = worker.engine.cache_summary().delta_since(view.version)
+            delta = sampled(worker.engine.cache_summary().delta_since(view.version),
+                            self.cache_sample)
             view.apply(delta)
             stats = worker.engine.stats()
             self.queued[wid] = stats.num_queued_tokens

@@ -96,3 +96,13 @@ def test_a_mirror_serves_its_readers_the_same_set_by_its_own_versions():
     mirror.mirror(delta)
     router.apply(mirror.delta_since(router.version))
     assert router.keys == {block_key(b"z" * 16)} and not router.version < mirror.version
+
+
+def test_a_sampled_delta_keeps_only_keys_divisible_by_the_rate_and_its_version():
+    from raypaged.core.cache_summary import SummaryDelta, sampled, sampled_positions
+    delta = SummaryDelta(9, added=(4, 5, 8, 12), removed=(16, 3))
+    assert sampled(delta, 4) == SummaryDelta(9, (4, 8, 12), (16,))
+    assert sampled(delta, 1) is delta
+    assert sampled(SummaryDelta(3, (1, 2, 6), full=True), 2) == SummaryDelta(3, (2, 6), full=True)
+    #   keys 1 2 3 4 5 6 7 8: with every = 4, a view can hold only 4 (index 3) and 8 (index 7)
+    assert sampled_positions([1, 2, 3, 4, 5, 6, 7, 8], 4) == [3, 7]

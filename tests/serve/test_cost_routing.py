@@ -165,7 +165,7 @@ from raypaged.serve.routing import rendezvous_order, routing_key  # noqa: E402
 
 def test_ranking_from_the_inverted_index_equals_walking_each_view_on_random_fleets(monkeypatch):
     import raypaged.serve.cost_routing as cr
-    walk = cr._hit_tokens
+    walk = cr._held
     rng = random.Random(7)
     prompts = [[rng.randrange(50) for _ in range(rng.choice([20, 65, 130]))] for _ in range(12)]
     prompts += [prompts[0][:40] + p[40:] for p in prompts[1:6]]   # shared heads
@@ -186,9 +186,9 @@ def test_ranking_from_the_inverted_index_equals_walking_each_view_on_random_flee
         for p, k in zip(prompts, keys):
             order = rendezvous_order(routing_key(p, BS, 4), sorted(ids))
             for factor in (1.0, 1.25, 4.0):
-                monkeypatch.setattr(cr, "_hit_tokens", None)  # the index path walks no view
+                monkeypatch.setattr(cr, "_held", None)  # the index path walks no view
                 got = rank_by_cost(len(p), k, BS, indexed, order, factor)
-                monkeypatch.setattr(cr, "_hit_tokens", walk)
+                monkeypatch.setattr(cr, "_held", walk)
                 assert got == rank_by_cost(len(p), k, BS, plain, order, factor)
         # a worker whose view is not the index's (e.g. a fresh copy) sends all to the walk
         mixed = {**indexed, ids[0]: WorkerLoad(0, cache=view(indexed[ids[0]].cache.keys))}
@@ -196,3 +196,70 @@ def test_ranking_from_the_inverted_index_equals_walking_each_view_on_random_flee
         order = rendezvous_order(routing_key(p, BS, 4), sorted(ids))
         assert rank_by_cost(len(p), k, BS, mixed, order, 1.5) == \
             rank_by_cost(len(p), k, BS, {**plain, ids[0]: mixed[ids[0]]}, order, 1.5)
+
+
+# -- sampled views (route_cache_sample): a hit counts up to the deepest sampled key held ------
+from raypaged.core.cache_summary import sampled, sampled_positions  # noqa: E402
+
+
+def test_with_sampled_views_a_hit_counts_whole_blocks_up_to_the_last_sampled_key_held():
+    keys = [1, 2, 3, 4, 5, 6, 7, 8]                # every = 4: only 4 and 8 are published
+    positions = sampled_positions(keys, 4)
+    walked, blocks_at = [keys[i] for i in positions], [0, *(i + 1 for i in positions)]
+    assert (walked, blocks_at) == ([4, 8], [0, 4, 8])
+
+    def sampled_view(held):
+        v = CacheView()
+        v.apply(sampled(SummaryDelta(1, tuple(held), full=True), 4))
+        return v
+    order = ["w2", "w0", "w1"]
+    # w0 holds 6 blocks (published: key 4 -> 4 blocks), w1 holds all 8 but 60 more tokens queued:
+    # hit 128 tokens vs 64 -> w1's cost 129 - 128 + 60 = 61 < w0's 129 - 64 + 0 = 65
+    workers = {"w2": WorkerLoad(0), "w0": WorkerLoad(0, cache=sampled_view(keys[:6])),
+               "w1": WorkerLoad(0, queued_tokens=60, cache=sampled_view(keys))}
+    assert rank_by_cost(129, walked, BS, workers, order, 2.0, blocks_at) == (["w1", "w2", "w0"], CACHED)
+    # 70 queued: w1 costs 71 > 65, and w0's 4 published blocks are worth 64 tokens, not 96
+    workers["w1"] = WorkerLoad(0, queued_tokens=70, cache=sampled_view(keys))
+    assert rank_by_cost(129, walked, BS, workers, order, 2.0, blocks_at) == (["w0", "w2", "w1"], CACHED)
+    # a worker holding 3 blocks publishes nothing of this prompt: routed as cold
+    workers = {w: WorkerLoad(0, cache=sampled_view(keys[:3])) for w in order}
+    assert rank_by_cost(129, walked, BS, workers, order, 2.0, blocks_at) == (order, COLD)
+
+
+def test_the_router_walks_only_the_sampled_keys_of_the_prompt():
+    prompt = list(range(2000, 2000 + 16 * 40 + 1))      # 40 blocks can hit
+    keys = prompt_block_keys(prompt, BS)
+    positions = sampled_positions(keys, 4)
+    assert 2 <= len(positions) < 40 and positions[-1] < 39
+    deep = positions[-1] + 1                               # blocks a sampled view proves
+    # w0 holds every block; w1 holds all but the last published one: the router must value
+    # w0's cache at `deep` blocks, so a queue of (deep - shallow) x 16 - 1 tokens still loses
+    shallow = positions[-2] + 1
+    def sampled_view(held):
+        v = CacheView()
+        v.apply(sampled(SummaryDelta(1, tuple(held), full=True), 4))
+        return v
+    router = Router(ServeOptions(routing="cache_aware", route_cache_sample=4), BS)
+    for queued, winner in (((deep - shallow) * BS - 1, "w0"), ((deep - shallow) * BS + 1, "w1")):
+        workers = {"w0": WorkerLoad(0, queued_tokens=queued, cache=sampled_view(keys)),
+                   "w1": WorkerLoad(0, cache=sampled_view(keys[:deep - 1]))}
+        assert router.rank(prompt, None, workers)[0][0] == winner
+
+
+def test_a_controller_with_a_cache_sample_serves_routers_only_the_sampled_keys():
+    async def main():
+        w = Worker(FakeEngine(), "worker-0")
+
+        async def probe(worker, since):
+            return worker.stats(since)
+        controller = Controller([("worker-0", w)], probe, poll_interval_s=60, cache_sample=4)
+        controller._ensure_polling = lambda: None
+        router = CacheView()
+        for i in range(4):
+            await run_request(w, f"r{i}", [90 + i] * 100)
+            await controller.poll_once()
+            router.apply((await controller.cache_deltas({"worker-0": router.version}))["worker-0"])
+            assert router.keys == {k for k in pool_keys(w) if k % 4 == 0}
+        assert 0 < len(router.keys) < len(pool_keys(w)) / 2  # some keys, most not sent
+        w.shutdown()
+    asyncio.run(main())

@@ -75,3 +75,18 @@ def test_a_conversation_turn_leaves_only_when_the_turn_before_it_has_finished():
     assert done == pytest.approx(3.102)
     assert run.records[1].arrival_s == done
     assert run.records[1].cached_tokens == 96  # the first turn's full prompt blocks
+
+
+def test_with_a_cache_sample_the_router_sees_and_pays_for_only_the_sampled_keys():
+    from raypaged.core.cache_summary import block_key
+    prompts = [[i] * 16 * 12 + [5] for i in range(1, 7)]
+    runs = {}
+    for every in (1, 4):
+        fleet = build_fleet(2, SHAPE, COST, "cache_aware", 0.5, route_cache_sample=every)
+        run = fleet.run([req(0.5 * i, p) for i, p in enumerate(prompts * 2)])
+        fleet._take_snapshot()
+        for wid, worker in fleet.workers.items():
+            pool = {block_key(h) for h in worker.scheduler.kv.pool.cached}
+            assert fleet.views[wid].keys == {k for k in pool if k % every == 0}
+        runs[every] = run
+    assert runs[4].snapshot_bytes < runs[1].snapshot_bytes
