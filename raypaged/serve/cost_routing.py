@@ -95,7 +95,9 @@ def held_keys(keys: Sequence[int], worker_ids: Sequence[str],
     CacheView.cached_prefix_blocks (0 without a view)."""
     caches = list(map(_CACHE, loads))
     index = getattr(caches[0], "index", None) if caches else None
-    if index is None or not all(map(operator.is_, caches, map(index.views.get, worker_ids))):
+    # every view must be the index's own (list == compares by identity first: views have no
+    # __eq__), else the walk per view, which gives the same answer
+    if index is None or caches != list(map(index.views.get, worker_ids)):
         return np.fromiter((_held(c, keys) for c in caches), np.int64, len(caches))
     by_bit = np.zeros(len(index.worker_ids), np.int64)
     nbytes = (len(index.worker_ids) + 7) // 8

@@ -22,6 +22,7 @@ import hashlib
 import itertools
 import math
 import operator
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -74,8 +75,20 @@ def bounded_choice(order: Sequence[str], loads: Mapping[str, float], load_factor
     return min(range(len(order)), key=lambda i: loads.get(order[i], 0))
 
 
+@dataclass(frozen=True)
+class PromptKeys:
+    """What a router needs of a prompt: its hashing, done once, apart from the choice."""
+
+    num_tokens: int
+    route_key: BlockHash | None = None            # rendezvous key (hash, cache_aware)
+    block_keys: Sequence[int] | None = None       # the cache keys walked (cache_aware)
+    blocks_at: Sequence[int] | None = None        # sampled views: blocks proved per key held
+
+
 class Router:
-    """Ranks the ready workers for one request; the first is the choice, the rest are fallbacks."""
+    """Ranks the ready workers for one request; the first is the choice, the rest are fallbacks.
+    rank() = choose(prompt_keys()): hashing the prompt is O(prompt tokens) whatever the fleet;
+    the choice is what grows with the fleet (benchmarks/router_cost.py times the two apart)."""
 
     def __init__(self, config: ServeOptions, block_size: int):
         self.config = config
@@ -85,22 +98,33 @@ class Router:
     def rank(self, token_ids: Sequence[int], cache_salt: str | None,
              workers: Mapping[str, WorkerLoad]) -> tuple[list[str], str]:
         """(workers in the order to try, reason for the first) over the workers given."""
+        return self.choose(self.prompt_keys(token_ids, cache_salt), workers)
+
+    def prompt_keys(self, token_ids: Sequence[int], cache_salt: str | None) -> PromptKeys:
+        if self.config.routing == "round_robin":
+            return PromptKeys(len(token_ids))
+        key = routing_key(token_ids, self.block_size, self.config.route_prefix_blocks, cache_salt)
+        if self.config.routing != "cache_aware":
+            return PromptKeys(len(token_ids), key)
+        keys = prompt_block_keys(token_ids, self.block_size, cache_salt)
+        every, blocks_at = self.config.route_cache_sample, None
+        if every > 1:  # the views hold sampled keys only (cache_summary.sampled)
+            positions = sampled_positions(keys, every)
+            keys, blocks_at = [keys[i] for i in positions], [0, *(i + 1 for i in positions)]
+        return PromptKeys(len(token_ids), key, keys, blocks_at)
+
+    def choose(self, prompt: PromptKeys,
+               workers: Mapping[str, WorkerLoad]) -> tuple[list[str], str]:
         worker_ids = sorted(workers)
         if not worker_ids:
             return [], ""
         if self.config.routing == "round_robin":
             start = next(self._turn) % len(worker_ids)
             return worker_ids[start:] + worker_ids[:start], ROUND_ROBIN
-        key = routing_key(token_ids, self.block_size, self.config.route_prefix_blocks, cache_salt)
-        order = rendezvous_order(key, worker_ids)
+        order = rendezvous_order(prompt.route_key, worker_ids)
         if self.config.routing == "cache_aware":
-            keys = prompt_block_keys(token_ids, self.block_size, cache_salt)
-            every, blocks_at = self.config.route_cache_sample, None
-            if every > 1:  # the views hold sampled keys only (cache_summary.sampled)
-                positions = sampled_positions(keys, every)
-                keys, blocks_at = [keys[i] for i in positions], [0, *(i + 1 for i in positions)]
-            return rank_by_cost(len(token_ids), keys, self.block_size, workers, order,
-                                self.config.route_load_factor, blocks_at)
+            return rank_by_cost(prompt.num_tokens, prompt.block_keys, self.block_size, workers,
+                                order, self.config.route_load_factor, prompt.blocks_at)
         pick = _first_under_bound(order, workers, self.config.route_load_factor)
         if pick:
             order.insert(0, order.pop(pick))
