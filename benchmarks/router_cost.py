@@ -3,15 +3,21 @@ request and the snapshot traffic it receives, from the real code (raypaged/serve
 
 Decision: Router.rank() over W workers whose cache views each hold the blocks of a few Mooncake
 prompts (every worker holds the trace's shared first block, as a real fleet's would), timed per
-request on Mooncake prompts; the prompt's block hashing (which rank() does first, and which a
-router needs whatever it decides) is timed apart, and `choice` is the rest. Times are the
+request on Mooncake prompts, in its two halves: `hashing` (Router.prompt_keys: the prompt's
+block hashes, O(prompt tokens) whatever the fleet, and which a router needs whatever it decides)
+and `choice` (Router.choose: what grows with the fleet). Times are the
 thread's CPU time (time.thread_time), so a machine shared with other jobs does not add its
 waits for a core to the percentiles.
 Snapshot traffic: the pickled bytes per worker per second measured by the simulator
-(benchmarks/fleet_sim.py's JSON at --sim-json), times W: what one router receives.
+(benchmarks/fleet_sim.py's JSON at --sim-json: its cache_aware row at load 0.8), times W: what
+one router receives. `--sample N=JSON` adds cache_aware rows with route_cache_sample N: the
+views hold only the sampled keys (as the controller mirrors them), the router walks only the
+prompt's sampled keys, and the traffic comes from that JSON (a fleet_sim run with
+--route-cache-sample N).
 
     python benchmarks/router_cost.py [--workers 8,64,1000] [--requests 300]
-                                     [--sim-json benchmarks/results/fleet_sim_16.json]
+                                     [--sim-json benchmarks/results/fleet_sim_16_sample1.json]
+                                     [--sample 32=benchmarks/results/fleet_sim_16_sample32.json]
 """
 from __future__ import annotations
 
@@ -27,9 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
-from raypaged.core.cache_summary import CacheView  # noqa: E402
+from raypaged.core.cache_index import CacheIndex  # noqa: E402
+from raypaged.core.cache_summary import SummaryDelta, sampled  # noqa: E402
 from raypaged.serve.cost_routing import WorkerLoad, prompt_block_keys  # noqa: E402
-from raypaged.serve.routing import routing_key  # noqa: E402
 from raypaged.sim.policies import ROUTER_POLICIES, RouterPolicy  # noqa: E402
 from raypaged.sim.trace import find_trace, load_mooncake  # noqa: E402
 
@@ -42,36 +48,50 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def fleet_views(prompts: list[list[int]], workers: int, per_worker: int, rng) -> dict:
+def fleet_views(prompts: list[list[int]], workers: int, per_worker: int, rng,
+                every: int = 1) -> dict:
     keys = [prompt_block_keys(p, BLOCK) for p in prompts]
-    loads = {}
+    loads, index = {}, CacheIndex()  # the views a router's fleet client keeps (ray_fleet.py)
     for i in range(workers):
-        view = CacheView()
+        held = set()
         for k in rng.sample(range(len(keys)), per_worker):
-            view.keys.update(keys[k])
+            held.update(keys[k])
+        view = index.view(f"w{i:04d}")
+        view.apply(sampled(SummaryDelta(1, tuple(held), full=True), every))
         loads[f"w{i:04d}"] = WorkerLoad(rng.randrange(0, 16), rng.randrange(0, 50_000), view)
     return loads
 
 
-def time_decisions(policy: str, prompts, loads) -> dict:
-    router = RouterPolicy(policy, BLOCK)
-    total, hashing = [], []
+def time_decisions(policy: str, prompts, loads, every: int = 1) -> dict:
+    """Router.rank() = choose(prompt_keys()): the two halves timed apart on each request."""
+    router = RouterPolicy(policy, BLOCK, route_cache_sample=every).router
+    total, hashing, choice = [], [], []
     for p in prompts:
         t0 = time.thread_time()
-        router.choose(p, loads)
+        keys = router.prompt_keys(p, None)
         t1 = time.thread_time()
-        if policy == "cache_aware":
-            prompt_block_keys(p, BLOCK)
-        if policy != "round_robin":
-            routing_key(p, BLOCK, router.router.config.route_prefix_blocks)
+        router.choose(keys, loads)
         t2 = time.thread_time()
-        total.append(t1 - t0)
-        hashing.append(t2 - t1)
-    choice = [t - h for t, h in zip(total, hashing)]
+        total.append(t2 - t0)
+        hashing.append(t1 - t0)
+        choice.append(t2 - t1)
     us = lambda xs, q: pct(xs, q) * 1e6  # noqa: E731
     return {"decision_p50_us": us(total, 0.5), "decision_p99_us": us(total, 0.99),
             "hashing_p50_us": us(hashing, 0.5), "hashing_p99_us": us(hashing, 0.99),
             "choice_p50_us": us(choice, 0.5), "choice_p99_us": us(choice, 0.99)}
+
+
+def bytes_per_worker_s(path: str) -> float | None:
+    """cache_aware at load 0.8 (else the default policy's row) of a fleet_sim JSON, per worker."""
+    file = Path(path) if Path(path).is_absolute() else ROOT / path
+    if not file.is_file():
+        return None
+    sim = json.loads(file.read_text())
+    for policy in ("cache_aware", sim["default_policy"]):
+        at = [r for r in sim["rows"] if r["policy"] == policy and r["load"] == 0.8]
+        if at:
+            return at[0]["snapshot_bytes_per_s"] / sim["workload"]["workers"]
+    return None
 
 
 def main(argv=None) -> int:
@@ -79,38 +99,48 @@ def main(argv=None) -> int:
     p.add_argument("--workers", default="8,64,1000")
     p.add_argument("--requests", type=int, default=300)
     p.add_argument("--prompts-per-worker", type=int, default=3)
-    p.add_argument("--sim-json", default=str(ROOT / "benchmarks/results/fleet_sim_16.json"))
+    p.add_argument("--sim-json", default="benchmarks/results/fleet_sim_16_sample1.json")
+    p.add_argument("--sample", action="append", default=[], metavar="N=JSON",
+                   help="also cache_aware with route_cache_sample N, traffic from JSON")
     ns = p.parse_args(argv)
     path = find_trace(ROOT)
     if path is None:
         sys.exit("the Mooncake trace is not in shared/traces/ inside or beside the checkout")
     prompts = [r.prompt() for r in load_mooncake(path, limit=ns.requests)]
-    per_worker_bytes_s = None
-    if Path(ns.sim_json).is_file():
-        sim = json.loads(Path(ns.sim_json).read_text())
-        at = [r for r in sim["rows"] if r["policy"] == sim["default_policy"] and r["load"] == 0.8]
-        if at:
-            per_worker_bytes_s = at[0]["snapshot_bytes_per_s"] / sim["workload"]["workers"]
-    rng = random.Random(0)
+    variants = [(policy, 1, ns.sim_json) for policy in ROUTER_POLICIES]
+    for item in ns.sample:
+        every, _, sim_json = item.partition("=")
+        variants.append(("cache_aware", int(every), sim_json))
+    per_worker = {sim_json: bytes_per_worker_s(sim_json) for _, _, sim_json in variants}
     rows = []
     for w in [int(x) for x in ns.workers.split(",")]:
-        loads = fleet_views(prompts, w, ns.prompts_per_worker, rng)
-        for policy in ROUTER_POLICIES:
-            row = {"workers": w, "policy": policy, **time_decisions(policy, prompts, loads)}
-            if per_worker_bytes_s is not None:
-                row["snapshot_bytes_per_s"] = per_worker_bytes_s * w
-            row["decision_target"] = "met" if row["decision_p99_us"] <= TARGET_DECISION_P99_US else "missed"
-            rows.append(row)
-        del loads
-    cols = ["workers", "policy", "decision_p50_us", "decision_p99_us", "hashing_p99_us",
-            "choice_p50_us", "choice_p99_us", "snapshot_bytes_per_s", "decision_target"]
+        for every in sorted({e for _, e, _ in variants}):
+            loads = fleet_views(prompts, w, ns.prompts_per_worker, random.Random(w), every)
+            for policy, e, sim_json in variants:
+                if e != every:
+                    continue
+                row = {"workers": w, "policy": policy, "cache_sample": every,
+                       **time_decisions(policy, prompts, loads, every)}
+                if per_worker[sim_json] is not None:
+                    row["snapshot_bytes_per_s"] = per_worker[sim_json] * w
+                    row["snapshot_target"] = ("met" if row["snapshot_bytes_per_s"]
+                                              <= TARGET_SNAPSHOT_BYTES_S else "missed")
+                row["decision_target"] = ("met" if row["decision_p99_us"]
+                                          <= TARGET_DECISION_P99_US else "missed")
+                row["choice_target"] = ("met" if row["choice_p99_us"]
+                                        <= TARGET_DECISION_P99_US else "missed")
+                rows.append(row)
+            del loads
+    cols = ["workers", "policy", "cache_sample", "decision_p50_us", "decision_p99_us",
+            "hashing_p99_us", "choice_p50_us", "choice_p99_us", "snapshot_bytes_per_s",
+            "decision_target", "choice_target", "snapshot_target"]
     print(table(rows, cols))
     mean_tokens = statistics.fmean(len(x) for x in prompts)
     print(f"prompts: {len(prompts)} Mooncake prompts, mean {mean_tokens:,.0f} tokens; "
-          f"snapshot bytes per worker per second (from {ns.sim_json}): {per_worker_bytes_s}")
+          f"snapshot bytes per worker per second: {per_worker}")
     out = write("router_cost", {"workload": {"requests": len(prompts), "mean_prompt_tokens": mean_tokens,
                                              "prompts_per_worker": ns.prompts_per_worker,
-                                             "snapshot_bytes_per_worker_s": per_worker_bytes_s,
+                                             "snapshot_bytes_per_worker_s": per_worker,
                                              "targets": {"decision_p99_us": TARGET_DECISION_P99_US,
                                                          "snapshot_bytes_per_s": TARGET_SNAPSHOT_BYTES_S}},
                                 "rows": rows})
@@ -118,12 +148,13 @@ def main(argv=None) -> int:
     plt = pyplot()
     if plt is not None:
         fig, ax = plt.subplots(figsize=(7, 4))
-        for policy in ROUTER_POLICIES:
-            mine = [r for r in rows if r["policy"] == policy]
+        for policy, every, _ in variants:
+            mine = [r for r in rows if r["policy"] == policy and r["cache_sample"] == every]
+            name = policy if every == 1 else f"{policy}, sample {every}"
             ax.plot([r["workers"] for r in mine], [r["decision_p99_us"] for r in mine], marker="o",
-                    label=f"{policy} (with hashing)")
+                    label=f"{name} (with hashing)")
             ax.plot([r["workers"] for r in mine], [r["choice_p99_us"] for r in mine], ":",
-                    marker="x", label=f"{policy} (choice only)")
+                    marker="x", label=f"{name} (choice only)")
         ax.axhline(TARGET_DECISION_P99_US, color="gray", linestyle="--", label="target p99")
         ax.set_xscale("log")
         ax.set_yscale("log")
