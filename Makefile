@@ -59,7 +59,8 @@ bench-batch: $(STAMP)
 # on the Mooncake trace with the H100 cost model, 16 workers; then the router's cost at 8/64/1000.
 sim: $(STAMP)
 	$(BIN)/python benchmarks/fleet_sim.py --workers 16
-	$(BIN)/python benchmarks/router_cost.py
+	$(BIN)/python benchmarks/router_cost.py --sample 8=benchmarks/results/fleet_sim_16_sample8.json \
+		--sample 32=benchmarks/results/fleet_sim_16_sample32.json
 
 # On a GPU machine: kernel tests on CUDA, end-to-end backend equality, kernel + graph benchmarks.
 gpu-check:
