@@ -56,7 +56,8 @@ def prompt_block_keys(token_ids: Sequence[int], block_size: int,
                                                     max_blocks=n)]
 
 
-_REQUESTS, _QUEUED, _CACHE = (operator.attrgetter(a) for a in ("requests", "queued_tokens", "cache"))
+_REQUESTS, _QUEUED, _CACHE = (operator.attrgetter(a)
+                              for a in ("requests", "queued_tokens", "cache"))
 
 
 def rank_by_cost(num_tokens: int, keys: Sequence[int], block_size: int,

@@ -10,7 +10,8 @@ def test_a_walk_of_the_index_gives_every_views_own_hit_on_random_fleets():
     rng = random.Random(26)
     for trial in range(40):
         index, plain = CacheIndex(), {}
-        summaries = {f"w{i}": CacheSummary(log_size=rng.choice([4, 64])) for i in range(rng.randrange(1, 12))}
+        summaries = {f"w{i}": CacheSummary(log_size=rng.choice([4, 64]))
+                     for i in range(rng.randrange(1, 12))}
         universe = list(range(1, 40))
         for _ in range(30):
             wid = rng.choice(list(summaries))
