@@ -105,12 +105,10 @@ class ModelSetup:
                 dtype_name = next(n for n, d in DTYPES.items() if d == self.dtype)
                 check_triton_kv_dtype(torch.cuda.get_device_capability(self.device),
                                       self.args.kv_dtype, dtype_name)
-            get_attention_backend(name, self.device)  # needs CUDA and an importable Triton
             # the split-K workspace for this engine's batch; a fixed split rule (from
             # max_model_len) keeps decode launches identical between graph capture and replay
-            from raypaged.model.attention.triton_backend import TritonAttentionBackend
-            return TritonAttentionBackend(max_num_seqs=self.args.max_num_seqs,
-                                          max_model_len=self.max_model_len)
+            return get_attention_backend(name, self.device, max_num_seqs=self.args.max_num_seqs,
+                                         max_model_len=self.max_model_len)
         if name == "torch" and self.device.type == "cpu" and self.args.cpu_decode_kernel:
             from raypaged.model.attention.torch_backend import TorchAttentionBackend
             store = kv_storage_dtype(self.dtype, self.args.kv_dtype)

@@ -12,9 +12,11 @@ __all__ = ["AttentionBackend", "AttentionMetadata", "LayerKVCache", "TorchAttent
            "BACKEND_NAMES", "get_attention_backend"]
 
 
-def get_attention_backend(name: str | None, device: torch.device | str) -> AttentionBackend:
+def get_attention_backend(name: str | None, device: torch.device | str,
+                          **triton_options) -> AttentionBackend:
     """None picks Triton on CUDA and torch elsewhere. Triton is imported only when chosen, so
-    CPU installs never need it to import cleanly."""
+    CPU installs never need it to import cleanly. triton_options: TritonAttentionBackend's
+    (max_num_seqs, max_model_len: its split-K workspace)."""
     device = torch.device(device)
     if name is None:
         name = "triton" if device.type == "cuda" else "torch"
@@ -29,5 +31,5 @@ def get_attention_backend(name: str | None, device: torch.device | str) -> Atten
         except ImportError as e:
             raise ImportError(f"attention backend 'triton' could not be imported ({e}); "
                               "install triton or choose 'torch'") from e
-        return TritonAttentionBackend()
+        return TritonAttentionBackend(**triton_options)
     raise ValueError(f"unknown attention backend {name!r}; choices: {', '.join(BACKEND_NAMES)}")
