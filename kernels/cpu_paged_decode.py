@@ -8,11 +8,20 @@ feature flags (and of torch's version, whose C++ ABI it links against): machines
 kind sharing a home directory build their own copy instead of loading one that may hold
 instructions they lack. -ffast-math lets expf vectorize (2x on the softmax here); the kernel
 keeps its maxima finite, which is what that flag assumes.
+
+torch guards each build folder with a `lock` file that only its holder removes, and it takes that
+lock on every load (to let ninja check the build is current): a process killed inside that window
+(a worker SIGKILLed while starting) leaves the file behind and every later load on the machine
+waits on it forever. So loads here take an flock first, which the kernel drops when its holder
+dies; under it no live process of ours holds torch's lock, and one found is stale.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
+import os
 import platform
 from pathlib import Path
 
@@ -59,16 +68,33 @@ def _build_digest() -> str:
 def load():
     """-> the extension module (its `paged_decode`). Raises RuntimeError, naming the cause, when
     it cannot be built here (no C++ compiler, no ninja, a compile error)."""
+    from torch.utils.cpp_extension import get_default_build_root
     from torch.utils.cpp_extension import load as load_extension
 
+    name = f"raypaged_cpu_paged_decode_{_build_digest()}"
+    build_dir = Path(get_default_build_root()) / name
     try:
-        return load_extension(
-            name=f"raypaged_cpu_paged_decode_{_build_digest()}", sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
-            extra_ldflags=["-fopenmp"], verbose=False)
+        build_dir.mkdir(parents=True, exist_ok=True)
+        with _held(build_dir / "raypaged.flock"):
+            (build_dir / "lock").unlink(missing_ok=True)
+            return load_extension(
+                name=name, sources=[str(SOURCE)], build_directory=str(build_dir),
+                extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
+                extra_ldflags=["-fopenmp"], verbose=False)
     except (RuntimeError, OSError, ImportError) as e:
         raise RuntimeError(f"the C++ decode attention could not be built ({e}); it needs a C++ "
                            "compiler (g++) and ninja") from e
+
+
+@contextlib.contextmanager
+def _held(path: Path):
+    """An exclusive flock on `path` for the block: waits while another process builds or loads."""
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def paged_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
