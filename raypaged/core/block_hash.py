@@ -42,13 +42,26 @@ def hash_block_tokens(
 
     `start`/`parent` continue an existing chain: hash blocks from block index `start` on, with
     `parent` the hash of block `start - 1`.
+
+    The same digests as hash_block per block, with the tokens packed once for the whole run
+    (a per-block array costs ~30% of a 100k-token prompt's hashing): a router hashes every
+    prompt it routes, and a worker every prompt it admits.
     """
     extra = salt_key(cache_salt)
     n_full = len(token_ids) // block_size
     if max_blocks is not None:
         n_full = min(n_full, max_blocks)
+    if n_full <= start:
+        return []
+    tokens = array("q", token_ids[start * block_size:n_full * block_size])
+    if sys.byteorder == "big":  # pragma: no cover
+        tokens.byteswap()
+    data, step = tokens.tobytes(), 8 * block_size
+    head = block_size.to_bytes(4, "little")  # hash_block's length field: a full block
+    blake2b = hashlib.blake2b
     out: list[BlockHash] = []
-    for i in range(start, n_full):
-        parent = hash_block(parent, token_ids[i * block_size:(i + 1) * block_size], extra)
+    parent = parent if parent is not None else _ROOT
+    for i in range(0, len(data), step):
+        parent = blake2b(parent + head + data[i:i + step] + extra, digest_size=16).digest()
         out.append(parent)
     return out

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 from typing import Sequence
 
-from raypaged.core.block_hash import BlockHash, hash_block, salt_key
+from raypaged.core.block_hash import BlockHash, hash_block_tokens
 from raypaged.core.sampling_params import SamplingParams
 
 
@@ -81,11 +81,11 @@ class Request:
 
     def update_block_hashes(self, block_size: int) -> None:
         """Extend the hash chain over every full block of the known tokens."""
-        extra = salt_key(self.cache_salt)
-        for i in range(len(self.block_hashes), self.num_tokens // block_size):
-            parent = self.block_hashes[-1] if self.block_hashes else None
-            tokens = self.all_token_ids[i * block_size:(i + 1) * block_size]
-            self.block_hashes.append(hash_block(parent, tokens, extra))
+        have = len(self.block_hashes)
+        if have < self.num_tokens // block_size:
+            self.block_hashes += hash_block_tokens(
+                self.all_token_ids, block_size, self.cache_salt, start=have,
+                parent=self.block_hashes[-1] if have else None)
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, {self.status.value}, "
