@@ -28,9 +28,9 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from raypaged.core.block_hash import BlockHash, hash_block, hash_block_tokens, salt_key
-from raypaged.core.cache_summary import sampled_positions
+from raypaged.core.cache_summary import block_key, sampled_positions
 from raypaged.serve.config import ServeOptions
-from raypaged.serve.cost_routing import WorkerLoad, prompt_block_keys, rank_by_cost
+from raypaged.serve.cost_routing import WorkerLoad, rank_by_cost
 
 AFFINITY, LOAD_BOUND, ROUND_ROBIN = "affinity", "load_bound", "round_robin"
 
@@ -103,10 +103,16 @@ class Router:
     def prompt_keys(self, token_ids: Sequence[int], cache_salt: str | None) -> PromptKeys:
         if self.config.routing == "round_robin":
             return PromptKeys(len(token_ids))
-        key = routing_key(token_ids, self.block_size, self.config.route_prefix_blocks, cache_salt)
         if self.config.routing != "cache_aware":
+            key = routing_key(token_ids, self.block_size, self.config.route_prefix_blocks,
+                              cache_salt)
             return PromptKeys(len(token_ids), key)
-        keys = prompt_block_keys(token_ids, self.block_size, cache_salt)
+        # One pass of hashing gives both the rendezvous key (block d-1) and the cache keys
+        # (every full block before the last token): the prompt is hashed once per request.
+        hashes = hash_block_tokens(token_ids, self.block_size, cache_salt)
+        d = min(self.config.route_prefix_blocks, len(hashes))
+        key = hashes[d - 1] if d else hash_block(None, token_ids, salt_key(cache_salt))
+        keys = list(map(block_key, hashes[:(len(token_ids) - 1) // self.block_size]))
         every, blocks_at = self.config.route_cache_sample, None
         if every > 1:  # the views hold sampled keys only (cache_summary.sampled)
             positions = sampled_positions(keys, every)
