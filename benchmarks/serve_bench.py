@@ -197,9 +197,12 @@ def bench_url(url: str, reqs, ns) -> dict:
 
 
 def mode_flags(mode: str, ns, prefix_blocks: int) -> list[str]:
+    """`mode` is a routing policy, optionally with its own load factor: `cache_aware:2` runs
+    --routing cache_aware --route-load-factor 2 (else --route-load-factor's value)."""
+    mode, _, factor = mode.partition(":")
     common = ["--max-model-len", str(ns.max_model_len),
               "--route-prefix-blocks", str(prefix_blocks),
-              "--route-load-factor", str(ns.route_load_factor)]
+              "--route-load-factor", factor or str(ns.route_load_factor)]
     if mode == "hash_sweep":
         mode = "hash"
     if mode == "single":  # one worker with the fleet's whole budget and CPUs
@@ -324,8 +327,8 @@ def targets(runs: list[dict]) -> dict:
     def verdict(ok: bool) -> str:
         return "met" if ok else "MISSED"
 
-    for policy in ("hash", "cache_aware"):
-        if policy not in by:
+    for policy in by:
+        if policy.partition(":")[0] not in ("hash", "cache_aware"):
             continue
         mine = by[policy]
         if "single" in by and by["single"]["prefix_hit_rate"]:
