@@ -25,7 +25,8 @@ class Engine:
     or, once `start_output_stage(sink)` has run, from the output stage's thread to `sink`."""
 
     def __init__(self, core: EngineCore, tokenizer, plan: KVPlan, model_name: str,
-                 eos_token_ids: tuple[int, ...], runner=None, output_thread: bool = False) -> None:
+                 eos_token_ids: tuple[int, ...], runner=None, output_thread: bool = False,
+                 grammars=None) -> None:
         self.core = core
         self.tokenizer = tokenizer
         self.plan = plan
@@ -37,6 +38,7 @@ class Engine:
         self.output_thread = output_thread  # whether serving should start the output stage
         self.outputs = OutputProcessor(tokenizer)
         self.stage: OutputStage | None = None
+        self.grammars = grammars  # model/grammar.py GrammarCache, shared with the sampler
 
     def start_output_stage(self, sink: Callable[[list[SequenceOutput]], None]) -> None:
         """From now on detokenize on a thread of its own: step() and abort() return [] and every
@@ -75,6 +77,8 @@ class Engine:
         if continuation is not None and any(
                 not isinstance(t, int) or not 0 <= t < vocab for t in continuation.output_token_ids):
             raise ValueError(f"continuation token ids must be integers in [0, {vocab})")
+        if params.structured_outputs is not None:
+            self._prepare_grammar(params)
         prompt = list(prompt_token_ids)
         self.core.add_request(request_id, prompt, params, eos, cache_salt, continuation)
         detok = self.outputs.detokenizer(prompt, params)
@@ -89,6 +93,17 @@ class Engine:
             self.outputs.add(request_id, prompt, params, index, detok)
         else:
             self.stage.add(request_id, prompt, params, index, detok)
+
+    def _prepare_grammar(self, params: SamplingParams) -> None:
+        """Check the constraint (what the router checked, for callers that skip it) and start
+        its compile on the cache's thread: it overlaps the prompt's prefill."""
+        from raypaged.model.grammar import check
+
+        if self.grammars is None:
+            raise ValueError("structured_outputs is not available on this engine (it was built "
+                             "without a tokenizer)")
+        check(params.structured_outputs)
+        self.grammars.prepare(params.structured_outputs)
 
     def step(self) -> list[SequenceOutput]:
         if self.stage is not None:
@@ -126,11 +141,11 @@ class Engine:
         return self.core.stats()
 
 
-def build_core(setup: ModelSetup, model) -> tuple[EngineCore, KVPlan, ModelRunner]:
+def build_core(setup: ModelSetup, model, grammars=None) -> tuple[EngineCore, KVPlan, ModelRunner]:
     """A loaded (or randomly initialised) model -> its runner and scheduler, sized by the plan.
     GPU tests and benchmarks call this with random weights of real shapes."""
     args = setup.args
-    runner, plan = setup.build_runner(model)
+    runner, plan = setup.build_runner(model, grammars)
     scheduler = Scheduler(plan.num_blocks, args.block_size, plan.max_model_len, args.max_num_seqs,
                           args.max_num_batched_tokens, args.enable_prefix_caching,
                           policy_of(args))
@@ -141,8 +156,12 @@ def build_engine(args: EngineArgs) -> Engine:
     """Load the model and tokenizer named by `args` and assemble a ready engine."""
     from transformers import AutoTokenizer
 
+    from raypaged.model.grammar import GrammarCache
+
     setup = ModelSetup.decide(args)
-    core, plan, runner = build_core(setup, setup.load_model())
     tokenizer = AutoTokenizer.from_pretrained(str(setup.model_dir))
-    return Engine(core, tokenizer, plan, setup.model_name, setup.config.eos_token_ids, runner,
-                  args.output_thread)
+    eos = setup.config.eos_token_ids
+    grammars = GrammarCache(tokenizer, setup.config.vocab_size, eos)
+    core, plan, runner = build_core(setup, setup.load_model(), grammars)
+    return Engine(core, tokenizer, plan, setup.model_name, eos, runner, args.output_thread,
+                  grammars)

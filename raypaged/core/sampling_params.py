@@ -5,6 +5,8 @@ import math
 import operator
 from dataclasses import dataclass, field
 
+from raypaged.core.structured_outputs import StructuredOutputsParams
+
 # Seeds and top-k travel into int64 tensors: larger values would overflow inside a step.
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 
@@ -29,6 +31,11 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     include_stop_str_in_output: bool = False
+    # Constrained decoding (model/grammar.py applies it); a dict is taken as its fields.
+    structured_outputs: StructuredOutputsParams | None = None
+    # token id -> bias added to its logit before sampling (OpenAI's [-100, 100]); stored as
+    # sorted (id, bias) pairs so the params stay hashable.
+    logit_bias: tuple[tuple[int, float], ...] | dict | None = None
     extra: dict = field(default_factory=dict, compare=False, hash=False)
     # stop_token_ids as a set, built once: "is this token a stop?" is asked of every sampled
     # token, and must not cost more for a request that lists more ids.
@@ -49,6 +56,13 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_set", frozenset(ids))
         if self.top_k == 0:
             object.__setattr__(self, "top_k", -1)
+        if isinstance(self.structured_outputs, dict):
+            object.__setattr__(self, "structured_outputs",
+                               StructuredOutputsParams(**self.structured_outputs))
+        elif not isinstance(self.structured_outputs, (StructuredOutputsParams, type(None))):
+            raise ValueError("structured_outputs must be StructuredOutputsParams or a dict of its "
+                             f"fields, got {type(self.structured_outputs).__name__}")
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         self._validate()
 
     def _validate(self) -> None:
@@ -100,6 +114,9 @@ class SamplingParams:
         bad = [t for t in self.stop_token_ids if t >= vocab_size]
         if bad:
             raise ValueError(f"stop_token_ids must be token ids in [0, {vocab_size}), got {bad[0]}")
+        bad = [t for t, _ in self.logit_bias or () if t >= vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias keys must be token ids in [0, {vocab_size}), got {bad[0]}")
 
     @property
     def greedy(self) -> bool:
@@ -108,6 +125,27 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+
+def _bias_pairs(bias) -> tuple[tuple[int, float], ...] | None:
+    """{id: bias} (ids as ints or digit strings, as OpenAI's JSON has them) -> sorted pairs."""
+    if not bias:
+        return None
+    items = bias.items() if isinstance(bias, dict) else bias
+    pairs = []
+    for t, b in items:
+        try:
+            tid = int(t) if isinstance(t, str) and t.strip().isdigit() else operator.index(t)
+        except TypeError:
+            raise ValueError(f"logit_bias keys must be token ids, got {t!r}") from None
+        if (not isinstance(b, (int, float)) or isinstance(b, bool) or not math.isfinite(b)
+                or not -100 <= b <= 100):
+            raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {b!r} for "
+                             f"token {t}")
+        if tid < 0:
+            raise ValueError(f"logit_bias keys must be non-negative token ids, got {tid}")
+        pairs.append((tid, float(b)))
+    return tuple(sorted(pairs))
 
 
 def _is_int(value) -> bool:

@@ -69,7 +69,7 @@ class ModelRunner:
             num_rows = sum(r.num_samples for r in samplers)  # given, so no device read
             logits = logits.repeat_interleave(repeats, dim=0, output_size=num_rows)
         rows = [SampleRow(r.sampling, r.prompt_token_ids, r.output_token_ids,
-                          r.sample_index + j, r.eos_token_id)
+                          r.sample_index + j, r.eos_token_id, r.request_id)
                 for r in samplers for j in range(r.num_samples)]
         tokens, logprobs = self.sampler(logits, rows)
 

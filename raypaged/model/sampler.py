@@ -1,6 +1,7 @@
 """Turns logits into tokens: penalties, min_tokens, temperature, top-k/top-p/min-p, seeds, logprobs.
 
-Order (as vLLM): penalties -> min_tokens mask -> greedy argmax, or temperature -> top-k -> top-p
+Order (as vLLM): penalties -> min_tokens mask -> logit_bias and grammar bitmask (logit_masks.py,
+constrained rows only) -> greedy argmax, or temperature -> top-k -> top-p
 -> min-p -> sample. Everything on [N, vocab] is a batched tensor op on the logits' device; the
 host builds a few [N] tensors from the rows and reads back the sampled ids (and logprobs) once,
 at the end.
@@ -21,6 +22,8 @@ import torch
 from raypaged.core.contracts import TokenLogprobs
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.model.counter_rng import as_signed, splitmix64, uniforms
+from raypaged.model.grammar import GrammarCache
+from raypaged.model.logit_masks import LogitMasks
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class SampleRow:
     output_token_ids: list[int] | tuple[int, ...]
     sample_index: int
     eos_token_id: int | None
+    request_id: str = ""  # with sample_index: whose grammar state (logit_masks.py)
 
 
 def row_key(row: SampleRow) -> int:
@@ -40,8 +44,9 @@ def row_key(row: SampleRow) -> int:
 
 
 class Sampler:
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, grammars: GrammarCache | None = None) -> None:
         self._rng = random.Random(seed)  # keys for unseeded rows
+        self.masks = LogitMasks(grammars)
         # id(params) -> (params, eos, device tensor of the ids min_tokens bans): built when a
         # request first samples under min_tokens, kept while it still does (each step keeps
         # only the entries it used), so a step's cost does not grow with the ids it lists.
@@ -55,6 +60,7 @@ class Sampler:
         if any(r.params.has_penalties for r in rows):
             self._apply_penalties(logits, rows)
         self._mask_until_min_tokens(logits, rows)
+        self.masks.apply(logits, rows)
 
         if all(r.params.greedy for r in rows):
             tokens = logits.argmax(dim=-1)

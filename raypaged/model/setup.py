@@ -130,8 +130,9 @@ class ModelSetup:
             pack_linears(model)
         return model
 
-    def build_runner(self, model) -> tuple[ModelRunner, KVPlan]:
-        """Model in hand -> its runner: KV cache sized by the plan, buffers, CUDA graphs."""
+    def build_runner(self, model, grammars=None) -> tuple[ModelRunner, KVPlan]:
+        """Model in hand -> its runner: KV cache sized by the plan, buffers, CUDA graphs.
+        grammars: the GrammarCache constrained requests compile into (None: none accepted)."""
         from raypaged.model.cuda_graphs import CudaGraphDecoder
         from raypaged.model.input_buffers import InputBuffers
         from raypaged.model.kv_cache import allocate_kv_caches
@@ -150,7 +151,8 @@ class ModelSetup:
             if not graphs.capture():
                 graphs = None
         decode_threads = args.decode_threads if self.device.type == "cpu" else None
-        runner = ModelRunner(model, kv_caches, buffers, Sampler(args.seed), graphs, decode_threads)
+        runner = ModelRunner(model, kv_caches, buffers, Sampler(args.seed, grammars), graphs,
+                             decode_threads)
         return runner, plan
 
 
