@@ -10,19 +10,22 @@ from __future__ import annotations
 import importlib
 import logging
 import re
+import time
 
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 from raypaged.config import EngineArgs
 from raypaged.serve.allocator import worker_env_vars
+from raypaged.serve.autoscaler import Autoscaler, policy_of
 from raypaged.serve.config import (POLL_INTERVAL_S, POLL_TIMEOUT_S, STEP_STALL_S, ServeArgs,
                                    ServeOptions)
 from raypaged.serve.controller import Controller, WorkerDown
 from raypaged.serve.detached_workers import (WORKER_NAMESPACE, fingerprint, kill_workers,
                                              named_workers, watch_application, worker_name)
 from raypaged.serve.fleet import DEAD, RESTARTING, UNRESPONSIVE
-from raypaged.serve.worker import Health, Worker, WorkerStats
+from raypaged.serve.messages import Health, WorkerStats
+from raypaged.serve.worker import Worker
 
 logger = logging.getLogger(__name__)
 
@@ -125,40 +128,73 @@ def worker_threads(engine: dict, cpus: float, gpus: float, serving: bool) -> dic
     return engine
 
 
-def create_workers(args: dict, detached: bool) -> list[tuple[str, object]]:
-    """The fleet's worker actors, (worker id, handle) each, owned by the caller. `detached`
-    (a Serve application): named and detached, adopted if already running (detached_workers)."""
-    fleet, engine = ServeArgs(**args).split()
-    cpus, gpus = worker_resources(fleet)
-    # detached workers serve HTTP (a Serve application); a batch job's workers do not
-    engine = worker_threads(engine, cpus, gpus, serving=detached)
-    options = dict(num_cpus=cpus, num_gpus=gpus, max_restarts=-1, max_task_retries=0,
-                   scheduling_strategy="SPREAD",
-                   runtime_env={"env_vars": worker_env_vars(fleet.worker_allocator)},
-                   max_concurrency=worker_max_concurrency(fleet.max_queued_requests, engine))
-    names = {}
-    if detached:
-        spec = fingerprint({"engine": engine, "max_queued": fleet.max_queued_requests,
-                            "factory": fleet.engine_factory, "options": options})
-        names = {i: worker_name(fleet.app_name, i, spec) for i in range(fleet.workers)}
-        existing = named_workers(fleet.app_name)
-        kill_workers([n for n in existing if n not in names.values()])  # other configs
-        adopted = sum(n in existing for n in names.values())
-        logger.info("adopting %d running workers, starting %d", adopted,
-                    fleet.workers - adopted)
-    workers = []
-    for i in range(fleet.workers):
-        worker_id = f"worker-{i}"
+class WorkerFactory:
+    """Starts the fleet's workers, all alike: one resource request (so a pending one is what
+    Ray's autoscaler sees and provides a node for), one engine spec. `detached` (a Serve
+    application): named and detached, and the running workers of the same spec are adopted."""
+
+    def __init__(self, args: dict, detached: bool):
+        self.fleet, engine = ServeArgs(**args).split()
+        self.cpus, self.gpus = worker_resources(self.fleet)
+        # detached workers serve HTTP (a Serve application); a batch job's workers do not
+        self.engine = worker_threads(engine, self.cpus, self.gpus, serving=detached)
+        self.detached = detached
+        self.options = dict(
+            num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=-1, max_task_retries=0,
+            scheduling_strategy="SPREAD",
+            runtime_env={"env_vars": worker_env_vars(self.fleet.worker_allocator)},
+            max_concurrency=worker_max_concurrency(self.fleet.max_queued_requests, self.engine))
+        self.spec = fingerprint({"engine": self.engine, "max_queued": self.fleet.max_queued_requests,
+                                 "factory": self.fleet.engine_factory, "options": self.options})
+        self._next = 0
+
+    def initial(self) -> list[tuple[str, object]]:
+        """min_workers workers, or every running worker of this spec (up to max_workers): a
+        restarted controller keeps the fleet the last one had scaled to."""
+        low, high = self.fleet.worker_bounds
+        indexes = list(range(low))
+        if self.detached:
+            existing = named_workers(self.fleet.app_name)
+            indexes = sorted(_worker_index(n) for n in existing
+                             if n.endswith(":" + self.spec))[:high]
+            free = (i for i in range(low + high) if i not in indexes)
+            indexes = sorted(indexes + [next(free) for _ in range(low - len(indexes))])
+            keep = {worker_name(self.fleet.app_name, i, self.spec) for i in indexes}
+            kill_workers([n for n in existing if n not in keep])  # other configs, surplus
+            logger.info("adopting %d running workers, starting %d",
+                        sum(n in keep for n in existing), len(keep) - len(set(existing) & keep))
+        self._next = max(indexes, default=-1) + 1
+        workers = [self.start(i) for i in indexes]
+        logger.info("%d workers (%s CPU, %s GPU each)", len(workers), self.cpus, self.gpus)
+        return workers
+
+    def start(self, index: int | None = None) -> tuple[str, object]:
+        """One worker (a new index unless given); created or, if running, adopted."""
+        if index is None:
+            index, self._next = self._next, self._next + 1
         named = {}
-        if detached:
-            named = dict(name=names[i], namespace=WORKER_NAMESPACE, lifetime="detached",
-                         get_if_exists=True)
-        handle = WorkerActor.options(**options, **named).remote(
-            engine, worker_id, fleet.max_queued_requests, fleet.engine_factory,
-            fleet.app_name if detached else None)
-        workers.append((worker_id, handle))
-    logger.info("%d workers (%s CPU, %s GPU each)", fleet.workers, cpus, gpus)
-    return workers
+        if self.detached:
+            named = dict(name=worker_name(self.fleet.app_name, index, self.spec),
+                         namespace=WORKER_NAMESPACE, lifetime="detached", get_if_exists=True)
+        handle = WorkerActor.options(**self.options, **named).remote(
+            self.engine, f"worker-{index}", self.fleet.max_queued_requests,
+            self.fleet.engine_factory, self.fleet.app_name if self.detached else None)
+        return f"worker-{index}", handle
+
+
+def _worker_index(name: str) -> int:
+    """`<app>:worker-<i>:<spec>` -> i"""
+    return int(name.split(":")[-2].rsplit("-", 1)[1])
+
+
+def create_workers(args: dict, detached: bool) -> list[tuple[str, object]]:
+    """The fleet's worker actors, (worker id, handle) each, owned by the caller."""
+    return WorkerFactory(args, detached).initial()
+
+
+def retire_worker(handle) -> None:
+    """A drained worker's end: killed for good (no restart)."""
+    ray.kill(handle, no_restart=True)
 
 
 @ray.remote
@@ -170,7 +206,13 @@ class ControllerActor(Controller):
 
     def __init__(self, args: dict, detached_workers: bool = False,
                  workers: list[tuple[str, object]] | None = None):
+        factory = None
         if workers is None:
-            workers = create_workers(args, detached_workers)
+            factory = WorkerFactory(args, detached_workers)
+            workers = factory.initial()
         sample = args.get("route_cache_sample", ServeOptions().route_cache_sample)
         super().__init__(workers, probe_worker, POLL_INTERVAL_S, POLL_TIMEOUT_S, sample)
+        if factory is not None and factory.fleet.autoscaling:
+            self.autoscaler = Autoscaler(policy_of(factory.fleet), factory.start, retire_worker,
+                                         factory.fleet.drain_timeout_s, time.time(),
+                                         desired=len(workers))

@@ -39,6 +39,7 @@ FLEET = "Ray and the fleet"
 ROUTING = "routing"
 SERVER = "server"
 LIMITS = "limits per request (docs/limits.md)"
+SCALING = "autoscaling (docs/autoscaling.md)"
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,28 @@ class ServeOptions:
     app_name: str = setting("raypaged", "Serve application name (letters, digits, _ . -)",
                             group=FLEET)
     workers: int = setting(1, "engine workers (one per GPU on a GPU cluster)", group=FLEET, ge=1)
+    min_workers: int | None = setting(
+        None, "autoscaling: fewest workers (default: --workers); with --max-workers above it the "
+        "controller adds and drains workers with the load", group=SCALING, ge=1)
+    max_workers: int | None = setting(
+        None, "autoscaling: most workers (default: the larger of --workers and --min-workers)",
+        group=SCALING, ge=1)
+    scale_target_wait_s: float = setting(
+        2.0, "add workers when the predicted queue wait (queued tokens / measured capacity) "
+        "stays above this many seconds", group=SCALING, gt=0)
+    scale_in_load: float = setting(
+        0.5, "drain a worker when the last window's demand fits in one worker fewer at this "
+        "share of their capacity", group=SCALING, gt=0, le=1)
+    scale_window_s: float = setting(60.0, "seconds of load history a scale-in looks at",
+                                    group=SCALING, gt=0)
+    scale_out_cooldown_s: float = setting(
+        10.0, "seconds after a scale-out, or a worker joining, before the next scale-out",
+        group=SCALING, ge=0)
+    scale_in_cooldown_s: float = setting(
+        60.0, "seconds after any scaling before a scale-in", group=SCALING, ge=0)
+    drain_timeout_s: float = setting(
+        30.0, "a draining worker's streams still running after this many seconds continue on "
+        "other workers", group=SCALING, ge=0)
     cpus_per_worker: float | None = setting(
         None, "CPUs per worker, and its torch threads (default: on a local Ray, its CPUs / "
         "workers; joining a cluster, 1)", group=FLEET, gt=0)
@@ -124,9 +147,25 @@ class ServeOptions:
     def __post_init__(self) -> None:
         validate(self)
         check_api_key(self.api_key, "api_key")
+        low, high = self.worker_bounds
+        if low > high:
+            raise ValueError(f"min_workers ({low}) is above max_workers ({high}): set "
+                             "--max-workers at least --min-workers")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.app_name):
             raise ValueError(f"app_name may hold only letters, digits, '_', '.' and '-', got "
                              f"{self.app_name!r}")
+
+    @property
+    def worker_bounds(self) -> tuple[int, int]:
+        """(fewest, most) workers: `workers` alone fixes both; min/max_workers override it."""
+        low = self.workers if self.min_workers is None else self.min_workers
+        high = max(self.workers, low) if self.max_workers is None else self.max_workers
+        return low, high
+
+    @property
+    def autoscaling(self) -> bool:
+        low, high = self.worker_bounds
+        return high > low
 
 
 _SERVE_FIELDS = tuple(f.name for f in fields(ServeOptions))

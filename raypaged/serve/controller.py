@@ -27,7 +27,7 @@ from typing import Any, Awaitable, Callable, Sequence
 from raypaged.core.cache_summary import CacheSummary, SummaryDelta, sampled
 from raypaged.serve.fleet import (DEAD, READY, STARTING, UNRESPONSIVE, FleetSnapshot,
                                   WorkerView)
-from raypaged.serve.worker import WorkerStats
+from raypaged.serve.messages import WorkerStats
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +60,13 @@ class Controller:
         self._caches = {wid: CacheSummary() for wid, _ in workers}  # mirrors, for routers
         self._cache_from: dict[str, tuple[str, int]] = {}  # worker -> (incarnation, version)
         self.cache_sample = cache_sample  # ServeOptions.route_cache_sample
+        self.autoscaler = None  # serve/autoscaler.py: set by the Ray shell when scaling
 
     async def snapshot(self) -> FleetSnapshot:
         self._ensure_polling()
-        return FleetSnapshot(self._version, tuple(self._views.values()), dict(self._router_metrics))
+        views = tuple(self._views.values())
+        scaling = self.autoscaler.to_json(views) if self.autoscaler is not None else {}
+        return FleetSnapshot(self._version, views, dict(self._router_metrics), scaling=scaling)
 
     async def cache_deltas(self, versions: dict[str, int]) -> dict[str, SummaryDelta]:
         """For a router whose copies are at `versions` (worker id -> version; -1: none yet)."""
@@ -78,7 +81,9 @@ class Controller:
         views = list(self._views.values())
         results = await asyncio.gather(*(self._poll(v) for v in views))
         for new in results:
-            old = self._views[new.worker_id]
+            old = self._views.get(new.worker_id)
+            if old is None:
+                continue  # removed (drained) while the poll was out
             if new.state != old.state:
                 logger.info("worker %s: %s -> %s", new.worker_id, old.state, new.state)
             self._views[new.worker_id] = new
@@ -116,6 +121,24 @@ class Controller:
         self._caches[worker_id].mirror(sampled(delta, self.cache_sample))
         self._cache_from[worker_id] = (stats.incarnation, delta.version)
 
+    # -- membership changes (the autoscaler's) ------------------------------------------------
+    def views(self) -> list[WorkerView]:
+        return list(self._views.values())
+
+    def add_worker(self, worker_id: str, handle: Any) -> None:
+        self._views[worker_id] = WorkerView(worker_id, STARTING, handle, since=time.time())
+        self._caches[worker_id] = CacheSummary()
+
+    def set_draining(self, worker_id: str, since: float) -> None:
+        self._views[worker_id] = dataclasses.replace(self._views[worker_id], draining_since=since)
+        self._version += 1
+
+    def remove_worker(self, worker_id: str) -> None:
+        del self._views[worker_id]
+        self._caches.pop(worker_id, None)
+        self._cache_from.pop(worker_id, None)
+        self._version += 1
+
     def _ensure_polling(self) -> None:
         if self._poller is None or self._poller.done():
             self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
@@ -124,6 +147,8 @@ class Controller:
         while True:
             try:
                 await self.poll_once()
+                if self.autoscaler is not None:
+                    self.autoscaler.step(self, time.time())
             except Exception:  # noqa: BLE001 - keep polling whatever one round did
                 logger.exception("poll round failed")
             await asyncio.sleep(self.poll_interval_s)

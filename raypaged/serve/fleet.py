@@ -27,9 +27,16 @@ class WorkerView:
     restarts: int = 0                 # times a new incarnation answered
     since: float = 0.0                # when the state last changed
     error: str | None = None          # why it is restarting / dead, when known
+    draining_since: float | None = None  # scale-in: takes no new requests, finishes its own
 
     @property
     def ready(self) -> bool:
+        """Takes new requests."""
+        return self.state == READY and self.draining_since is None
+
+    @property
+    def streaming(self) -> bool:
+        """Serves the streams it has (a draining worker does until it leaves the fleet)."""
         return self.state == READY
 
     @property
@@ -46,6 +53,8 @@ class FleetSnapshot:
     # worker id -> CacheView of its prefix cache: kept by each router's fleet client (the
     # controller sends deltas), attached to the snapshot it hands out; not sent by the controller
     caches: dict = field(default_factory=dict, compare=False)
+    # the autoscaler's state for /fleet and /metrics (serve/autoscaler.py); {} when not scaling
+    scaling: dict = field(default_factory=dict, compare=False)
 
     def ready(self) -> list[WorkerView]:
         return [w for w in self.workers if w.ready]
@@ -81,6 +90,8 @@ class FleetSnapshot:
         workers = []
         for w in self.workers:
             item = {"worker_id": w.worker_id, "state": w.state, "restarts": w.restarts}
+            if w.draining_since is not None:
+                item["draining_since"] = w.draining_since
             if w.error:
                 item["error"] = w.error
             if w.stats is not None:
@@ -93,7 +104,10 @@ class FleetSnapshot:
                     preemption=_preemption_json(s.engine.preemption),
                     graph_steps=s.graph_steps, eager_steps=s.eager_steps)
             workers.append(item)
-        return {"workers": workers, "total": self.totals()}
+        out = {"workers": workers, "total": self.totals()}
+        if self.scaling:
+            out["scaling"] = self.scaling
+        return out
 
 
 def _preemption_json(p) -> dict:

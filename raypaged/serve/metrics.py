@@ -16,6 +16,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily)
 
 from raypaged.serve.fleet import READY, FleetSnapshot
+from raypaged.serve.scaling_metrics import scaling_families
 
 P = "raypaged:"
 
@@ -88,6 +89,7 @@ class _Collector:
 
     def collect(self):
         yield from fleet_families(self.fleet, self.model_name)
+        yield from scaling_families(self.fleet.scaling, self.model_name)
         yield from request_families(self.requests, self.model_name)
 
 
