@@ -56,8 +56,8 @@ def prompt_block_keys(token_ids: Sequence[int], block_size: int,
                                                     max_blocks=n)]
 
 
-_REQUESTS, _QUEUED, _CACHE = (operator.attrgetter(a)
-                              for a in ("requests", "queued_tokens", "cache"))
+_REQUESTS, _QUEUED, _CACHE, _INDEX, _POSITION = (
+    operator.attrgetter(a) for a in ("requests", "queued_tokens", "cache", "index", "position"))
 
 
 def rank_by_cost(num_tokens: int, keys: Sequence[int], block_size: int,
@@ -69,14 +69,15 @@ def rank_by_cost(num_tokens: int, keys: Sequence[int], block_size: int,
     `blocks_at[j]`: the leading prompt blocks a view holding the first j of `keys` is known to
     hold (sampled views: `keys` are the prompt's sampled keys; None: every key, blocks_at[j] = j).
     """
+    # At 1,000 workers each pass over the workers costs ~20-40 us, so there are few, in C.
     n = len(rendezvous)
     loads = list(map(workers.__getitem__, rendezvous))          # position = rendezvous rank
-    cap = math.ceil(concurrency_factor * (sum(map(_REQUESTS, workers.values())) + 1)
-                    / len(workers))
-    eligible = np.fromiter(map(_REQUESTS, loads), np.float64, n) + 1 <= cap
+    requests = np.fromiter(map(_REQUESTS, loads), np.float64, n)
+    cap = math.ceil(concurrency_factor * (requests.sum() + 1) / n)
+    eligible = requests + 1 <= cap
     if not eligible.any():
         eligible[:] = True
-    held = held_keys(keys, rendezvous, loads)                  # [n], per position
+    held = held_keys(keys, list(map(_CACHE, loads)))           # [n], per position
     hits = (held if blocks_at is None else np.asarray(blocks_at, np.int64)[held]) * block_size
     if not hits[eligible].any():
         best = int(np.argmax(eligible))                        # the first eligible
@@ -90,24 +91,21 @@ def rank_by_cost(num_tokens: int, keys: Sequence[int], block_size: int,
     return order, CACHED if hits[best] else COLD
 
 
-def held_keys(keys: Sequence[int], worker_ids: Sequence[str],
-              loads: Sequence[WorkerLoad]) -> np.ndarray:
-    """Leading `keys` each worker's view holds (int64 [len(worker_ids)]), each exactly
-    CacheView.cached_prefix_blocks (0 without a view)."""
-    caches = list(map(_CACHE, loads))
-    index = getattr(caches[0], "index", None) if caches else None
-    # every view must be the index's own (list == compares by identity first: views have no
-    # __eq__), else the walk per view, which gives the same answer
-    if index is None or caches != list(map(index.views.get, worker_ids)):
+def held_keys(keys: Sequence[int], caches: Sequence[CacheView | None]) -> np.ndarray:
+    """Leading `keys` each cache view holds (int64 [len(caches)]), each exactly
+    CacheView.cached_prefix_blocks (0 without a view) where the views are nested, as a prefix
+    cache's are (cache_index.py)."""
+    try:  # views of one CacheIndex: one walk of its inverted index for every worker
+        (index,) = set(map(_INDEX, caches))
+    except (AttributeError, ValueError):  # a plain view, no view, or views of two indexes
         return np.fromiter((_held(c, keys) for c in caches), np.int64, len(caches))
     by_bit = np.zeros(len(index.worker_ids), np.int64)
     nbytes = (len(index.worker_ids) + 7) // 8
-    for depth, mask in index.hit_groups(keys):
+    for depth, mask in index.hit_groups(keys, nested=True):
         bits = np.unpackbits(np.frombuffer(mask.to_bytes(nbytes, "little"), np.uint8),
                              bitorder="little")
         by_bit[np.flatnonzero(bits)] = depth
-    return by_bit[np.fromiter(map(index.position.__getitem__, worker_ids), np.int64,
-                              len(worker_ids))]
+    return by_bit[np.fromiter(map(_POSITION, caches), np.int64, len(caches))]
 
 
 def _held(cache: CacheView | None, keys: Sequence[int]) -> int:

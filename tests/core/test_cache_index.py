@@ -57,3 +57,40 @@ def test_the_walk_reports_the_depth_at_which_each_worker_stops():
     assert index.hit_blocks([1, 2, 3, 4]) == {"a": 4, "b": 1, "c": 3}  # d lacks block 0
     assert index.hit_groups([1, 2, 3, 4]) == [(1, 0b0010), (3, 0b0100), (4, 0b0001)]
     assert index.hit_blocks([]) == {} and index.hit_blocks([9]) == {}
+
+
+def test_bisection_finds_every_workers_hit_on_nested_fleets():
+    # Prompts branch off shared heads (a trie of chains); each worker holds a leading part of
+    # a few of them, as a prefix cache does: bisection must agree with each view's own walk.
+    rng = random.Random(2626)
+    for trial in range(200):
+        trunk = [rng.randrange(1, 2**63) for _ in range(rng.randrange(1, 60))]
+        prompts = [trunk[:rng.randrange(0, len(trunk) + 1)]
+                   + [rng.randrange(1, 2**63) for _ in range(rng.randrange(0, 40))]
+                   for _ in range(6)]
+        index, plain = CacheIndex(), {}
+        for w in range(rng.randrange(1, 70)):
+            held = set()
+            for p in rng.sample(prompts, rng.randrange(0, 3)):
+                held.update(p[:rng.randrange(0, len(p) + 1)])
+            delta = SummaryDelta(1, tuple(held), full=True)
+            index.view(f"w{w}").apply(delta)
+            plain.setdefault(f"w{w}", CacheView()).apply(delta)
+        for keys in prompts + [trunk, trunk[:1], []]:
+            want = {w: v.cached_prefix_blocks(keys) for w, v in plain.items()}
+            got = index.hit_blocks(keys, nested=True)
+            assert {w: got.get(w, 0) for w in plain} == want, (trial, keys)
+            assert index.hit_groups(keys, nested=True) == index.hit_groups(keys), (trial, keys)
+
+
+def test_bisection_may_credit_a_view_with_a_hole_up_to_its_deepest_held_probe():
+    # Not nested (block 1 evicted, its descendants kept). Where a probe lands on the hole's far
+    # side missing, bisection finds the stop the linear walk finds ...
+    index = CacheIndex()
+    index.view("a").apply(SummaryDelta(1, (1, 2, 4), full=True))
+    assert index.hit_blocks([1, 2, 3, 4, 5]) == index.hit_blocks([1, 2, 3, 4, 5], nested=True) \
+        == {"a": 2}
+    # ... where both ends are held, it credits the whole span (the documented overestimate)
+    index.view("a").apply(SummaryDelta(2, (1, 3, 4), full=True))
+    assert index.hit_blocks([1, 2, 3, 4]) == {"a": 1}
+    assert index.hit_blocks([1, 2, 3, 4], nested=True) == {"a": 4}
