@@ -7,7 +7,7 @@ import pytest
 
 from core_engine import make_engine
 from raypaged.core.block_hash import hash_block_tokens
-from raypaged.core.cache_summary import CacheSummary, CacheView, block_key
+from raypaged.core.cache_summary import CacheSummary, CacheView, SummaryDelta, block_key
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.scheduling_policy import FIRST_RULES
 
@@ -106,3 +106,14 @@ def test_a_sampled_delta_keeps_only_keys_divisible_by_the_rate_and_its_version()
     assert sampled(SummaryDelta(3, (1, 2, 6), full=True), 2) == SummaryDelta(3, (2, 6), full=True)
     #   keys 1 2 3 4 5 6 7 8: with every = 4, a view can hold only 4 (index 3) and 8 (index 7)
     assert sampled_positions([1, 2, 3, 4, 5, 6, 7, 8], 4) == [3, 7]
+
+
+def test_a_delta_crosses_a_process_boundary_as_eight_bytes_per_key_and_unchanged():
+    import pickle
+
+    keys = tuple(range(2**64 - 1000, 2**64)) + (0, 1, 2**63)
+    delta = SummaryDelta(42, keys, (7, 2**64 - 1), full=True)
+    assert pickle.loads(pickle.dumps(delta)) == delta
+    empty = len(pickle.dumps(SummaryDelta(42)))
+    # 8 bytes a key, plus two length fields (pickled as ints: ~10.5 bytes a key)
+    assert 8 * (len(keys) + 2) <= len(pickle.dumps(delta)) - empty <= 8 * (len(keys) + 2) + 8
