@@ -69,9 +69,12 @@ class Controller:
         return FleetSnapshot(self._version, views, dict(self._router_metrics), scaling=scaling)
 
     async def cache_deltas(self, versions: dict[str, int]) -> dict[str, SummaryDelta]:
-        """For a router whose copies are at `versions` (worker id -> version; -1: none yet)."""
+        """For a router whose copies are at `versions` (worker id -> version; -1: none yet):
+        the deltas of the workers whose cache changed since (a router keeps the others as
+        they are; an empty delta for each of 1,000 workers every refresh is ~290 kB/s)."""
         return {wid: summary.delta_since(versions.get(wid, -1))
-                for wid, summary in self._caches.items()}
+                for wid, summary in self._caches.items()
+                if summary.version != versions.get(wid, -1)}
 
     async def report_router_metrics(self, replica_id: str, metrics: dict) -> None:
         self._ensure_polling()
