@@ -60,6 +60,16 @@ PANELS = [
         (f"sum(rate(raypaged:num_preemptions_total{M}[1m]))", "preemptions/s"),
         (f"sum(rate(raypaged:prefix_cache_evictions_total{M}[1m]))", "evictions/s"),
         (f"sum(rate(raypaged:kv_cache_cow_copies_total{M}[1m]))", "CoW copies/s")]),
+    ("timeseries", "Workers: desired vs serving (autoscaler)", "short", [
+        ('raypaged:autoscaler_workers{model_name=~"$model_name",'
+         'state=~"desired|serving|starting|draining"}', "{{state}}")]),
+    ("timeseries", "Autoscaler: predicted queue wait, decisions, drain time", "short", [
+        (f"max(raypaged:autoscaler_predicted_wait_seconds{M})", "predicted wait (s)"),
+        (f"sum by (direction, reason) (increase(raypaged:autoscaler_decisions_total{M}[5m]))",
+         "{{direction}}: {{reason}} (5m)"),
+        (f"sum(increase(raypaged:autoscaler_drain_seconds_total{M}[15m])) / "
+         f"clamp_min(sum(increase(raypaged:autoscaler_drains_total{M}[15m])), 1)",
+         "mean drain (s, 15m)")]),
     ("timeseries", "Errors and retries", "short", [
         (f"sum by (status) (rate(raypaged:request_errors_total{M}[1m]))", "HTTP {{status}}"),
         (f"sum(rate(raypaged:request_retries_total{M}[1m]))", "retries"),

@@ -144,7 +144,8 @@ class WorkerFactory:
             scheduling_strategy="SPREAD",
             runtime_env={"env_vars": worker_env_vars(self.fleet.worker_allocator)},
             max_concurrency=worker_max_concurrency(self.fleet.max_queued_requests, self.engine))
-        self.spec = fingerprint({"engine": self.engine, "max_queued": self.fleet.max_queued_requests,
+        self.spec = fingerprint({"engine": self.engine,
+                                 "max_queued": self.fleet.max_queued_requests,
                                  "factory": self.fleet.engine_factory, "options": self.options})
         self._next = 0
 

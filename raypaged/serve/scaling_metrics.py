@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from raypaged.core.autoscale_policy import (LOW_LOAD, MAX_WORKERS, MIN_WORKERS, PREEMPTIONS,
+                                            QUEUE_WAIT)
+
 P = "raypaged:"
+# (direction, reason) of every decision the policy makes (core/autoscale_policy.py)
+DECISION_KINDS = (("out", QUEUE_WAIT), ("out", PREEMPTIONS), ("out", MIN_WORKERS),
+                  ("in", LOW_LOAD), ("in", MAX_WORKERS))
 
 
 def scaling_families(scaling: dict, model_name: str):
@@ -28,8 +34,10 @@ def scaling_families(scaling: dict, model_name: str):
     decisions = CounterMetricFamily(P + "autoscaler_decisions", "Scale decisions by direction "
                                     "(out, in) and reason.",
                                     labels=["model_name", "direction", "reason"])
-    for d in scaling["decisions_total"]:
-        decisions.add_metric(lv + [d["direction"], d["reason"]], d["count"])
+    counts = {pair: 0 for pair in DECISION_KINDS}  # every series exists from the start
+    counts.update({(d["direction"], d["reason"]): d["count"] for d in scaling["decisions_total"]})
+    for (direction, reason), n in sorted(counts.items()):
+        decisions.add_metric(lv + [direction, reason], n)
     yield from (workers, wait, capacity, decisions)
     for name, key, doc in (
             ("autoscaler_drain_seconds", "drains", "Seconds from a worker's drain to its leaving "

@@ -40,7 +40,10 @@ def raypaged_serve(tmp: Path, *flags: str):
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, "-c", "import sys; from raypaged.cli import main; sys.exit(main())",
            "serve", "--host", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
-           "--workers", "1", "--cpus-per-worker", "1", "--kv-memory-mb", "16",
+           # --max-workers 2: the autoscaler's metrics are on /metrics (the dashboard queries
+           # them); the few requests sent never scale it out
+           "--workers", "1", "--max-workers", "2", "--cpus-per-worker", "1",
+           "--kv-memory-mb", "16",
            "--max-model-len", "512", *flags]
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
                             cwd=tmp, start_new_session=True)

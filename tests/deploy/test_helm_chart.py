@@ -15,8 +15,8 @@ from rendered import VALUE_SETS, by_kind, containers, render, render_set, serve_
 
 
 def test_the_value_sets_cover_what_operators_deploy():
-    assert VALUE_SETS == ["api-key", "cpu-only", "defaults", "existing-secret", "exposed", "gpu",
-                          "monitoring"]
+    assert VALUE_SETS == ["api-key", "autoscaling", "cpu-only", "defaults", "existing-secret",
+                          "exposed", "gpu", "monitoring"]
 
 
 @pytest.mark.parametrize("values", VALUE_SETS)
@@ -42,6 +42,20 @@ def test_the_serve_config_is_valid_for_ray_serve_and_raypaged(values):
     assert app["import_path"] == "raypaged.serve.app:build_app"
     options, _ = ServeArgs(**app["args"]).split()  # unknown keys or bad values raise here
     assert options.app_name == app["name"]
+
+
+def test_autoscaling_values_turn_on_kuberay_autoscaling_and_the_controllers_bounds():
+    (rs,) = by_kind(render_set("autoscaling"))["RayService"]
+    cluster = rs["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is True
+    assert cluster["autoscalerOptions"]["idleTimeoutSeconds"] == 60
+    assert cluster["autoscalerOptions"]["securityContext"]["readOnlyRootFilesystem"] is True
+    (group,) = cluster["workerGroupSpecs"]
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (1, 1, 4)
+    options, _ = ServeArgs(**serve_app(rs)["args"]).split()
+    assert options.worker_bounds == (1, 4) and options.autoscaling
+    (fixed,) = by_kind(render_set("defaults"))["RayService"]
+    assert "enableInTreeAutoscaling" not in fixed["spec"]["rayClusterConfig"]
 
 
 def test_without_an_api_key_only_ray_auth_is_in_the_env():
@@ -156,6 +170,11 @@ def test_helm_test_pod_checks_health_models_a_completion_and_metrics():
      "workers.replicas=3 must lie within workers.minReplicas=2 and workers.maxReplicas=2"),
     (["--set", "raypaged.workers=3"], "raypaged.workers=3 engine workers need 4 CPU"),
     (["--set", "raypaged.gpus_per_worker=1"], "raypaged.workers=2 engine workers need 4 CPU and 1 GPU"),
+    (["--set", "raypaged.max_workers=3"], "raypaged.max_workers=3 engine workers need 4 CPU and 0 "
+     "GPU each, but 2 worker pods (workers.replicas: autoscaling.enabled=false adds no pods)"),
+    (["--set", "raypaged.max_workers=5,autoscaling.enabled=true,workers.maxReplicas=4"],
+     "raypaged.max_workers=5 engine workers need 4 CPU and 0 GPU each, but 4 worker pods "
+     "(workers.maxReplicas)"),
     (["--set", "raypaged.kv_memory_fraction=0.9"], "on CPU set raypaged.kv_memory_mb instead"),
     (["--set", "model.hostPath=/m,model.persistentVolumeClaim=c"],
      "set one of model.persistentVolumeClaim and model.hostPath"),

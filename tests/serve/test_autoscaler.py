@@ -28,8 +28,8 @@ class FakeWorker:
         if not self.answering:
             await asyncio.sleep(10)
         e = self.base.engine
-        engine = dataclasses.replace(e, num_queued_tokens=self.queued, preemption=dataclasses.replace(
-            e.preemption, computed_tokens=self.computed))
+        preemption = dataclasses.replace(e.preemption, computed_tokens=self.computed)
+        engine = dataclasses.replace(e, num_queued_tokens=self.queued, preemption=preemption)
         return dataclasses.replace(self.base, engine=engine, num_active=self.active)
 
 

@@ -15,6 +15,12 @@
 {{- if gt (float64 $a.workers) (mulf $perPod $w.replicas) -}}
 {{- fail (printf "raypaged.workers=%v engine workers need %v CPU and %v GPU each, but %v worker pods of %v CPU and %v GPU hold only %v: raise workers.replicas, workers.cpus or workers.gpus, or lower raypaged.workers" $a.workers $a.cpus_per_worker $a.gpus_per_worker $w.replicas $w.cpus $w.gpus (mulf $perPod $w.replicas)) -}}
 {{- end -}}
+{{- $maxWorkers := max (int $a.workers) (int (default 0 $a.min_workers)) -}}
+{{- if $a.max_workers -}}{{- $maxWorkers = int $a.max_workers -}}{{- end -}}
+{{- $pods := ternary $w.maxReplicas $w.replicas .Values.autoscaling.enabled -}}
+{{- if gt (float64 $maxWorkers) (mulf $perPod $pods) -}}
+{{- fail (printf "raypaged.max_workers=%v engine workers need %v CPU and %v GPU each, but %v worker pods (%s) of %v CPU and %v GPU hold only %v: raise workers.maxReplicas (with autoscaling.enabled=true) or workers.replicas, or lower raypaged.max_workers" $maxWorkers $a.cpus_per_worker $a.gpus_per_worker $pods (ternary "workers.maxReplicas" "workers.replicas: autoscaling.enabled=false adds no pods" .Values.autoscaling.enabled) $w.cpus $w.gpus (mulf $perPod $pods)) -}}
+{{- end -}}
 {{- if and (hasKey $a "kv_memory_fraction") (eq (float64 $a.gpus_per_worker) 0.0) -}}
 {{- fail "raypaged.kv_memory_fraction sizes the KV cache from free GPU memory, but gpus_per_worker is 0: on CPU set raypaged.kv_memory_mb instead" -}}
 {{- end -}}
