@@ -148,10 +148,13 @@ class Fleet:
     def _take_snapshot(self) -> None:
         for wid, worker in self.workers.items():
             view = self.views[wid]
-            delta = sampled(worker.engine.cache_summary().delta_since(view.version),
-                            self.cache_sample)
-            view.apply(delta)
+            summary = worker.engine.cache_summary()
             stats = worker.engine.stats()
             self.queued[wid] = stats.num_queued_tokens
+            if summary.version == view.version:  # the controller sends no delta (cache_deltas)
+                self.snapshot_bytes += len(pickle.dumps((wid, stats)))
+                continue
+            delta = sampled(summary.delta_since(view.version), self.cache_sample)
+            view.apply(delta)
             self.snapshot_bytes += len(pickle.dumps((wid, delta, stats)))
         self.sent_since.clear()
