@@ -58,7 +58,7 @@ def serve(port: int) -> None:
     from local_fleet import LocalFleet
     from raypaged.serve.config import ServeOptions
     from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
-    from raypaged.serve.generation import Dispatcher
+    from raypaged.serve.dispatch import Dispatcher
     from raypaged.serve.http_app import build_http_app
     from raypaged.serve.limits import RequestLimits
     from raypaged.serve.metrics import RequestMetrics, render

@@ -36,7 +36,7 @@ from local_fleet import LocalFleet, client_for  # noqa: E402
 from raypaged.model.default_model import default_model_dir  # noqa: E402
 from raypaged.serve.config import ServeOptions  # noqa: E402
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend  # noqa: E402
-from raypaged.serve.generation import Dispatcher  # noqa: E402
+from raypaged.serve.dispatch import Dispatcher  # noqa: E402
 from raypaged.serve.http_app import build_http_app  # noqa: E402
 from raypaged.serve.metrics import RequestMetrics  # noqa: E402
 from raypaged.serve.routing import Router  # noqa: E402

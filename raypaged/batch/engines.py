@@ -27,7 +27,7 @@ from raypaged.config import EngineArgs
 from raypaged.serve.actors import ControllerActor, create_workers
 from raypaged.serve.config import MAX_N, ServeArgs
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
-from raypaged.serve.generation import Dispatcher
+from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.metrics import RequestMetrics
 from raypaged.serve.ray_fleet import RayFleetClient
 from raypaged.serve.routing import Router
@@ -100,8 +100,7 @@ class EnginePool:
         options, _ = args.split()
         workers = create_workers(args.model_dump(), detached=False)
         controllers = Controllers(args.model_dump(), workers)
-        fleet = RayFleetClient(controllers.resolve, "batch", RequestMetrics(),
-                               mux=options.stream_mux)
+        fleet = RayFleetClient(controllers.resolve, "batch", RequestMetrics())
         try:
             snap = await fleet.start()
             snap = await _all_ready(fleet, options.workers)

@@ -23,7 +23,7 @@ from raypaged.serve.actors import ControllerActor
 from raypaged.serve.api_key import resolve_api_key
 from raypaged.serve.config import SNAPSHOT_INTERVAL_S, ServeArgs
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
-from raypaged.serve.generation import Dispatcher
+from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.http_app import build_http_app
 from raypaged.serve.limits import RequestLimits
 from raypaged.serve.metrics import RequestMetrics, merge, render
@@ -57,7 +57,7 @@ class OpenAIRouter:
         self.metrics = RequestMetrics()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.fleet = RayFleetClient(resolve_controller, self.replica_id, self.metrics,
-                                    refresh_s=SNAPSHOT_INTERVAL_S, mux=self.config.stream_mux)
+                                    refresh_s=SNAPSHOT_INTERVAL_S)
         snapshot = await self.fleet.start()
         worker = snapshot.ready()[0]
         tokenizer = await worker.handle.get_tokenizer.remote()

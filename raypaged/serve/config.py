@@ -97,10 +97,6 @@ class ServeOptions:
         1, "routers see only the cached-block keys with key mod N == 0 (N x fewer snapshot bytes "
         "per router; cache_aware estimates hits at N-block granularity); 1: every key",
         group=ROUTING, ge=1)
-    stream_mux: bool = setting(
-        True, "workers stream to each router over one stream per worker, one message per engine "
-        "step carrying every request's new tokens (off: one Ray stream per request)",
-        group=FLEET)
     api_key: str | None = setting(
         None, "require 'Authorization: Bearer KEY' (default: $RAYPAGED_API_KEY; /health and "
         "/metrics stay open)", group=SERVER)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raypaged.core.contracts import PreemptionStats
-from raypaged.serve.worker import WorkerStats
+from raypaged.serve.messages import WorkerStats
 
 STARTING = "starting"          # created, never answered yet (loading the model)
 READY = "ready"
@@ -98,7 +98,7 @@ class FleetSnapshot:
                 s = w.stats
                 item.update(
                     pid=s.pid, load=s.num_active, kv_cache_usage=s.kv_cache_usage,
-                    budget=vars(s.budget), memory=vars(s.engine.memory),
+                    budget=s.budget_json(), memory=vars(s.engine.memory),
                     num_running=s.engine.num_running, num_waiting=s.engine.num_waiting,
                     num_preemptions=s.engine.num_preemptions, num_steps=s.engine.num_steps,
                     preemption=_preemption_json(s.engine.preemption),

@@ -5,10 +5,8 @@ on the controller, and nothing here blocks the event loop); the same task ships 
 request metrics to the controller. While the controller is away (it died; Serve recreates it,
 and the new one adopts the same workers) the last snapshot stays in use: requests go on being
 routed to the workers it names, and streams, which go router -> worker directly, go on.
-Streams to a worker go over one multiplexed stream per worker (ray_mux.py: one message per
-engine step carrying every request's new tokens), or with `mux=False` one Ray streaming
-generator per request; either way, leaving a stream early aborts the request on the worker,
-which frees its blocks.
+Requests reach a worker over its link (worker_link.py): one Ray stream per worker, one message
+per engine step carrying every request's new outputs.
 """
 from __future__ import annotations
 
@@ -18,22 +16,19 @@ import logging
 import time
 from typing import Awaitable, Callable
 
-import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import RayActorError
 
 from raypaged.core.cache_index import CacheIndex, IndexedCacheView
 from raypaged.serve.fleet import FleetSnapshot, WorkerView
-from raypaged.serve.generation import WorkerUnavailable
 from raypaged.serve.metrics import RequestMetrics
-from raypaged.serve.ray_mux import WorkerMux
+from raypaged.serve.worker_link import RayWorkerLink
 
 logger = logging.getLogger(__name__)
 
 
 class RayFleetClient:
     def __init__(self, resolve_controller: Callable[[], Awaitable], replica_id: str,
-                 metrics: RequestMetrics, refresh_s: float = 0.25, push_metrics_s: float = 1.0,
-                 mux: bool = True):
+                 metrics: RequestMetrics, refresh_s: float = 0.25, push_metrics_s: float = 1.0):
         self._resolve = resolve_controller
         self._controller = None
         self.replica_id = replica_id
@@ -43,8 +38,7 @@ class RayFleetClient:
         self._cache_index = CacheIndex()  # one walk per prompt finds every worker's hit
         self._caches: dict[str, IndexedCacheView] = {}
         self._task: asyncio.Task | None = None
-        self.mux = mux
-        self._muxes: dict[str, WorkerMux] = {}  # worker id -> its live output stream
+        self._links: dict[str, RayWorkerLink] = {}  # worker id -> its live link
 
     def snapshot(self) -> FleetSnapshot:
         return self._snapshot
@@ -66,9 +60,9 @@ class RayFleetClient:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-        for mux in self._muxes.values():
-            mux.close()
-        self._muxes.clear()
+        for link in self._links.values():
+            link.close()
+        self._links.clear()
 
     async def _refresh(self) -> None:
         if self._controller is None:
@@ -114,34 +108,13 @@ class RayFleetClient:
                 failing = True
             await asyncio.sleep(self.refresh_s)
 
-    def stream(self, view: WorkerView, request_id: str, token_ids, params, cache_salt,
-               continuation=None):
-        if not self.mux:
-            return self._own_stream(view, request_id, token_ids, params, cache_salt, continuation)
-        return self._mux_for(view).stream(request_id, token_ids, params, cache_salt, continuation)
-
-    def _mux_for(self, view: WorkerView) -> WorkerMux:
-        """The worker's live mux; a new one after the last broke or the worker restarted."""
+    def link(self, view: WorkerView) -> RayWorkerLink:
+        """The worker's live link; a new one after the last broke or the worker restarted."""
         incarnation = view.stats.incarnation if view.stats is not None else None
-        mux = self._muxes.get(view.worker_id)
-        if mux is None or mux.dead is not None or mux.incarnation != incarnation:
-            if mux is not None:
-                mux.close()
-            mux = self._muxes[view.worker_id] = WorkerMux(view.handle, view.worker_id,
-                                                          incarnation, self.replica_id)
-        return mux
-
-    async def _own_stream(self, view: WorkerView, request_id: str, token_ids, params, cache_salt,
-                          continuation=None):
-        gen = view.handle.generate.remote(request_id, token_ids, params, cache_salt, continuation)
-        complete = False
-        try:
-            async for ref in gen:
-                yield await ref
-            complete = True
-        except (RayActorError, RayTaskError) as exc:
-            # The actor died or restarts (RayActorError), or its engine failed (RayTaskError).
-            raise WorkerUnavailable(f"{view.worker_id}: {type(exc).__name__}") from exc
-        finally:
-            if not complete:
-                ray.cancel(gen)  # the worker's generator sees CancelledError and aborts
+        link = self._links.get(view.worker_id)
+        if link is None or link.dead is not None or link.incarnation != incarnation:
+            if link is not None:
+                link.close()
+            link = self._links[view.worker_id] = RayWorkerLink(view.handle, view.worker_id,
+                                                               incarnation, self.replica_id)
+        return link

@@ -1,10 +1,18 @@
-"""Worker: one engine (its own block pool, KV cache and prefix cache) behind async streams.
+"""Worker: one engine (its own block pool, KV cache and prefix cache) streaming to routers.
 
-A plain class, usable and tested without Ray; `WorkerActor` (actors.py) is the one-line
-Ray shell. `generate` is an async generator: it yields lists of SequenceOutput deltas (every
-delta ready since the last yield, so a slow reader gets fewer, larger messages) until all n
-samples finish. Leaving the generator early for any reason (the caller cancelled, disconnected,
-or the Ray stream was cancelled) aborts the request, which frees its blocks.
+A plain class, usable and tested without Ray; `WorkerActor` (actors.py) is the Ray shell.
+Each router holds one stream per worker, and a step's outputs are split once, by router:
+
+    router                                   worker (one event loop)
+    outputs(router_id) ───── stream ──────>  outbox[router_id]: {request_id: [outputs]}
+    submit(router_id, request_id, ...) ───>  admission (queue_bound.py) -> engine.add_request
+      <── None (accepted) | Rejected            the step thread runs the engine (engine_loop.py)
+    cancel(request_id) ───────────────────>  abort in the engine, blocks freed
+      <── {request_id: [SequenceOutput | Lost], ...}: everything ready since the last message,
+          one message per step when the router keeps up, several steps' worth when it does not
+
+A request counts from its accepted submit until its last sample finishes or it is cancelled;
+a router's stream that ends for any reason (closed, cancelled, broken) cancels its requests.
 """
 from __future__ import annotations
 
@@ -12,156 +20,116 @@ import asyncio
 import os
 import time
 import uuid
-from dataclasses import dataclass
 from typing import AsyncIterator
 
-from raypaged.core.cache_summary import SummaryDelta
-from raypaged.core.contracts import Continuation, EngineStats
+from raypaged.core.contracts import Continuation
 from raypaged.core.engine_core import ERROR
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.outputs import SequenceOutput
 from raypaged.serve.engine_loop import EngineLoop
-from raypaged.serve.output_mux import OutputMux
+from raypaged.serve.messages import Health, Lost, Rejected, WorkerStats
+from raypaged.serve.queue_bound import QueueBound
 
 
-@dataclass(frozen=True)
-class Rejected:
-    """The worker refused a request before admitting it (nothing was allocated)."""
+class _Accepted:
+    """A request between its accepted submit and its end."""
 
-    message: str
-    queue_full: bool = False  # True: try another worker / later; False: the request is invalid
-    # Rejected may also come after outputs: the request made a step fail (its own fault).
+    __slots__ = ("outbox", "samples_left", "blocks")
 
-
-@dataclass(frozen=True)
-class KVBudget:
-    kv_budget_bytes: int
-    bytes_per_token: int
-    bytes_per_block: int
-    num_blocks: int
-    num_tokens: int
-    max_seqs_at_max_model_len: int
+    def __init__(self, outbox: _Outbox, samples_left: int, blocks: int):
+        self.outbox, self.samples_left, self.blocks = outbox, samples_left, blocks
 
 
-@dataclass(frozen=True)
-class WorkerStats:
-    worker_id: str
-    incarnation: str          # new for every process start: the controller sees restarts
-    pid: int
-    model_name: str
-    max_model_len: int
-    block_size: int
-    budget: KVBudget
-    engine: EngineStats
-    num_active: int           # requests inside generate(): the routing load
-    graph_steps: int = 0      # model steps replayed from a CUDA graph
-    eager_steps: int = 0      # model steps run eagerly
-    cache: SummaryDelta | None = None  # prefix-cache changes since the version asked for
+class _Outbox:
+    """What one router has not taken yet; `ready` is set while there is some."""
 
-    @property
-    def kv_cache_usage(self) -> float:
-        return self.engine.kv_cache_usage
+    def __init__(self):
+        self.pending: dict[str, list] = {}
+        self.ready = asyncio.Event()
+        self.request_ids: set[str] = set()  # its requests in flight: cancelled with it
+        self.closed = False  # its stream ended: a submit still on its way is refused
 
-
-@dataclass(frozen=True)
-class Health:
-    """The answer to the controller's liveness probe."""
-
-    incarnation: str
-    stalled_s: float  # how long the engine has had work but finished no step (0: progressing)
-
-
-class WorkerError(RuntimeError):
-    """The engine failed while running this request (the worker itself is still alive)."""
+    def put(self, request_id: str, item) -> None:
+        items = self.pending.get(request_id)
+        if items is None:
+            self.pending[request_id] = [item]
+        else:
+            items.append(item)
+        self.ready.set()
 
 
 class Worker:
     def __init__(self, engine, worker_id: str, max_queued: int = 1024):
         self.engine = engine
         self.worker_id = worker_id
-        self.max_queued = max_queued
         self.incarnation = uuid.uuid4().hex[:12]
         self.started_at = time.time()
         plan = engine.plan
-        self.budget = KVBudget(plan.kv_budget_bytes, plan.bytes_per_token, plan.bytes_per_block,
-                               plan.num_blocks, plan.num_tokens, plan.max_seqs_at_max_model_len)
+        self.bound = QueueBound(max_queued, plan.num_blocks, plan.block_size, plan.max_model_len)
         self._loop: EngineLoop | None = None  # started on first use: it needs the event loop
-        self._event_loop: asyncio.AbstractEventLoop | None = None  # generate's
-        self._streams: dict[str, asyncio.Queue] = {}
+        self._event_loop: asyncio.AbstractEventLoop | None = None
+        self._requests: dict[str, _Accepted] = {}
+        self._outboxes: dict[str, _Outbox] = {}  # router id -> its outbox
         self._seen_stats = None           # the step loop's last published stats, and since when
         self._seen_at = time.monotonic()
-        self._mux = OutputMux(self.generate)  # per-router streams (output_mux.py)
 
-    # -- requests --------------------------------------------------------------------------
-    async def generate(self, request_id: str, prompt_token_ids: list[int],
-                       params: SamplingParams, cache_salt: str | None = None,
-                       continuation: Continuation | None = None
-                       ) -> AsyncIterator[list[SequenceOutput] | Rejected]:
-        loop = self._engine_loop()
-        if request_id in self._streams:
-            yield Rejected(f"request id {request_id!r} is already in use")
-            return
-        if self._queue_full():
-            yield Rejected(f"worker {self.worker_id} has {self.max_queued} requests waiting for "
-                           "KV cache space", queue_full=True)
-            return
-        queue: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = queue
-        remaining = params.n  # samples not finished yet
-        try:
-            try:
-                await loop.call(lambda e: e.add_request(request_id, list(prompt_token_ids), params,
-                                                        cache_salt, continuation))
-            except ValueError as exc:
-                remaining = 0
-                yield Rejected(str(exc))
-                return
-            while remaining:
-                batch = [await queue.get()]
-                while not queue.empty():
-                    batch.append(queue.get_nowait())
-                for item in batch:
-                    if isinstance(item, BaseException):
-                        raise WorkerError(f"worker {self.worker_id}: {item!r}") from item
-                failed = next((o for o in batch if o.finish_reason == ERROR), None)
-                if failed is not None:
-                    # This request broke a step (its own input): the engine has already
-                    # dropped it and kept the others. Not a worker fault: never retried.
-                    remaining = 0
-                    yield Rejected(str(failed.stop_reason))
-                    return
-                remaining -= sum(1 for out in batch if out.finish_reason is not None)
-                yield batch
-        finally:
-            self._streams.pop(request_id, None)
-            if remaining:
-                # FIFO inbox: runs after the add_request above even if that is still queued.
-                loop.call_nowait(lambda e: e.abort(request_id))
-
-    # -- the same requests, multiplexed: one stream per router (output_mux.py) ---------------
-    async def submit(self, mux_id: str, request_id: str, prompt_token_ids: list[int],
+    # -- the transport -----------------------------------------------------------------------
+    async def submit(self, router_id: str, request_id: str, prompt_token_ids: list[int],
                      params: SamplingParams, cache_salt: str | None = None,
-                     continuation: Continuation | None = None) -> None:
-        """Start `generate`; its items go out on the stream `outputs(mux_id)`."""
-        self._mux.submit(mux_id, request_id, prompt_token_ids, params, cache_salt, continuation)
-
-    async def cancel(self, mux_id: str, request_id: str) -> None:
-        """The router left the request: leaving its generate aborts it."""
-        self._mux.cancel(mux_id, request_id)
-
-    async def outputs(self, mux_id: str) -> AsyncIterator[list[tuple[str, object]]]:
-        """[(request_id, batch | Rejected | "end" | WorkerError), ...]: everything ready."""
-        stream = self._mux.stream(mux_id)
+                     continuation: Continuation | None = None) -> Rejected | None:
+        """Admit the request (None) or refuse it before any work (Rejected); its outputs go
+        out on `outputs(router_id)`."""
+        loop = self._engine_loop()
+        if request_id in self._requests:
+            return Rejected(f"request id {request_id!r} is already in use")
+        if self._queue_full():
+            return Rejected(f"worker {self.worker_id} has {self.bound.max_queued} requests "
+                            "waiting for KV cache space", queue_full=True,
+                            retry_after_s=self.bound.retry_after_s())
+        done = len(continuation.output_token_ids) if continuation else 0
+        blocks = self.bound.need(len(prompt_token_ids) + done,
+                                 params.max_tokens and params.max_tokens - done, params.n)
+        outbox = self._outboxes.setdefault(router_id, _Outbox())  # the stream may come second
+        if outbox.closed:
+            return Rejected(f"the stream of router {router_id} has ended", queue_full=True)
+        self._requests[request_id] = _Accepted(outbox, params.n, blocks)
+        outbox.request_ids.add(request_id)
+        self.bound.add(blocks)
         try:
-            async for items in stream:
-                yield items
-        finally:  # closing it cancels the mux's requests (the router is gone)
-            await stream.aclose()
+            await loop.call(lambda e: e.add_request(request_id, list(prompt_token_ids), params,
+                                                    cache_salt, continuation))
+        except ValueError as exc:
+            self._forget(request_id)
+            return Rejected(str(exc))
+        except asyncio.CancelledError:  # the router's call was cancelled: it left the request
+            self.cancel(request_id)
+            raise
+        return None
+
+    async def outputs(self, router_id: str) -> AsyncIterator[dict[str, list]]:
+        """{request_id: [SequenceOutput | Lost, ...]}: everything ready for this router."""
+        outbox = self._outboxes.setdefault(router_id, _Outbox())
+        try:
+            while True:
+                await outbox.ready.wait()
+                outbox.ready.clear()
+                message, outbox.pending = outbox.pending, {}
+                yield message
+        finally:  # the router left (closed, cancelled or broke the stream): nobody reads these
+            outbox.closed = True  # kept (a few bytes per stream ever opened) to refuse late submits
+            for request_id in list(outbox.request_ids):
+                self.cancel(request_id)
+
+    def cancel(self, request_id: str) -> None:
+        """The router left the request: abort it, freeing its blocks; no more outputs."""
+        if self._forget(request_id):
+            # FIFO inbox: runs after the request's add_request even if that is still queued
+            self._loop.call_nowait(lambda e: e.abort(request_id))
 
     def abort(self, request_id: str) -> None:
-        """A control call: it may run on another thread than generate (its own Ray concurrency
-        group), so it hands the abort to generate's event loop; the request's stream ends with
-        finish_reason "abort"."""
+        """A control call: it may run on another thread than the streams (its own Ray
+        concurrency group), so it hands the abort to their event loop; the request's outputs
+        end with finish_reason "abort"."""
         if self._event_loop is not None:
             self._event_loop.call_soon_threadsafe(self._abort_now, request_id)
 
@@ -181,8 +149,8 @@ class Worker:
         return WorkerStats(
             worker_id=self.worker_id, incarnation=self.incarnation, pid=os.getpid(),
             model_name=self.engine.model_name, max_model_len=self.engine.max_model_len,
-            block_size=self.engine.block_size, budget=self.budget, engine=engine_stats,
-            num_active=len(self._streams),
+            block_size=self.engine.block_size, budget=self.engine.plan, engine=engine_stats,
+            num_active=len(self._requests),
             graph_steps=getattr(runner, "num_graph_steps", 0),
             eager_steps=getattr(runner, "num_eager_steps", engine_stats.num_steps), cache=cache)
 
@@ -213,20 +181,36 @@ class Worker:
         return self._loop
 
     def _queue_full(self) -> bool:
-        """Whether max_queued requests already wait for KV space (as of the last step).
+        return self.bound.full()
 
-        Requests that arrived since, or wait only for a later step's token budget, do not
-        count: a burst the KV cache can hold is admitted whole, however fast it comes."""
-        blocked = self._loop.stats.num_blocked if self._loop is not None else 0
-        return blocked > 0 and blocked >= self.max_queued
+    def _forget(self, request_id: str) -> bool:
+        """The request no longer counts (finished, refused, cancelled); False if it did not."""
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return False
+        req.outbox.request_ids.discard(request_id)
+        self.bound.remove(req.blocks)
+        return True
 
     def _deliver(self, outputs: list[SequenceOutput]) -> None:
+        """A step's outputs, split once: into each router's outbox."""
         for out in outputs:
-            queue = self._streams.get(out.request_id)
-            if queue is not None:  # None: the caller left; its abort is queued
-                queue.put_nowait(out)
+            req = self._requests.get(out.request_id)
+            if req is None:  # cancelled: its abort is queued
+                continue
+            req.outbox.put(out.request_id, out)
+            if out.finish_reason is None:
+                continue
+            req.samples_left -= 1
+            if out.finish_reason == ERROR:
+                # The request broke a step (its own input): the engine dropped that sample;
+                # the router answers 400, so its other samples go too.
+                self.cancel(out.request_id)
+            elif not req.samples_left:
+                self._forget(out.request_id)
 
     def _fail_all(self, exc: BaseException) -> None:
-        for request_id, queue in list(self._streams.items()):
-            queue.put_nowait(exc)
-            self._loop.call_nowait(lambda e, rid=request_id: e.abort(rid))
+        """The engine's step raised: every request goes (the router carries them on)."""
+        for request_id, req in list(self._requests.items()):
+            req.outbox.put(request_id, Lost(request_id, f"worker {self.worker_id}: {exc!r}"))
+            self.cancel(request_id)

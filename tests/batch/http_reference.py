@@ -8,11 +8,12 @@ from raypaged.engine import build_engine
 from raypaged.serve.config import ServeOptions
 from raypaged.serve.fleet import READY, FleetSnapshot, WorkerView
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
-from raypaged.serve.generation import Dispatcher
+from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.http_app import build_http_app
 from raypaged.serve.metrics import RequestMetrics
 from raypaged.serve.routing import Router
 from raypaged.serve.worker import Worker
+from tests.serve.local_link import LocalLink, LocalLinks
 
 
 class OneWorker:
@@ -20,17 +21,13 @@ class OneWorker:
 
     def __init__(self, worker: Worker):
         self.worker = worker
+        self._links = LocalLinks()
 
     def snapshot(self) -> FleetSnapshot:
         return FleetSnapshot(0, (WorkerView("w0", READY, self.worker, self.worker.stats()),))
 
-    async def stream(self, view, request_id, token_ids, params, cache_salt, continuation=None):
-        gen = view.handle.generate(request_id, token_ids, params, cache_salt, continuation)
-        try:
-            async for item in gen:
-                yield item
-        finally:
-            await gen.aclose()
+    def link(self, view) -> LocalLink:
+        return self._links.link(view)
 
 
 async def http_answers(engine_kwargs: dict, requests: list[tuple[str, dict]]

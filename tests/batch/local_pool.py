@@ -6,11 +6,13 @@ from __future__ import annotations
 from raypaged.serve.config import ServeOptions
 from raypaged.serve.fleet import READY, FleetSnapshot, WorkerView
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
-from raypaged.serve.generation import Dispatcher, WorkerUnavailable
+from raypaged.serve.dispatch import Dispatcher
+from raypaged.serve.messages import WorkerUnavailable
 from raypaged.serve.metrics import RequestMetrics
 from raypaged.serve.routing import Router
 from raypaged.serve.worker import Worker
 from tests.serve.fake_engine import build_fake_engine
+from tests.serve.local_link import LocalLink, LocalLinks
 
 ALWAYS = -1
 
@@ -22,23 +24,28 @@ class FlakyWorker:
     def __init__(self, worker: Worker, failures: dict[str, tuple[int, type]]):
         self.worker, self.failures = worker, dict(failures)
         self.attempts: dict[str, int] = {}
+        self._links = LocalLinks()
 
     def snapshot(self) -> FleetSnapshot:
         return FleetSnapshot(1, (WorkerView("w0", READY, self.worker, self.worker.stats()),))
 
-    async def stream(self, view, request_id, token_ids, params, cache_salt, continuation=None):
+    def link(self, view) -> LocalLink:
+        return self._links.link(view, lambda w, wid: FlakyLink(w, wid, self))
+
+
+class FlakyLink(LocalLink):
+    def __init__(self, worker, worker_id, flaky: FlakyWorker):
+        self.flaky = flaky
+        super().__init__(worker, worker_id)
+
+    async def _submit(self, router_id, request_id, token_ids, *rest):
         prompt = bytes(t for t in token_ids if t < 256).decode()
-        for text, (times, error) in self.failures.items():
+        for text, (times, error) in self.flaky.failures.items():
             if text in prompt:
-                self.attempts[text] = self.attempts.get(text, 0) + 1
-                if times == ALWAYS or self.attempts[text] <= times:
+                self.flaky.attempts[text] = self.flaky.attempts.get(text, 0) + 1
+                if times == ALWAYS or self.flaky.attempts[text] <= times:
                     raise error(f"{text}: failed on purpose")
-        gen = view.handle.generate(request_id, token_ids, params, cache_salt, continuation)
-        try:
-            async for item in gen:
-                yield item
-        finally:
-            await gen.aclose()
+        return await super()._submit(router_id, request_id, token_ids, *rest)
 
 
 class LocalPool:

@@ -12,7 +12,9 @@ from raypaged.core.cache_summary import CacheView
 from raypaged.serve.config import ServeOptions
 from raypaged.serve.fleet import READY, UNRESPONSIVE, FleetSnapshot, WorkerView
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
-from raypaged.serve.generation import Dispatcher, WorkerUnavailable
+from local_link import LocalLink, LocalLinks
+from raypaged.serve.dispatch import Dispatcher
+from raypaged.serve.messages import WorkerUnavailable
 from raypaged.serve.http_app import build_http_app
 from raypaged.serve.metrics import RequestMetrics, render
 from raypaged.serve.routing import Router
@@ -29,6 +31,7 @@ class LocalFleet:
         self.failing: dict[str, str] = {}  # worker id -> one of the modes above
         self.frozen: set[str] = set()  # workers the snapshot reports as unresponsive
         self._versions = itertools.count()
+        self._links = LocalLinks()
 
     def snapshot(self) -> FleetSnapshot:
         """A fresh view every time (the Ray fleet's is refreshed in the background)."""
@@ -40,24 +43,9 @@ class LocalFleet:
             WorkerView(wid, UNRESPONSIVE if wid in self.frozen else READY, w, w.stats())
             for wid, w in self.workers.items()), caches=caches)
 
-    async def stream(self, view, request_id, token_ids, params, cache_salt, continuation=None):
+    def link(self, view) -> LocalLink:
         mode = self.failing.get(view.worker_id)
-        if mode == BEFORE_FIRST:
-            raise WorkerUnavailable(f"{view.worker_id} is gone")
-        if mode == FROZEN:
-            await self._freeze(view.worker_id)
-        gen = view.handle.generate(request_id, token_ids, params, cache_salt, continuation)
-        try:
-            count = 0
-            async for item in gen:
-                yield item
-                count += 1
-                if mode == MID_STREAM and count >= 2:
-                    raise WorkerUnavailable(f"{view.worker_id} died mid-stream")
-                if mode == FROZEN_MID_STREAM and count >= 2:
-                    await self._freeze(view.worker_id)
-        finally:
-            await gen.aclose()
+        return self._links.link(view, lambda w, wid: FaultyLink(w, wid, self, mode))
 
     async def _freeze(self, worker_id: str) -> None:
         """Never answer again; the controller's probe notices (the snapshot turns)."""
@@ -67,6 +55,31 @@ class LocalFleet:
     def shutdown(self) -> None:
         for w in self.workers.values():
             w.shutdown()
+
+
+class FaultyLink(LocalLink):
+    """A link that fails as its worker's mode says: at submit, or after two messages."""
+
+    def __init__(self, worker, worker_id, fleet: LocalFleet, mode: str | None):
+        self.fleet, self.mode = fleet, mode
+        super().__init__(worker, worker_id)
+
+    async def _submit(self, *args):
+        if self.mode == BEFORE_FIRST:
+            raise WorkerUnavailable(f"{self.worker_id} is gone")
+        if self.mode == FROZEN:
+            await self.fleet._freeze(self.worker_id)
+        return await super()._submit(*args)
+
+    async def _messages(self):
+        count = 0
+        async for message in super()._messages():
+            yield message
+            count += 1
+            if self.mode == MID_STREAM and count >= 2:
+                raise WorkerUnavailable(f"{self.worker_id} died mid-stream")
+            if self.mode == FROZEN_MID_STREAM and count >= 2:
+                await self.fleet._freeze(self.worker_id)
 
 
 def local_app(fleet: LocalFleet, api_key: str | None = None, max_request_bytes: int = 1 << 20,

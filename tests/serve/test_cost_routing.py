@@ -70,14 +70,15 @@ from raypaged.core.cache_summary import block_key  # noqa: E402
 from raypaged.core.sampling_params import SamplingParams  # noqa: E402
 from raypaged.serve.config import ServeOptions  # noqa: E402
 from raypaged.serve.controller import Controller  # noqa: E402
-from raypaged.serve.generation import Dispatcher  # noqa: E402
+from raypaged.serve.dispatch import Dispatcher  # noqa: E402
 from raypaged.serve.metrics import RequestMetrics  # noqa: E402
 from raypaged.serve.routing import Router  # noqa: E402
+from local_link import generate  # noqa: E402
 from raypaged.serve.worker import Worker  # noqa: E402
 
 
 async def run_request(worker, rid, prompt):
-    async for _ in worker.generate(rid, prompt, SamplingParams(max_tokens=2, ignore_eos=True)):
+    async for _ in generate(worker, rid, prompt, SamplingParams(max_tokens=2, ignore_eos=True)):
         pass
 
 

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from raypaged.config import KVPlan
 from raypaged.core.contracts import EngineStats, MemoryStats, PreemptionStats
 from raypaged.serve.fleet import READY, FleetSnapshot, WorkerView
+from raypaged.serve.messages import WorkerStats
 from raypaged.serve.metrics import RequestMetrics, render
-from raypaged.serve.worker import KVBudget, WorkerStats
 
 
 def worker(wid: str, preemptions: int, p: PreemptionStats) -> WorkerView:
     memory = MemoryStats(64, 16, 10, 4, 50, 0, 0, 0, 0)
     engine = EngineStats(memory, 2, 1, preemptions, 9, 100, preemption=p)
-    budget = KVBudget(1 << 20, 1024, 16384, 64, 1024, 1)
+    budget = KVPlan(1 << 20, 1024, block_size=16, num_blocks=64, max_model_len=1024)
     stats = WorkerStats(wid, "inc", 1, "m", 1024, 16, budget, engine, num_active=3)
     return WorkerView(wid, READY, handle=None, stats=stats)
 

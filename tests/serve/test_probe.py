@@ -9,7 +9,7 @@ from raypaged.serve.actors import probe_worker
 from raypaged.serve.config import STEP_STALL_S
 from raypaged.serve.controller import WorkerDown
 from raypaged.serve.fleet import UNRESPONSIVE
-from raypaged.serve.worker import Health
+from raypaged.serve.messages import Health
 
 
 class Method:

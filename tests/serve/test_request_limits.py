@@ -11,7 +11,7 @@ import pytest
 from http_server import serving
 from local_fleet import LocalFleet
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
-from raypaged.serve.generation import Dispatcher
+from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.config import ServeOptions
 from raypaged.serve.http_app import build_http_app
 from raypaged.serve.limits import RequestLimits

@@ -8,7 +8,7 @@ from transformers import AutoTokenizer
 
 from local_fleet import LocalFleet, client_for
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
-from raypaged.serve.generation import Dispatcher
+from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.http_app import build_http_app
 from raypaged.serve.metrics import RequestMetrics, render
 from raypaged.serve.config import ServeOptions

@@ -7,6 +7,7 @@ import time
 
 from fake_engine import FakeEngine
 from raypaged.core.sampling_params import SamplingParams
+from local_link import generate
 from raypaged.serve.worker import Worker
 
 
@@ -27,7 +28,7 @@ def test_health_reports_how_long_a_step_has_hung_and_zero_when_idle_or_progressi
         engine = HangingEngine()
         w = Worker(engine, "w")
         assert w.health().stalled_s == 0.0 and w.health().incarnation == w.incarnation
-        gen = w.generate("r", list(b"hello there"), SamplingParams(max_tokens=3))
+        gen = generate(w, "r", list(b"hello there"), SamplingParams(max_tokens=3))
         first = asyncio.ensure_future(gen.__anext__())
         await asyncio.sleep(0.05)
         w.health()  # the probe sees the engine busy with these stats...
@@ -45,7 +46,7 @@ def test_health_reports_how_long_a_step_has_hung_and_zero_when_idle_or_progressi
 def test_abort_queues_the_abort_and_frees_the_request():
     async def main():
         w = Worker(FakeEngine(step_delay_s=0.01), "w")
-        gen = w.generate("r", list(b"hello there"), SamplingParams(max_tokens=200))
+        gen = generate(w, "r", list(b"hello there"), SamplingParams(max_tokens=200))
         await gen.__anext__()
         w.abort("r")
         outs = [o async for batch in gen for o in batch]

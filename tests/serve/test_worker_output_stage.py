@@ -10,6 +10,7 @@ from raypaged.core.engine_core import EngineCore
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.scheduler import Scheduler
 from raypaged.engine import Engine
+from local_link import generate
 from raypaged.serve.worker import Worker
 
 PROMPT = list(b"a prompt of a few blocks, long enough to fill two of them")
@@ -24,7 +25,7 @@ def real_engine(output_thread: bool, step_delay_s: float = 0.0) -> Engine:
 
 async def collect(worker, rid, params):
     outs = []
-    async for batch in worker.generate(rid, PROMPT, params):
+    async for batch in generate(worker, rid, PROMPT, params):
         outs += batch
     return outs
 

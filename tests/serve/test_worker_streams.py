@@ -7,14 +7,16 @@ import pytest
 
 from fake_engine import FakeEngine
 from raypaged.core.sampling_params import SamplingParams
-from raypaged.serve.worker import Rejected, Worker, WorkerError
+from local_link import generate
+from raypaged.serve.messages import Rejected, WorkerUnavailable
+from raypaged.serve.worker import Worker
 
 PROMPT = list(b"a prompt of a few blocks, long enough to fill two of them")
 
 
 async def drain(worker, rid, params, prompt=PROMPT, salt=None):
     batches = []
-    async for batch in worker.generate(rid, prompt, params, salt):
+    async for batch in generate(worker, rid, prompt, params, salt):
         batches.append(batch)
     return batches
 
@@ -70,7 +72,7 @@ def test_cancelling_the_caller_aborts_the_request_and_frees_its_blocks():
 def test_leaving_the_stream_early_aborts_too():
     async def main():
         w = Worker(FakeEngine(step_delay_s=0.005), "w")
-        gen = w.generate("r", PROMPT, SamplingParams(max_tokens=150, ignore_eos=True))
+        gen = generate(w, "r", PROMPT, SamplingParams(max_tokens=150, ignore_eos=True))
         await gen.__anext__()
         await gen.aclose()
         await asyncio.sleep(0.1)
@@ -142,7 +144,7 @@ class ExplodingEngine(FakeEngine):
 def test_an_engine_failure_fails_the_requests_and_the_worker_lives_on():
     async def main():
         w = Worker(ExplodingEngine(), "w")
-        with pytest.raises(WorkerError, match="kernel fault"):
+        with pytest.raises(WorkerUnavailable, match="kernel fault"):
             await drain(w, "r", SamplingParams(max_tokens=5))
         for _ in range(100):
             if w.stats().engine.num_running == w.stats().engine.num_waiting == 0:
