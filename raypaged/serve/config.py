@@ -135,6 +135,10 @@ class ServeOptions:
     max_content_parts: int = setting(
         8192, "content parts (list items of messages' content) in one chat request, all "
         "messages together", group=LIMITS, ge=1)
+    max_structured_output_chars: int = setting(
+        65536, "characters of one request's JSON schema / regex / grammar / choices "
+        "(structured outputs, tool schemas)", group=LIMITS, ge=1)
+    max_logit_bias: int = setting(300, "logit_bias entries per request", group=LIMITS, ge=0)
     # "module:function" called with the engine kwargs instead of raypaged.engine.build_engine:
     # lets tests run the whole application on a fake engine.
     engine_factory: str | None = setting(None, "engine builder 'module:function' (tests)",

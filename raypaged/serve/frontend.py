@@ -33,6 +33,8 @@ from raypaged.serve.generation import Dispatcher, Generation
 from raypaged.serve.limits import RequestLimits
 from raypaged.serve.prompt_bound import max_token_bytes
 from raypaged.serve.protocol import ChatCompletionRequest, CompletionRequest
+from raypaged.serve.structured import check_constraint
+from raypaged.serve.tool_calls import ToolCallChoices, tool_constraint, tool_mode
 from raypaged.serve.responses import (WORKER_HEADER, Choice, Shapes, sse_data, sse_response,
                                       usage, workers_header)
 
@@ -135,21 +137,30 @@ class OpenAIFrontend:
             self.limits.check_chat(body)
         req: ChatCompletionRequest = self._parse(ChatCompletionRequest, body)
         chunk = functools.partial(self.shapes.chat_choice, req.logprobs)
+        mode, name = tool_mode(req.tool_dicts(), req.tool_choice)
+        forced = tool_constraint(req.tool_dicts(), mode, name)
+        if forced is not None and req.constraint() is not None:
+            raise bad_request(f"tool_choice {req.tool_choice!r} constrains the output itself: "
+                              "leave out response_format / structured_outputs", "tool_choice")
+        if mode != "none":
+            chunk = ToolCallChoices(chunk, mode, name)
         return await self._respond(CHAT, req, [await self._chat_tokens(req)],
                                    req.requested_max_tokens(), req.requested_logprobs(), chunk,
-                                   arrival, deadline)
+                                   arrival, deadline, forced)
 
     # -- the one request path ----------------------------------------------------------------
     async def _respond(self, route: Route, req, prompts: list[list[int]], max_tokens: int | None,
                        logprobs: int | None, chunk: Callable, arrival: float,
-                       deadline: float | None = None) -> JSONResponse | StreamingResponse:
+                       deadline: float | None = None, constraint=None
+                       ) -> JSONResponse | StreamingResponse:
         for tokens in prompts:
             self._check_length(tokens, max_tokens)
         if not isinstance(max_tokens, int):  # unset: up to what is left of each context
             left = sum(self.info.max_model_len - len(tokens) for tokens in prompts)
             self.limits.check_total(left * req.n, len(prompts), req.n,
                                     "what is left of max_model_len, as max_tokens is unset")
-        params = self._params(req, max_tokens, logprobs)
+        constraint = await check_constraint(constraint or req.constraint(), self.limits)
+        params = self._params(req, max_tokens, logprobs, constraint)
         gens = await self._start(route.id_prefix, prompts, params, req.cache_salt, arrival)
         if req.stream:  # the header goes out first: it names the workers streaming now
             opts = req.stream_options
@@ -196,7 +207,7 @@ class OpenAIFrontend:
         try:
             text = await asyncio.to_thread(
                 self.tokenizer.apply_chat_template, req.conversation(), tokenize=False,
-                add_generation_prompt=req.add_generation_prompt)
+                add_generation_prompt=req.add_generation_prompt, tools=req.tool_dicts())
         except Exception as exc:  # noqa: BLE001 - a template that rejects this conversation
             raise bad_request(f"the chat template rejected these messages: {exc}",
                               "messages") from None
@@ -234,9 +245,10 @@ class OpenAIFrontend:
                 f"{len(tokens) + max_tokens} ({len(tokens)} in the prompt, {max_tokens} "
                 f"max_tokens): lower max_tokens to at most {limit - len(tokens)}", "max_tokens")
 
-    def _params(self, req, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def _params(self, req, max_tokens: int | None, logprobs: int | None,
+                constraint=None) -> SamplingParams:
         try:
-            params = req.sampling_params(max_tokens, logprobs)
+            params = req.sampling_params(max_tokens, logprobs, constraint)
             params.check_token_ids(self.info.vocab_size)  # the engine checks again
             return params
         except ValueError as exc:

@@ -28,6 +28,8 @@ class RequestLimits:
     max_logprobs: int = _DEFAULTS.max_logprobs
     max_messages: int = _DEFAULTS.max_messages
     max_content_parts: int = _DEFAULTS.max_content_parts
+    max_structured_output_chars: int = _DEFAULTS.max_structured_output_chars
+    max_logit_bias: int = _DEFAULTS.max_logit_bias
 
     @classmethod
     def of(cls, options: ServeOptions) -> "RequestLimits":
@@ -105,6 +107,10 @@ class RequestLimits:
         if isinstance(ids, list):
             _at_most(len(ids), self.max_stop_token_ids, "stop_token_ids", "stop_token_ids",
                      "max_stop_token_ids")
+        bias = body.get("logit_bias")
+        if isinstance(bias, dict):
+            _at_most(len(bias), self.max_logit_bias, "logit_bias", "logit_bias entries",
+                     "max_logit_bias")
 
     def _check_logprobs(self, value, param: str) -> None:
         if _is_int(value) and not 0 <= value <= self.max_logprobs:

@@ -12,6 +12,7 @@ from typing import Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from raypaged.core.sampling_params import SamplingParams
+from raypaged.core.structured_outputs import StructuredOutputsParams
 from raypaged.serve.errors import bad_request
 
 MAX_LOGPROBS = 20  # the engine's bound (SamplingParams); a server may set a lower max_logprobs
@@ -20,6 +21,31 @@ MAX_LOGPROBS = 20  # the engine's bound (SamplingParams); a server may set a low
 class StreamOptions(BaseModel):
     include_usage: StrictBool = False
     continuous_usage_stats: StrictBool = False
+
+
+class JSONSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: StrictStr | None = None
+    description: StrictStr | None = None
+    schema_: dict | None = Field(None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs` request field (StructuredOutputsParams' names)."""
+    model_config = ConfigDict(extra="forbid")
+    json_: dict | StrictStr | None = Field(None, alias="json")
+    regex: StrictStr | None = None
+    choice: list[StrictStr] | None = None
+    grammar: StrictStr | None = None
+    json_object: StrictBool | None = None
+    disable_any_whitespace: StrictBool = False
 
 
 class _Sampling(BaseModel):
@@ -45,6 +71,8 @@ class _Sampling(BaseModel):
     user: StrictStr | None = None
     cache_salt: StrictStr | None = Field(None, min_length=1)
     logit_bias: dict[str, StrictFloat] | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     def check_common(self, max_n: int) -> None:
         if not 1 <= self.n <= max_n:
@@ -52,10 +80,34 @@ class _Sampling(BaseModel):
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options can only be set when stream is true",
                               "stream_options")
-        if self.logit_bias:
-            raise bad_request("logit_bias is not supported", "logit_bias")
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def constraint(self) -> StructuredOutputsParams | None:
+        """The one constraint asked for, from structured_outputs or response_format."""
+        so, rf = self.structured_outputs, self.response_format
+        if so is not None and rf is not None and rf.type != "text":
+            raise bad_request("give either structured_outputs or response_format, not both",
+                              "structured_outputs")
+        try:
+            if so is not None:
+                schema = so.json_
+                if isinstance(schema, str):
+                    schema = _schema_text(schema, "structured_outputs.json")
+                return StructuredOutputsParams(
+                    json=schema, regex=so.regex, choice=so.choice, grammar=so.grammar,
+                    json_object=so.json_object, disable_any_whitespace=so.disable_any_whitespace)
+        except ValueError as exc:
+            raise bad_request(str(exc), "structured_outputs") from None
+        if rf is None or rf.type == "text":
+            return None
+        if rf.type == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if rf.json_schema is None or rf.json_schema.schema_ is None:
+            raise bad_request("response_format of type 'json_schema' needs json_schema.schema",
+                              "response_format.json_schema")
+        return StructuredOutputsParams(json=rf.json_schema.schema_)
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None,
+                        constraint: StructuredOutputsParams | None = None) -> SamplingParams:
         def given(value, default):
             return default if value is None else value
         return SamplingParams(
@@ -67,7 +119,19 @@ class _Sampling(BaseModel):
             logprobs=logprobs, presence_penalty=given(self.presence_penalty, 0.0),
             frequency_penalty=given(self.frequency_penalty, 0.0),
             repetition_penalty=given(self.repetition_penalty, 1.0),
-            include_stop_str_in_output=self.include_stop_str_in_output)
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            structured_outputs=constraint, logit_bias=self.logit_bias)
+
+
+def _schema_text(text: str, param: str) -> dict:
+    import json
+    try:
+        schema = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{param} is not valid JSON: {exc}") from None
+    if not isinstance(schema, dict):
+        raise ValueError(f"{param} must be a JSON schema (an object)")
+    return schema
 
 
 Prompt = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
@@ -115,6 +179,8 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: StrictStr | list[TextPart] | None = None
     name: StrictStr | None = None
+    tool_calls: list[dict] | None = None     # an assistant turn that called tools
+    tool_call_id: StrictStr | None = None    # a tool turn: which call it answers
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -122,9 +188,17 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
-class ResponseFormat(BaseModel):
+class ToolFunction(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    type: StrictStr
+    name: StrictStr = Field(min_length=1)
+    description: StrictStr | None = None
+    parameters: dict | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: ToolFunction
 
 
 class ChatCompletionRequest(_Sampling):
@@ -133,9 +207,8 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = None
-    tools: list[dict] | None = None
+    tools: list[Tool] | None = None
     tool_choice: StrictStr | dict | None = None
-    response_format: ResponseFormat | None = None
     add_generation_prompt: StrictBool = True
 
     def check(self, max_n: int, max_logprobs: int = MAX_LOGPROBS) -> None:
@@ -152,10 +225,9 @@ class ChatCompletionRequest(_Sampling):
             if not 0 <= self.top_logprobs <= max_logprobs:
                 raise bad_request(f"top_logprobs must be between 0 and {max_logprobs}",
                                   "top_logprobs")
-        if self.tools:
-            raise bad_request("tools are not supported", "tools")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise bad_request("only response_format type 'text' is supported", "response_format")
+
+    def tool_dicts(self) -> list[dict] | None:
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
     def requested_max_tokens(self) -> int | None:
         if self.max_completion_tokens is not None:
@@ -166,5 +238,7 @@ class ChatCompletionRequest(_Sampling):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def conversation(self) -> list[dict]:
-        return [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
+        return [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {}),
+                 **({"tool_calls": m.tool_calls} if m.tool_calls else {}),
+                 **({"tool_call_id": m.tool_call_id} if m.tool_call_id else {})}
                 for m in self.messages]
