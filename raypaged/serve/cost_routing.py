@@ -17,7 +17,9 @@ shows it: same key, same worker). Every replica with the same snapshot makes the
 At 1,000 workers the per-worker loops are the cost, so the choice is made in numpy over the
 rendezvous order, and when the views belong to one CacheIndex (the router's fleet client and the
 simulator keep them so) the hits come from one walk of the prompt's keys over its inverted index
-instead of a walk per worker; both give exactly `_hit_tokens` of each view.
+instead of a walk per worker: a bisection of the prompt's keys (CacheIndex.hit_groups,
+nested=True), which gives each view's own walk exactly wherever the views are nested, as
+prefix caches are (cache_index.py says when they are not).
 
 The snapshot lags the workers by up to a poll plus a refresh (~0.75 s by default): a prefix
 cached since then is not yet seen (that request is routed as cold, by its hash), and one evicted
