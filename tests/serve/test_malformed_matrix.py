@@ -38,7 +38,10 @@ BAD = {
     "stream": ['"yes please"', "1", "[]"],
     "cache_salt": ["7", '""', '"\\ud800"', "[]"],
     "user": ["5", '"\\udfff"', "{}"],
-    "logit_bias": ['{"5": 10}', '{"5": "NaN"}'],
+    "logit_bias": ['{"5": 101}', '{"5": "NaN"}', '{"x": 1}', '{"49152": 1}', "[5]"],
+    "structured_outputs": ['{"regex": "a("}', '{"json": {"type": "foo"}}', '{"regexp": "a"}',
+                           '{"regex": "a", "choice": ["b"]}', "{}", '"json"'],
+    "response_format": ['{"type": "json_schema"}', '{"type": "xml"}', '"text"', "5"],
 }
 BAD_COMPLETION_ONLY = {
     "prompt": ['"\\ud800"', '["ok", "\\ud800"]', "[[1, -1]]", "[[]]", "null", "true", "{}",
@@ -58,8 +61,8 @@ BAD_CHAT_ONLY = {
     "top_logprobs": ["2", "99"],          # without logprobs: true
     "logprobs": ['"yes"', "5", "NaN"],
     "max_completion_tokens": NOT_AN_INT + ["0", "-1"],
-    "tools": ['[{"type": "function", "function": {"name": "f"}}]'],
-    "response_format": ['{"type": "json_object"}', '"text"', "5"],
+    "tools": ['[{"type": "function"}]', '[{"type": "retrieval", "function": {"name": "f"}}]'],
+    "tool_choice": ['"required"', '"always"', '{"type": "function", "function": {"name": "f"}}'],
     "add_generation_prompt": ['"yes"'],
 }
 
