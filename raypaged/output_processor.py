@@ -35,6 +35,7 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self._seqs: dict[str, _Sequence] = {}    # core sequence id -> state
         self._prompts: dict[str, tuple[list[int], SamplingParams]] = {}  # for forked samples
+        self._live: dict[str, int] = {}  # request id -> its samples tracked here
         # Sequences this processor finished (stop string, detokenizer error) whose final delta
         # from core has not arrived yet: their later deltas are dropped.
         self._ended_here: set[str] = set()
@@ -49,6 +50,7 @@ class OutputProcessor:
         `detokenizer()` (and resumed, for a continuation)."""
         self._prompts[request_id] = (prompt, params)
         self._seqs[request_id] = _Sequence(request_id, index, detok, len(prompt))
+        self._live[request_id] = 1
 
     def tracks(self, request_id: str) -> bool:
         return request_id in self._prompts
@@ -96,11 +98,15 @@ class OutputProcessor:
         prompt, params = self._prompts[request_id]
         self._seqs[seq_id] = _Sequence(request_id, index, self.detokenizer(prompt, params),
                                        len(prompt))
+        self._live[request_id] += 1
 
     def _forget(self, seq_id: str, request_id: str) -> None:
         # Core forks all n samples in one step, and this processor tracks all of a step's new
         # samples before handling any finish, so once no sample of the request is tracked here,
         # none will come: the prompt can go.
+        # A count per request, not a scan of every tracked sequence per finish: O(1) at any load.
         del self._seqs[seq_id]
-        if not any(s.request_id == request_id for s in self._seqs.values()):
+        self._live[request_id] -= 1
+        if not self._live[request_id]:
+            del self._live[request_id]
             self._prompts.pop(request_id, None)

@@ -145,9 +145,6 @@ class EngineCore:
         """Requests to serve, or a step still running (its result is applied by one more step)."""
         return self.scheduler.has_unfinished() or self._running is not None
 
-    def has_samples(self, request_id: str) -> bool:
-        return self.scheduler.has_samples(request_id)
-
     def cache_summary(self) -> CacheSummary:
         """What the prefix cache holds, for routers (see core/cache_summary.py)."""
         return self.scheduler.kv.pool.summary

@@ -10,11 +10,11 @@ everyone who arrived after it (FCFS by arrival), never behind them.
 """
 from __future__ import annotations
 
-from collections import deque
 from typing import Callable, Iterable
 
 from raypaged.core.contracts import PreemptionStats
 from raypaged.core.request import Request
+from raypaged.core.request_queue import RequestQueue
 
 
 def choose_victim(candidates: Iterable[Request], protect_after: int) -> Request:
@@ -26,7 +26,7 @@ def choose_victim(candidates: Iterable[Request], protect_after: int) -> Request:
     return min(candidates, key=cost)
 
 
-def requeue_by_arrival(waiting: deque[Request], req: Request) -> None:
+def requeue_by_arrival(waiting: RequestQueue, req: Request) -> None:
     """Put a preempted request back before every waiting request that arrived after it."""
     key = (req.arrival, req.sample_index)
     for i, other in enumerate(waiting):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections import deque
 from typing import Callable
 
 from raypaged.core.contracts import (PLACEHOLDER, RequestDelta, ScheduledBatch, ScheduledRequest,
@@ -27,6 +26,7 @@ from raypaged.core.admission import OutputLengths, has_headroom
 from raypaged.core.kv_cache_manager import KVCacheManager
 from raypaged.core.preemption import PreemptionCounters, choose_victim, requeue_by_arrival
 from raypaged.core.request import Request, RequestStatus
+from raypaged.core.request_queue import RequestQueue
 from raypaged.core.scheduling_policy import SchedulingPolicy
 
 
@@ -44,7 +44,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[Request] = deque()
+        self.waiting = RequestQueue()  # O(1) abort at any queue length
         self.running: list[Request] = []  # in admission order: the last is the newest
         self.requests: dict[str, Request] = {}
         self.children: dict[str, list[str]] = {}  # n > 1: parent id -> forked ids
@@ -96,7 +96,7 @@ class Scheduler:
             if req is None or req.is_finished:
                 continue
             if req.status is RequestStatus.RUNNING:
-                self.running.remove(req)
+                self.running.remove(req)  # O(max_num_seqs), whatever the queue's length
             else:
                 self.waiting.remove(req)
             self._finish(req, reason)
@@ -128,10 +128,6 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
-
-    def has_samples(self, request_id: str) -> bool:
-        """Whether forked samples (n > 1) of this request are still tracked."""
-        return request_id in self.children
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)

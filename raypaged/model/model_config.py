@@ -65,10 +65,6 @@ class ModelConfig:
         return self.eos_token_ids[0] if self.eos_token_ids else None
 
     @property
-    def num_queries_per_kv(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
-    @property
     def max_model_len(self) -> int:
         """Longest sequence we serve. We attend over the full context, so with a sliding window
         (Mistral v0.1: 4096) our results equal the reference model's only up to the window's
