@@ -13,7 +13,7 @@ A variant is NAME=SPEC: SPEC's leading NAME=VALUE words are the server's environ
 own switches), the rest `raypaged serve` flags:
 
     python benchmarks/serve_cpu.py --vllm-python VENV/bin/python [--concurrency 1,4,16]
-        [--rounds 2] [--name serve_cpu] [--variant "no_mux=--no-stream-mux"]
+        [--rounds 2] [--name serve_cpu] [--variant "queue=--max-queued-requests 64"]
         [--variant "haproxy=RAY_SERVE_ENABLE_HA_PROXY=1"] [-- FLAGS FOR EVERY VARIANT...]
 
 Without --variant the one variant is `default` (no extra flags); with any, `default` is still
