@@ -6,7 +6,6 @@ import asyncio
 import json
 
 from batch_inputs import read_output, write_lines
-from local_pool import FlakyWorker
 from raypaged.batch import BatchOptions
 from raypaged.batch.job import BatchJob
 from raypaged.config import EngineArgs
@@ -16,12 +15,28 @@ from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
 from raypaged.serve.metrics import RequestMetrics
 from raypaged.serve.routing import Router
+from raypaged.serve.fleet import READY, FleetSnapshot, WorkerView
 from raypaged.serve.worker import Worker
+from tests.serve.local_link import LocalLink, LocalLinks
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"},
                                            "age": {"type": "integer"}},
           "required": ["name", "age"]}
 ASK = [{"role": "user", "content": "Give me a person as JSON with name and age."}]
+
+
+class OneWorker:
+    """A FleetClient over one in-process Worker (local_pool's FlakyWorker assumes the fake
+    engine's byte tokenizer)."""
+
+    def __init__(self, worker: Worker):
+        self.worker, self._links = worker, LocalLinks()
+
+    def snapshot(self) -> FleetSnapshot:
+        return FleetSnapshot(1, (WorkerView("w0", READY, self.worker, self.worker.stats()),))
+
+    def link(self, view) -> LocalLink:
+        return self._links.link(view, LocalLink)
 
 
 class RealPool:
@@ -30,7 +45,7 @@ class RealPool:
                                          kv_memory_mb=64, max_model_len=1024))
         self.worker = Worker(engine, "w0")
         info = ModelInfo(engine.model_name, engine.max_model_len, len(engine.tokenizer), 0)
-        dispatcher = Dispatcher(FlakyWorker(self.worker, {}),
+        dispatcher = Dispatcher(OneWorker(self.worker),
                                 Router(ServeOptions(), engine.block_size), RequestMetrics())
         self.frontend = OpenAIFrontend(dispatcher, engine.tokenizer, info)
         self.block_size = engine.block_size
