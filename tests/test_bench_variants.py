@@ -13,7 +13,7 @@ def test_leading_name_value_words_are_the_environment_and_the_rest_flags():
 
 
 def test_flags_first_means_no_environment():
-    assert split_env(["--no-stream-mux", "X=1"]) == ({}, ["--no-stream-mux", "X=1"])
+    assert split_env(["--enforce-eager", "X=1"]) == ({}, ["--enforce-eager", "X=1"])
     assert split_env(["--decode-threads=2"]) == ({}, ["--decode-threads=2"])
     assert split_env([]) == ({}, [])
 
