@@ -28,8 +28,8 @@ from starlette.responses import JSONResponse, StreamingResponse
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.outputs import SequenceOutput
 from raypaged.serve.config import MAX_N
-from raypaged.serve.errors import APIError, bad_request, from_validation_error, from_value_error
 from raypaged.serve.dispatch import Dispatcher
+from raypaged.serve.errors import APIError, bad_request, from_validation_error, from_value_error
 from raypaged.serve.generation import Generation
 from raypaged.serve.limits import RequestLimits
 from raypaged.serve.prompt_bound import max_token_bytes
