@@ -48,3 +48,17 @@ def pyplot():
         print("matplotlib is not importable: no PNG written")
         return None
     return plt
+
+
+def bars_by_concurrency(ax, rows: list[dict], group: str, metric: str, title: str) -> None:
+    """One bar per `group` value at each concurrency: rows carry `concurrency`, `group`, `metric`."""
+    groups = list(dict.fromkeys(r[group] for r in rows))
+    concs = sorted({r["concurrency"] for r in rows})
+    width = 0.8 / len(groups)
+    for k, g in enumerate(groups):
+        vals = {r["concurrency"]: r[metric] for r in rows if r[group] == g}
+        ax.bar([i + k * width for i in range(len(concs))], [vals.get(c, 0) for c in concs],
+               width, label=g)
+    ax.set_xticks([i + width * (len(groups) - 1) / 2 for i in range(len(concs))],
+                  [f"c={c}" for c in concs])
+    ax.set_title(title)

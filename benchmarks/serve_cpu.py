@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 
-from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
+from benchmarks.report import bars_by_concurrency, plot_path, pyplot, table, write  # noqa: E402
 from benchmarks.serve_process import descendants, split_env, stop  # noqa: E402
 from benchmarks.vs_vllm import max_model_len, run_client, start_raypaged  # noqa: E402
 
@@ -118,19 +118,10 @@ def plot(summary: list[dict], name: str) -> None:
     plt = pyplot()
     if plt is None:
         return
-    variants = list(dict.fromkeys(s["variant"] for s in summary))
-    concs = sorted({s["concurrency"] for s in summary})
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
-    width = 0.8 / len(variants)
     for ax, metric, label in zip(axes, ["serving_path_ms_per_token", "output_throughput"],
                                  ["router + ingress CPU ms per output token", "output tok/s"]):
-        for k, v in enumerate(variants):
-            vals = {s["concurrency"]: s[metric] for s in summary if s["variant"] == v}
-            ax.bar([i + k * width for i in range(len(concs))], [vals.get(c, 0) for c in concs],
-                   width, label=v)
-        ax.set_xticks([i + width * (len(variants) - 1) / 2 for i in range(len(concs))],
-                      [f"c={c}" for c in concs])
-        ax.set_title(label)
+        bars_by_concurrency(ax, summary, "variant", metric, label)
     axes[0].legend(fontsize=8)
     fig.suptitle("raypaged serve: serving-path CPU and throughput per variant (medians of rounds)")
     fig.tight_layout()

@@ -45,7 +45,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
+from benchmarks.report import bars_by_concurrency, plot_path, pyplot, table, write  # noqa: E402
 from benchmarks.serve_process import (free_port, launch, launch_command, split_env,  # noqa: E402
                                       stop)
 
@@ -157,18 +157,9 @@ def plot(rows: list[dict], name: str) -> None:
     if plt is None:
         return
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
-    servers = list(dict.fromkeys(r["server"] for r in rows))
-    concs = sorted({r["concurrency"] for r in rows})
-    width = 0.8 / len(servers)
     for ax, metric, label in zip(axes, ["output_throughput", "mean_tpot_ms", "mean_ttft_ms"],
                                  ["output tok/s", "mean TPOT (ms)", "mean TTFT (ms)"]):
-        for k, s in enumerate(servers):
-            vals = {r["concurrency"]: r[metric] for r in rows if r["server"] == s}
-            ax.bar([i + k * width for i in range(len(concs))], [vals.get(c, 0) for c in concs],
-                   width, label=s)
-        ax.set_xticks([i + width * (len(servers) - 1) / 2 for i in range(len(concs))],
-                      [f"c={c}" for c in concs])
-        ax.set_title(label)
+        bars_by_concurrency(ax, rows, "server", metric, label)
     axes[0].legend()
     fig.suptitle("vllm bench serve: random 256 in / 64 out, same machine, same run")
     fig.tight_layout()
