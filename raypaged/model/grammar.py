@@ -3,7 +3,8 @@
 xgrammar was chosen by measurement (docs/structured_outputs.md): on SmolLM2's 49,152-token
 vocabulary a nested JSON schema compiled in 3 ms and cost 126 us per token (mask + apply +
 accept) on one CPU core; llguidance 1.9.1 compiled as fast but cost 38 ms per token for the same
-schema and tokens, and it is what vLLM's CPU server uses too (same grammar dialect, same masks).
+schema and tokens (first visits of each state only). xgrammar is also what vLLM's CPU server
+uses (same grammar dialect, same masks).
 
     check(spec)            no tokenizer needed: the router refuses a bad schema/regex/EBNF (400)
     GrammarCache.prepare   at admission: start compiling on the cache's own thread (once per key)
