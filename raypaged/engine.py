@@ -159,9 +159,10 @@ def build_engine(args: EngineArgs) -> Engine:
     from raypaged.model.grammar import GrammarCache
 
     setup = ModelSetup.decide(args)
+    model = setup.load_model()
     tokenizer = AutoTokenizer.from_pretrained(str(setup.model_dir))
     eos = setup.config.eos_token_ids
     grammars = GrammarCache(tokenizer, setup.config.vocab_size, eos)
-    core, plan, runner = build_core(setup, setup.load_model(), grammars)
+    core, plan, runner = build_core(setup, model, grammars)
     return Engine(core, tokenizer, plan, setup.model_name, eos, runner, args.output_thread,
                   grammars)
