@@ -176,7 +176,7 @@ class Worker:
     def _engine_loop(self) -> EngineLoop:
         if self._loop is None:
             self._event_loop = asyncio.get_running_loop()
-            self._loop = EngineLoop(self.engine, asyncio.get_running_loop(),
+            self._loop = EngineLoop(self.engine, self._event_loop,
                                     on_outputs=self._deliver, on_crash=self._fail_all)
         return self._loop
 
