@@ -8,6 +8,7 @@ and are adopted by the next one (detached_workers.py). A batch job's workers are
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import re
 import time
@@ -24,6 +25,7 @@ from raypaged.serve.controller import Controller, WorkerDown
 from raypaged.serve.detached_workers import (WORKER_NAMESPACE, fingerprint, kill_workers,
                                              named_workers, watch_application, worker_name)
 from raypaged.serve.fleet import DEAD, RESTARTING, UNRESPONSIVE
+from raypaged.serve.lifecycle import next_start
 from raypaged.serve.messages import Health, WorkerStats
 from raypaged.serve.worker import Worker
 
@@ -60,6 +62,7 @@ class WorkerActor(Worker):
                  engine_factory: str | None = None, watch_app: str | None = None):
         if watch_app is not None:  # a detached worker: nothing else removes it
             watch_application(watch_app)
+        back_off_restart()
         super().__init__(build_engine_from(engine_kwargs, engine_factory), worker_id, max_queued)
 
     @ray.method(concurrency_group=CONTROL)
@@ -73,6 +76,27 @@ class WorkerActor(Worker):
     @ray.method(concurrency_group=CONTROL)
     def abort(self, request_id: str) -> None:
         super().abort(request_id)
+
+
+def back_off_restart() -> None:
+    """A worker process restarted after a crash waits before loading the model again, longer
+    each crash in a row (lifecycle.py). What the last incarnation of this actor kept lives in
+    the GCS's key-value store under the actor's id, which stays the same across restarts."""
+    from ray.experimental import internal_kv
+
+    key = f"raypaged:restarts:{ray.get_runtime_context().get_actor_id()}"
+    raw = internal_kv._internal_kv_get(key)
+    delay, ledger = next_start(json.loads(raw) if raw else None, time.time())
+    internal_kv._internal_kv_put(key, json.dumps(ledger))
+    if delay:
+        logger.warning("worker restarted after %d crashes in a row: waiting %.0f s before "
+                       "loading the model", ledger["crashes"], delay)
+        time.sleep(delay)
+
+
+def replace_worker(handle) -> None:
+    """An unresponsive worker's end: its process killed, Ray starts a new one (max_restarts)."""
+    ray.kill(handle, no_restart=False)
 
 
 def worker_max_concurrency(max_queued: int, engine: dict) -> int:
@@ -211,8 +235,12 @@ class ControllerActor(Controller):
         if workers is None:
             factory = WorkerFactory(args, detached_workers)
             workers = factory.initial()
-        sample = args.get("route_cache_sample", ServeOptions().route_cache_sample)
-        super().__init__(workers, probe_worker, POLL_INTERVAL_S, POLL_TIMEOUT_S, sample)
+        defaults = ServeOptions()
+        sample = args.get("route_cache_sample", defaults.route_cache_sample)
+        unresponsive_s = args.get("worker_unresponsive_timeout_s",
+                                  defaults.worker_unresponsive_timeout_s)
+        super().__init__(workers, probe_worker, POLL_INTERVAL_S, POLL_TIMEOUT_S, sample,
+                         kill=replace_worker, unresponsive_timeout_s=unresponsive_s)
         if factory is not None and factory.fleet.autoscaling:
             self.autoscaler = Autoscaler(policy_of(factory.fleet), factory.start, retire_worker,
                                          factory.fleet.drain_timeout_s, time.time(),

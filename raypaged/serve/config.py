@@ -75,6 +75,10 @@ class ServeOptions:
     gpus_per_worker: float | None = setting(
         None, "default: on a local Ray, 1 when this machine has GPUs; joining a cluster, 0 (set "
         "it: the cluster may not have its GPU nodes yet)", group=FLEET, ge=0)
+    worker_unresponsive_timeout_s: float = setting(
+        30.0, "a worker unresponsive this many seconds (no answer to the controller, or an "
+        "engine step stuck for 30 s) is killed and restarted; its requests failed over at once "
+        "(30: Kubernetes' default liveness probe, 3 misses 10 s apart)", group=FLEET, gt=0)
     router_replicas: int = setting(1, "HTTP router replicas", group=FLEET, ge=1)
     max_queued_requests: int = setting(
         1024, "per worker, beyond the running ones; then 503 + Retry-After", group=FLEET, ge=0)

@@ -7,6 +7,8 @@ application. Each poll round asks every worker for `stats()` concurrently, with 
     answer, new incarnation    -> ready, restarts += 1 (the process was restarted: re-admitted)
     timeout                    -> unresponsive (keeps its last stats; routers skip it)
     WorkerDown(state)          -> restarting / dead (routers skip it until it answers again)
+    unresponsive for `unresponsive_timeout_s` -> killed (`kill`: Ray starts a new process, which
+                                  answers as a new incarnation; lifecycle.py)
 
 Each poll also brings the worker's prefix-cache changes since the last one; the controller keeps
 a mirror of every worker's cache summary, and routers catch up with it by deltas
@@ -27,6 +29,7 @@ from typing import Any, Awaitable, Callable, Sequence
 from raypaged.core.cache_summary import CacheSummary, SummaryDelta, sampled
 from raypaged.serve.fleet import (DEAD, READY, STARTING, UNRESPONSIVE, FleetSnapshot,
                                   WorkerView)
+from raypaged.serve.lifecycle import overdue
 from raypaged.serve.messages import WorkerStats
 
 logger = logging.getLogger(__name__)
@@ -48,7 +51,8 @@ Probe = Callable[[Any, int], Awaitable[WorkerStats]]
 class Controller:
     def __init__(self, workers: Sequence[tuple[str, Any]], probe: Probe,
                  poll_interval_s: float = 0.5, poll_timeout_s: float = 5.0,
-                 cache_sample: int = 1):
+                 cache_sample: int = 1, kill: Callable[[Any], None] | None = None,
+                 unresponsive_timeout_s: float = 30.0):
         now = time.time()
         self._views = {wid: WorkerView(wid, STARTING, handle, since=now) for wid, handle in workers}
         self._probe = probe
@@ -61,6 +65,8 @@ class Controller:
         self._cache_from: dict[str, tuple[str, int]] = {}  # worker -> (incarnation, version)
         self.cache_sample = cache_sample  # ServeOptions.route_cache_sample
         self.autoscaler = None  # serve/autoscaler.py: set by the Ray shell when scaling
+        self._kill = kill  # kill(handle): end the worker's process so that Ray starts a new one
+        self.unresponsive_timeout_s = unresponsive_timeout_s
 
     async def snapshot(self) -> FleetSnapshot:
         self._ensure_polling()
@@ -90,7 +96,27 @@ class Controller:
             if new.state != old.state:
                 logger.info("worker %s: %s -> %s", new.worker_id, old.state, new.state)
             self._views[new.worker_id] = new
+        if self._kill is not None:
+            self._kill_unresponsive(time.time())
         self._version += 1
+
+    def _kill_unresponsive(self, now: float) -> None:
+        """Its requests failed over when it turned unresponsive; what it still holds (an
+        accelerator, a step that never ends) comes back only with a new process."""
+        for v in list(self._views.values()):
+            if v.state != UNRESPONSIVE or not overdue(v.since, v.killed_at, now,
+                                                      self.unresponsive_timeout_s):
+                continue
+            silent = now - max(v.since, v.killed_at or 0.0)
+            logger.warning("worker %s unresponsive for %.0f s: killing it for a new process",
+                           v.worker_id, silent)
+            try:
+                self._kill(v.handle)
+            except Exception as exc:  # noqa: BLE001 - try again after another timeout
+                logger.warning("killing worker %s failed: %r", v.worker_id, exc)
+            self._views[v.worker_id] = dataclasses.replace(
+                v, kills=v.kills + 1, killed_at=now,
+                error=f"killed after {silent:.0f} s unresponsive ({v.error or 'no answer'})")
 
     async def _poll(self, view: WorkerView) -> WorkerView:
         now = time.time()

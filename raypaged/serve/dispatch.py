@@ -10,6 +10,7 @@ from typing import Protocol
 from raypaged.serve.cost_routing import WorkerLoad
 from raypaged.serve.fleet import FleetSnapshot, WorkerView
 from raypaged.serve.metrics import RequestMetrics
+from raypaged.serve.poison import PoisonMemory
 from raypaged.serve.routing import Router
 from raypaged.serve.worker_link import WorkerLink
 
@@ -29,6 +30,7 @@ class Dispatcher:
         self.inflight: collections.Counter[str] = collections.Counter()  # ours, per worker
         self._suspect_until: dict[str, float] = {}
         self.suspect_s = suspect_s
+        self.poison = PoisonMemory()  # requests refused as suspected poison (generation.py)
         self._snapshot_version = -1
         self._ours_at_snapshot: dict[str, int] = {}
 

@@ -28,6 +28,8 @@ class WorkerView:
     since: float = 0.0                # when the state last changed
     error: str | None = None          # why it is restarting / dead, when known
     draining_since: float | None = None  # scale-in: takes no new requests, finishes its own
+    kills: int = 0                    # times the controller killed it for being unresponsive
+    killed_at: float | None = None    # the last of those
 
     @property
     def ready(self) -> bool:
@@ -89,7 +91,8 @@ class FleetSnapshot:
         """For GET /fleet: per worker and in total."""
         workers = []
         for w in self.workers:
-            item = {"worker_id": w.worker_id, "state": w.state, "restarts": w.restarts}
+            item = {"worker_id": w.worker_id, "state": w.state, "restarts": w.restarts,
+                    "kills": w.kills}
             if w.draining_since is not None:
                 item["draining_since"] = w.draining_since
             if w.error:
@@ -104,10 +107,21 @@ class FleetSnapshot:
                     preemption=_preemption_json(s.engine.preemption),
                     graph_steps=s.graph_steps, eager_steps=s.eager_steps)
             workers.append(item)
-        out = {"workers": workers, "total": self.totals()}
+        out = {"workers": workers, "total": self.totals(),
+               "suspected_poison_requests": _summed(self.router_metrics,
+                                                    "suspected_poison_requests")}
         if self.scaling:
             out["scaling"] = self.scaling
         return out
+
+
+def _summed(router_metrics: dict, counter: str) -> dict:
+    """One request counter of every router replica (their pushed snapshots), by label."""
+    out: dict[str, float] = {}
+    for snap in router_metrics.values():
+        for label, value in snap.get("counters", {}).get(counter, {}).items():
+            out[label] = out.get(label, 0.0) + value
+    return out
 
 
 def _preemption_json(p) -> dict:

@@ -13,6 +13,10 @@ as many workers as it takes.
                elsewhere; else each unfinished sample goes on elsewhere as a Continuation of
                the tokens the client already has, so the text goes on with no gap and no
                repeat. After MAX_FAILOVERS lost workers the request ends with a 503.
+               A worker that dies (or freezes) after accepting the request may have been
+               killed by it: it is retried once; a second worker lost that way refuses it as a
+               suspected poison request (400, remembered: poison.py), never retried again.
+               A worker that left by draining counts for neither.
     collect(): every output, for non-streaming responses.
 
 The dispatcher (dispatch.py) holds what generations share; progress.py what the client has and
@@ -35,10 +39,12 @@ from raypaged.serve.errors import APIError
 from raypaged.serve.fleet import WorkerView
 from raypaged.serve.leg import Leg
 from raypaged.serve.messages import Lost, Rejected, WorkerUnavailable
+from raypaged.serve.poison import REMEMBER_S, fingerprint
 from raypaged.serve.progress import Progress
 from raypaged.serve.responses import WORKER_HEADER
 
 MAX_FAILOVERS = 2   # workers lost while serving one request before it gives up
+RETRIES_AFTER_DEATH = 1  # retries after a worker died with the request accepted (poison.py)
 WATCH_S = 0.25      # how often a waiting generation checks its workers are still in the fleet
 
 
@@ -53,6 +59,7 @@ class Generation:
         self._legs: list[Leg] = []
         self._opens = 0                 # legs opened (the first and every failover)
         self._failovers = 0             # workers lost while serving this request
+        self._died_serving: list[str] = []  # of those, the ones that had accepted it
         self._excluded: set[str] = set()
         self._queue: asyncio.Queue = asyncio.Queue()  # (leg, outputs | WorkerUnavailable)
         self._pending: collections.deque = collections.deque()  # first outputs, not yielded
@@ -69,7 +76,15 @@ class Generation:
 
     # -- routing and retries -----------------------------------------------------------------
     async def start(self) -> None:
+        if self.d.poison:  # costs a hash of the prompt only while something is remembered
+            reason = self.d.poison.refused(self._fingerprint())
+            if reason is not None:
+                self.d.metrics.inc("suspected_poison_requests", "refused_again")
+                raise self._error(400, reason, code="suspected_poison_request")
         await self._open(tuple(range(self.params.n)), None)
+
+    def _fingerprint(self) -> bytes:
+        return fingerprint(self.token_ids, self.params, self.cache_salt)
 
     async def _open(self, indexes: tuple[int, ...], continuation: Continuation | None) -> None:
         """Open a leg on the best worker that takes it; its first outputs go to _pending."""
@@ -93,7 +108,7 @@ class Generation:
                 try:
                     rejected = await self._submit(leg, view, params, continuation)
                 except WorkerUnavailable:
-                    self._worker_lost(worker_id)
+                    self._worker_lost(worker_id, self._died_with_it(leg))
                     break  # rank again without it
                 if rejected is None:
                     return
@@ -125,6 +140,7 @@ class Generation:
             if rejected is not None:
                 self._close_leg(leg)
                 return rejected
+            leg.accepted = True
             outs = self._outputs(await self._watched(leg, leg.first))
         except BaseException:
             self._close_leg(leg)
@@ -165,19 +181,37 @@ class Generation:
             self._close_leg(leg)
 
     # -- failover ----------------------------------------------------------------------------
-    def _worker_lost(self, worker_id: str) -> None:
+    def _died_with_it(self, leg: Leg) -> bool:
+        """The leg's worker was lost with the request accepted, and not by draining (a drained
+        worker leaves the snapshot)."""
+        return leg.accepted and self.d.fleet.snapshot().worker(leg.worker_id) is not None
+
+    def _worker_lost(self, worker_id: str, died_serving: bool) -> None:
         self._excluded.add(worker_id)
         self.d.mark_suspect(worker_id)
+        if died_serving and worker_id not in self._died_serving:
+            self._died_serving.append(worker_id)
+            if len(self._died_serving) > RETRIES_AFTER_DEATH:
+                self._refuse_as_poison()
         self._failovers += 1
         if self._failovers > MAX_FAILOVERS:
             raise self._error(503, f"{self._failovers} workers failed while serving this "
                               "request", code="worker_unavailable", retry_after=1)
         self.d.metrics.inc("request_retries")
 
+    def _refuse_as_poison(self) -> None:
+        workers = " and ".join(self._died_serving)
+        reason = (f"workers {workers} each died or stopped answering while serving this "
+                  "request: refused as a suspected poison request and not retried again (the "
+                  f"same request is refused for {REMEMBER_S:.0f} s)")
+        self.d.poison.remember(self._fingerprint(), reason)
+        self.d.metrics.inc("suspected_poison_requests", "refused")
+        raise self._error(400, reason, code="suspected_poison_request")
+
     async def _fail_over(self, leg: Leg) -> None:
         """Carry the leg's unfinished samples on elsewhere from what the client already has."""
         self._close_leg(leg)
-        self._worker_lost(leg.worker_id)
+        self._worker_lost(leg.worker_id, self._died_with_it(leg))
         samples = self.progress.samples
         if not leg.resumed and not any(samples[i].token_ids for i in leg.indexes):
             await self._open(leg.indexes, None)  # nothing of it seen: the same request again

@@ -43,6 +43,9 @@ COUNTERS = {  # name -> (help, label name or None)
     "request_success": ("Finished requests by finish reason.", "finished_reason"),
     "routing_decisions": ("Routing decisions by reason.", "reason"),
     "request_retries": ("Requests retried on another worker after a worker failure.", None),
+    "suspected_poison_requests": (
+        "Requests refused because two workers died serving them (refused), and the same "
+        "requests sent again (refused_again).", "outcome"),
     "request_errors": ("Requests answered with an error, by HTTP status.", "status"),
 }
 

@@ -22,6 +22,7 @@ from raypaged.serve.worker import Worker
 
 BEFORE_FIRST, MID_STREAM = "before_first", "mid_stream"
 FROZEN, FROZEN_MID_STREAM = "frozen", "frozen_mid_stream"  # hang; the snapshot says unresponsive
+DRAINED_MID_STREAM = "drained_mid_stream"  # leaves the snapshot, as a drained worker does
 
 
 class LocalFleet:
@@ -30,6 +31,7 @@ class LocalFleet:
                                               max_queued) for i in range(n)}
         self.failing: dict[str, str] = {}  # worker id -> one of the modes above
         self.frozen: set[str] = set()  # workers the snapshot reports as unresponsive
+        self.drained: set[str] = set()  # workers the snapshot no longer lists
         self._versions = itertools.count()
         self._links = LocalLinks()
 
@@ -41,7 +43,7 @@ class LocalFleet:
             caches[wid].apply(w.engine.cache_summary().delta_since(-1))
         return FleetSnapshot(next(self._versions), tuple(
             WorkerView(wid, UNRESPONSIVE if wid in self.frozen else READY, w, w.stats())
-            for wid, w in self.workers.items()), caches=caches)
+            for wid, w in self.workers.items() if wid not in self.drained), caches=caches)
 
     def link(self, view) -> LocalLink:
         mode = self.failing.get(view.worker_id)
@@ -80,6 +82,9 @@ class FaultyLink(LocalLink):
                 raise WorkerUnavailable(f"{self.worker_id} died mid-stream")
             if self.mode == FROZEN_MID_STREAM and count >= 2:
                 await self.fleet._freeze(self.worker_id)
+            if self.mode == DRAINED_MID_STREAM and count >= 2:
+                self.fleet.drained.add(self.worker_id)
+                await asyncio.Event().wait()
 
 
 def local_app(fleet: LocalFleet, api_key: str | None = None, max_request_bytes: int = 1 << 20,
