@@ -55,6 +55,7 @@ class Result:
     output_tokens: int = 0
     worker: str = ""
     error: str = ""
+    retry_after: float | None = None  # a refusal's Retry-After header, seconds
 
 
 async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int],
@@ -66,7 +67,9 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: l
     try:
         async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
             if r.status_code != 200:
-                return Result(ok=False, error=f"{r.status_code} {(await r.aread())[:200]!r}")
+                retry_after = r.headers.get("retry-after")
+                return Result(ok=False, error=f"{r.status_code} {(await r.aread())[:200]!r}",
+                              retry_after=float(retry_after) if retry_after else None)
             res.worker = r.headers.get("x-raypaged-worker", "")
             async for line in r.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
