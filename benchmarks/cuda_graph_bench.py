@@ -19,7 +19,7 @@ import torch  # noqa: E402
 from benchmarks.random_model import random_model  # noqa: E402
 from benchmarks.report import pyplot, plot_path, table, write  # noqa: E402
 from raypaged.core.sampling_params import SamplingParams  # noqa: E402
-from raypaged.engine import EngineArgs, build_core  # noqa: E402
+from raypaged.config import EngineArgs  # noqa: E402
 
 
 def steps_per_s(batch: int, eager: bool, steps: int, config: str) -> float:
@@ -27,7 +27,7 @@ def steps_per_s(batch: int, eager: bool, steps: int, config: str) -> float:
                       attention_backend="triton", enforce_eager=eager, dtype="bfloat16",
                       device="cuda")
     model, setup = random_model(config, args)
-    core, _, runner = build_core(setup, model)
+    core, _, runner = setup.build_core(model)
     for i in range(batch):
         core.add_request(f"r{i}", list(range(100 + i, 612 + i)),
                          SamplingParams(temperature=0, max_tokens=steps + 20, ignore_eos=True))

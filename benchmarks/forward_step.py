@@ -43,7 +43,7 @@ class PerLayerPlan(TorchAttentionBackend):
         return super()._plan(meta, block_size)
 
 
-# variant -> the optimisations it turns on; "default" is what build_engine gives on a CPU
+# variant -> the optimisations it turns on; "default" is what Engine.from_args gives on a CPU
 VARIANTS = {"baseline": (), "packed_linears": ("packed_linears",), "step_plan": ("step_plan",),
             "packed+plan": ("packed_linears", "step_plan"),
             "default": ("packed_linears", "step_plan", "decode_kernel")}
@@ -108,7 +108,7 @@ def main() -> None:
     cfg = built["baseline"][1]
     inputs = {name: step_inputs(b, ctx, q) for name, b, ctx, q in cases}
     num_blocks = max(i[-1] for i in inputs.values())
-    caches = allocate_kv_caches(cfg, num_blocks, BLOCK, getattr(torch, args.dtype), "auto", "cpu")
+    caches = allocate_kv_caches(cfg, num_blocks, BLOCK, getattr(torch, args.dtype), "cpu")
     times = {(c[0], v): [] for c in cases for v in variants}
     for name, *_ in cases:
         for v in variants:  # warm-up: oneDNN builds its kernels for each shape once

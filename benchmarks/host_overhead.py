@@ -1,7 +1,7 @@
 """Host cost of one engine step around a stand-in model: where the time between device steps goes.
 
 The real engine (scheduler, block pool, runner, sampler, detokenizer, stats) built by
-`build_core`, around a stand-in model whose forward costs a fixed device time (a sleep, or an
+`ModelSetup.build_core`, around a stand-in model whose forward costs a fixed device time (a sleep, or an
 instant return) and returns logits of Llama 3's vocabulary (128,256; random over the default
 tokenizer's ids, -inf beyond, so detokenization is real). Decode steps at 1 / 64 / 256 running
 sequences with 1k-token contexts and 200k cached blocks in the pool. Per step:
@@ -53,7 +53,7 @@ from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
 from raypaged.core.block_hash import hash_block  # noqa: E402
 from raypaged.core.sampling_params import SamplingParams  # noqa: E402
 from raypaged.detokenizer import IncrementalDetokenizer  # noqa: E402
-from raypaged.engine import Engine, EngineArgs, build_core  # noqa: E402
+from raypaged.engine import Engine, EngineArgs  # noqa: E402
 from raypaged.model.setup import ModelSetup  # noqa: E402
 from raypaged.model.model_config import ModelConfig  # noqa: E402
 
@@ -142,7 +142,7 @@ def build(running: int, steps: int, tokenizer, device_ms: float, overlap: bool) 
                       max_num_seqs=running, max_num_batched_tokens=2048, device="cpu",
                       async_scheduling=overlap)
     model = StandInModel(running, len(tokenizer), device_ms)
-    core, plan, runner = build_core(ModelSetup.decide(args, mcfg), model)
+    core, plan, runner = ModelSetup.decide(args, mcfg).build_core(model)
     assert plan.num_blocks >= num_blocks, plan
     pool = core.scheduler.kv.pool
     # 200k cached prefixes from earlier requests, evictable, behind the empty blocks in LRU order

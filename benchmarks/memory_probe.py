@@ -2,7 +2,7 @@
 
 A steady stream of varied requests (prompt and output lengths drawn anew each time, so every
 step's tensors have new shapes; some n > 1, some stop strings, some aborted mid-way) runs through
-`build_engine` while every sample records, side by side:
+`Engine.from_args` while every sample records, side by side:
 
     rss          resident set size (/proc/self/status)
     heap_in_use  glibc mallinfo2: bytes malloc handed out and not freed (uordblks + hblkhd)
@@ -97,10 +97,10 @@ def soak(args) -> dict:
     """The workload, in this process; returns samples and totals."""
     import torch
 
-    from raypaged.engine import EngineArgs, build_engine
+    from raypaged.engine import Engine, EngineArgs
 
     torch.set_num_threads(args.threads)
-    engine = build_engine(EngineArgs(kv_memory_mb=args.kv_memory_mb, max_model_len=2048,
+    engine = Engine.from_args(EngineArgs(kv_memory_mb=args.kv_memory_mb, max_model_len=2048,
                                      num_threads=args.threads,
                                      onednn_cache_capacity=args.onednn_cache_capacity))
     vocab = len(engine.tokenizer)

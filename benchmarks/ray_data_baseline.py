@@ -3,7 +3,7 @@ against in benchmarks/batch_throughput.py.
 
     ray.data.read_json(input.jsonl)                       plain rows {"custom_id", "prompt", ...}
       .map_batches(RaypagedPredictor, batch_size=B,       N actors, each holding the offline LLM
-                   compute=ActorPoolStrategy(size=N))          (raypaged.engine.build_engine, as the
+                   compute=ActorPoolStrategy(size=N))          (raypaged.engine.Engine.from_args, as the
                                                            batch job's engine actors are built)
       .write_json(output_dir)                             a folder of files, one per block
 

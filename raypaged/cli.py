@@ -11,17 +11,16 @@ from raypaged.settings import add_cli_args, from_namespace
 def _generate(ns: argparse.Namespace) -> int:
     import itertools
 
+    from raypaged.chat import chat_token_ids
     from raypaged.core.sampling_params import SamplingParams
-    from raypaged.engine import build_engine
+    from raypaged.engine import Engine
 
-    engine = build_engine(from_namespace(EngineArgs, ns))
+    engine = Engine.from_args(from_namespace(EngineArgs, ns))
     tok = engine.tokenizer
     if ns.chat is None:  # instruct models answer questions best through their chat template
         ns.chat = bool(getattr(tok, "chat_template", None))
     if ns.chat:
-        ids = tok.apply_chat_template([{"role": "user", "content": ns.prompt}],
-                                      add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
+        ids = chat_token_ids(tok, [{"role": "user", "content": ns.prompt}])
     else:
         ids = tok.encode(ns.prompt)
     params = SamplingParams(temperature=ns.temperature, max_tokens=ns.max_tokens, seed=ns.seed,

@@ -1,5 +1,5 @@
 """Engine: core's EngineCore plus the tokenizer side (detokenization, stop strings, extra EOS
-ids), and `build_engine`, the one way to get one: the offline `LLM`, the worker actor and the
+ids). `Engine.from_args` is the one way to get one: the offline `LLM`, the worker actor and the
 batch job all call it. How the model runs is decided in raypaged/model/setup.py.
 """
 from __future__ import annotations
@@ -11,10 +11,6 @@ from raypaged.config import EngineArgs, KVPlan
 from raypaged.core.contracts import Continuation, EngineStats, RequestDelta
 from raypaged.core.engine_core import EngineCore
 from raypaged.core.sampling_params import SamplingParams
-from raypaged.core.scheduler import Scheduler
-from raypaged.core.scheduling_policy import policy_of
-from raypaged.model.runner import ModelRunner
-from raypaged.model.setup import ModelSetup
 from raypaged.output_processor import OutputProcessor
 from raypaged.output_stage import OutputStage
 from raypaged.outputs import SequenceOutput
@@ -39,6 +35,23 @@ class Engine:
         self.outputs = OutputProcessor(tokenizer)
         self.stage: OutputStage | None = None
         self.grammars = grammars  # model/grammar.py GrammarCache, shared with the sampler
+
+    @classmethod
+    def from_args(cls, args: EngineArgs) -> Engine:
+        """Load the model and tokenizer named by `args` and assemble a ready engine."""
+        from transformers import AutoTokenizer
+
+        from raypaged.model.grammar import GrammarCache
+        from raypaged.model.setup import ModelSetup
+
+        setup = ModelSetup.decide(args)
+        model = setup.load_model()  # first: nothing before it may run a oneDNN primitive
+        tokenizer = AutoTokenizer.from_pretrained(str(setup.model_dir))
+        eos = setup.config.eos_token_ids
+        grammars = GrammarCache(tokenizer, setup.config.vocab_size, eos)
+        core, plan, runner = setup.build_core(model, grammars)
+        return cls(core, tokenizer, plan, setup.model_name, eos, runner, args.output_thread,
+                   grammars)
 
     def start_output_stage(self, sink: Callable[[list[SequenceOutput]], None]) -> None:
         """From now on detokenize on a thread of its own: step() and abort() return [] and every
@@ -139,30 +152,3 @@ class Engine:
 
     def stats(self) -> EngineStats:
         return self.core.stats()
-
-
-def build_core(setup: ModelSetup, model, grammars=None) -> tuple[EngineCore, KVPlan, ModelRunner]:
-    """A loaded (or randomly initialised) model -> its runner and scheduler, sized by the plan.
-    GPU tests and benchmarks call this with random weights of real shapes."""
-    args = setup.args
-    runner, plan = setup.build_runner(model, grammars)
-    scheduler = Scheduler(plan.num_blocks, args.block_size, plan.max_model_len, args.max_num_seqs,
-                          args.max_num_batched_tokens, args.enable_prefix_caching,
-                          policy_of(args))
-    return EngineCore(scheduler, runner, args.async_scheduling), plan, runner
-
-
-def build_engine(args: EngineArgs) -> Engine:
-    """Load the model and tokenizer named by `args` and assemble a ready engine."""
-    from transformers import AutoTokenizer
-
-    from raypaged.model.grammar import GrammarCache
-
-    setup = ModelSetup.decide(args)
-    model = setup.load_model()
-    tokenizer = AutoTokenizer.from_pretrained(str(setup.model_dir))
-    eos = setup.config.eos_token_ids
-    grammars = GrammarCache(tokenizer, setup.config.vocab_size, eos)
-    core, plan, runner = build_core(setup, model, grammars)
-    return Engine(core, tokenizer, plan, setup.model_name, eos, runner, args.output_thread,
-                  grammars)

@@ -6,7 +6,9 @@ import itertools
 from typing import Sequence, Union
 
 from raypaged.core.sampling_params import SamplingParams
-from raypaged.engine import Engine, EngineArgs, build_engine
+from raypaged.chat import encode_chat, render_chat
+from raypaged.config import EngineArgs
+from raypaged.engine import Engine
 from raypaged.outputs import CompletionOutput, RequestOutput
 
 Prompt = Union[str, dict]  # "text" or {"prompt_token_ids": [...]}
@@ -20,7 +22,7 @@ class LLM:
         unknown = sorted(set(kwargs) - set(_ENGINE_FIELDS))
         if unknown:
             raise ValueError(f"unknown LLM argument(s) {unknown}; valid: {_ENGINE_FIELDS}")
-        self.engine: Engine = build_engine(EngineArgs(model=model, **kwargs))
+        self.engine: Engine = Engine.from_args(EngineArgs(model=model, **kwargs))
         self._ids = itertools.count()
 
     def get_tokenizer(self):
@@ -47,11 +49,8 @@ class LLM:
         """Apply the tokenizer's chat template to one conversation or a list of them."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tok = self.engine.tokenizer
-        prompts = [{"prompt_token_ids": list(_token_ids(tok.apply_chat_template(
-            c, add_generation_prompt=add_generation_prompt, tokenize=True))),
-                    "prompt": tok.apply_chat_template(c, add_generation_prompt=add_generation_prompt,
-                                                      tokenize=False)}
-                   for c in convs]
+        texts = [render_chat(tok, c, add_generation_prompt) for c in convs]
+        prompts = [{"prompt": t, "prompt_token_ids": encode_chat(tok, t)} for t in texts]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _encode(self, prompt: Prompt, i: int) -> tuple[str | None, list[int]]:
@@ -96,13 +95,6 @@ class LLM:
             if bar is not None:
                 bar.close()
         return [results[rid] for rid in order]
-
-
-def _token_ids(x) -> list[int]:
-    # transformers 5 may return a BatchEncoding-like mapping from apply_chat_template
-    if hasattr(x, "keys") and "input_ids" in x:
-        return list(x["input_ids"])
-    return list(x)
 
 
 def _progress(total: int, use_tqdm: bool):

@@ -1,6 +1,6 @@
 """The engine pool of a batch job: the serving fleet without HTTP.
 
-    the driver ─> WorkerActors (create_workers), built by raypaged.engine.build_engine, owned by
+    the driver ─> WorkerActors (create_workers), built by raypaged.engine.Engine.from_args, owned by
                   the driver: restarted by Ray when they die (max_restarts=-1), gone with the job
                ─> ControllerActor (0 CPUs) polling those workers; when it dies it is made again
                   over the same workers (Controllers)

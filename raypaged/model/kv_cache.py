@@ -17,7 +17,6 @@ from raypaged.model.attention.base import LayerKVCache
 from raypaged.model.model_config import ModelConfig
 
 
-
 def kv_storage_dtype(dtype: torch.dtype, kv_dtype: str) -> torch.dtype:
     """The element type the cache stores for a model running in `dtype`."""
     if kv_dtype == "auto":
@@ -27,26 +26,20 @@ def kv_storage_dtype(dtype: torch.dtype, kv_dtype: str) -> torch.dtype:
     raise ValueError(f"unknown kv_dtype {kv_dtype!r}; choices: {', '.join(KV_DTYPES)}")
 
 
-def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype, kv_dtype: str = "auto") -> int:
-    """Bytes one token occupies across all layers (K and V)."""
-    elem = torch.empty((), dtype=kv_storage_dtype(dtype, kv_dtype)).element_size()
-    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * elem
-
-
 def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                       kv_dtype: str = "auto", device: torch.device | str = "cpu",
-                       k_scale: float = 1.0, v_scale: float = 1.0) -> list[LayerKVCache]:
-    """One LayerKVCache per layer, zero-filled (a never-written slot reads as 0, not NaN, which
-    keeps masked-out garbage finite in the attention kernels)."""
+                       device: torch.device | str = "cpu", k_scale: float = 1.0,
+                       v_scale: float = 1.0) -> list[LayerKVCache]:
+    """One LayerKVCache per layer storing `dtype` (kv_storage_dtype's answer), zero-filled (a
+    never-written slot reads as 0, not NaN, which keeps masked-out garbage finite in the
+    attention kernels)."""
     if num_blocks < 1 or block_size < 1:
         raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
-    store = kv_storage_dtype(dtype, kv_dtype)
     shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
-    if store != torch.float8_e4m3fn:
+    if dtype != torch.float8_e4m3fn:
         k_scale = v_scale = 1.0  # scales only mean something for fp8 storage
     return [
-        LayerKVCache(key=torch.zeros(shape, dtype=store, device=device),
-                     value=torch.zeros(shape, dtype=store, device=device),
+        LayerKVCache(key=torch.zeros(shape, dtype=dtype, device=device),
+                     value=torch.zeros(shape, dtype=dtype, device=device),
                      k_scale=k_scale, v_scale=v_scale)
         for _ in range(config.num_layers)
     ]

@@ -13,7 +13,7 @@ layer (`memory_probe.py --cache-cost`: 2.3 vs 0.45 ms per matmul at 1-64 tokens,
 shared machine; benchmarks/results/memory_probe_cache_cost.json).
 
 Both libraries read their capacity once, at their first primitive: set it before the process's
-first oneDNN matmul (build_engine does, before the model runs). Unpacked fp32 linears go through
+first oneDNN matmul (Engine.from_args does, before the model runs). Unpacked fp32 linears go through
 MKL, which keeps no such cache.
 """
 from __future__ import annotations

@@ -2,7 +2,8 @@
 backend, threads. The engine, `raypaged plan`, and the benchmarks and GPU tests that run random
 weights all go through it, so no two of them can decide differently.
 
-    ModelSetup.decide(args)      config.json only: device, dtype ("auto"), max_model_len, KVShape
+    ModelSetup.decide(args)      config.json only: device, dtype ("auto"), max_model_len, the KV
+                                 cache's element type and KVShape
       .plan()                    the "what fits" KVPlan (`raypaged plan`: no weights read)
       .attention_backend()       chosen once: torch (+ the C++ decode kernel on CPU) or Triton
                                  (its split-K workspace sized for this engine), refusing what
@@ -10,6 +11,7 @@ weights all go through it, so no two of them can decide differently.
       .load_model()              threads and kernel caches set, weights read into that backend,
                                  linears packed for oneDNN where they can be
       .build_runner(model)       KV cache sized by the plan, input buffers, CUDA graphs, sampler
+      .build_core(model)         that runner under a Scheduler built from these same args
 """
 from __future__ import annotations
 
@@ -21,6 +23,9 @@ from pathlib import Path
 import torch
 
 from raypaged.config import EngineArgs, KVPlan, KVShape, plan_kv_cache
+from raypaged.core.engine_core import EngineCore
+from raypaged.core.scheduler import Scheduler
+from raypaged.core.scheduling_policy import policy_of
 from raypaged.model.attention import AttentionBackend, get_attention_backend
 from raypaged.model.kv_cache import kv_storage_dtype
 from raypaged.model.loader import checkpoint_files, resolve_dtype
@@ -81,10 +86,14 @@ class ModelSetup:
         return self.args.model or DEFAULT_MODEL_NAME
 
     @cached_property
+    def kv_cache_dtype(self) -> torch.dtype:
+        """The element type the KV cache stores: sizes the plan, picks the kernels, allocates."""
+        return kv_storage_dtype(self.dtype, self.args.kv_dtype)
+
+    @cached_property
     def kv_shape(self) -> KVShape:
-        store = kv_storage_dtype(self.dtype, self.args.kv_dtype)
         return KVShape(self.config.num_layers, self.config.num_kv_heads, self.config.head_dim,
-                       torch.empty((), dtype=store).element_size())
+                       self.kv_cache_dtype.itemsize)
 
     def plan(self, weights_loaded: bool = False) -> KVPlan:
         """The block pool this engine gets. On a GPU the budget is a fraction of the memory left
@@ -101,19 +110,16 @@ class ModelSetup:
         if name == "triton":
             if self.device.type == "cuda":  # refuse what its kernels cannot run on this GPU
                 from raypaged.model.attention.gpu_support import check_triton_kv_dtype
-                from raypaged.model.loader import DTYPES
-                dtype_name = next(n for n, d in DTYPES.items() if d == self.dtype)
                 check_triton_kv_dtype(torch.cuda.get_device_capability(self.device),
-                                      self.args.kv_dtype, dtype_name)
+                                      self.args.kv_dtype, str(self.dtype).removeprefix("torch."))
             # the split-K workspace for this engine's batch; a fixed split rule (from
             # max_model_len) keeps decode launches identical between graph capture and replay
             return get_attention_backend(name, self.device, max_num_seqs=self.args.max_num_seqs,
                                          max_model_len=self.max_model_len)
         if name == "torch" and self.device.type == "cpu" and self.args.cpu_decode_kernel:
             from raypaged.model.attention.torch_backend import TorchAttentionBackend
-            store = kv_storage_dtype(self.dtype, self.args.kv_dtype)
-            return TorchAttentionBackend(
-                cpu_decode_kernel(self.config, self.dtype, store, self.args.block_size))
+            return TorchAttentionBackend(cpu_decode_kernel(self.config, self.dtype,
+                                                           self.kv_cache_dtype, self.args.block_size))
         return get_attention_backend(name, self.device)
 
     def load_model(self):
@@ -140,8 +146,8 @@ class ModelSetup:
 
         args = self.args
         plan = self.plan(weights_loaded=True)
-        kv_caches = allocate_kv_caches(self.config, plan.num_blocks, args.block_size, self.dtype,
-                                       args.kv_dtype, self.device)
+        kv_caches = allocate_kv_caches(self.config, plan.num_blocks, args.block_size,
+                                       self.kv_cache_dtype, self.device)
         buffers = InputBuffers(args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len,
                                args.block_size, self.device)
         graphs = None
@@ -154,6 +160,16 @@ class ModelSetup:
         runner = ModelRunner(model, kv_caches, buffers, Sampler(args.seed, grammars), graphs,
                              decode_threads)
         return runner, plan
+
+    def build_core(self, model, grammars=None) -> tuple[EngineCore, KVPlan, ModelRunner]:
+        """A loaded (or randomly initialised) model -> its runner and scheduler, sized by the
+        plan. GPU tests and benchmarks call this with random weights of real shapes."""
+        args = self.args
+        runner, plan = self.build_runner(model, grammars)
+        scheduler = Scheduler(plan.num_blocks, args.block_size, plan.max_model_len,
+                              args.max_num_seqs, args.max_num_batched_tokens,
+                              args.enable_prefix_caching, policy_of(args))
+        return EngineCore(scheduler, runner, args.async_scheduling), plan, runner
 
 
 def cpu_decode_kernel(config: ModelConfig, dtype: torch.dtype, kv_dtype: torch.dtype,

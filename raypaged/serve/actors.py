@@ -31,17 +31,15 @@ from raypaged.serve.worker import Worker
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_ENGINE_FACTORY = "raypaged.engine:build_engine"
-
 
 def build_engine_from(engine_kwargs: dict, factory: str | None):
-    """Import and call the engine factory: `raypaged.engine:build_engine(EngineArgs(...))` by
-    default; tests pass their own `module:function` taking the kwargs dict."""
-    if factory and factory != DEFAULT_ENGINE_FACTORY:
+    """`Engine.from_args(EngineArgs(...))`, or the `module:function` tests pass, called with
+    the kwargs dict."""
+    if factory:
         module, _, name = factory.partition(":")
         return getattr(importlib.import_module(module), name)(engine_kwargs)
-    from raypaged.engine import EngineArgs, build_engine
-    return build_engine(EngineArgs(**engine_kwargs))
+    from raypaged.engine import Engine
+    return Engine.from_args(EngineArgs(**engine_kwargs))
 
 
 CONTROL = "control"  # the worker's concurrency group for the controller's calls

@@ -4,7 +4,7 @@ from __future__ import annotations
 import httpx
 
 from raypaged.config import EngineArgs
-from raypaged.engine import build_engine
+from raypaged.engine import Engine
 from raypaged.serve.config import ServeOptions
 from raypaged.serve.fleet import READY, FleetSnapshot, WorkerView
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
@@ -33,7 +33,7 @@ class OneWorker:
 async def http_answers(engine_kwargs: dict, requests: list[tuple[str, dict]]
                        ) -> list[tuple[int, dict]]:
     """(status, body) of POSTing each (url, body) in turn to the HTTP app."""
-    engine = build_engine(EngineArgs(**engine_kwargs))
+    engine = Engine.from_args(EngineArgs(**engine_kwargs))
     worker = Worker(engine, "w0")
     fleet, metrics = OneWorker(worker), RequestMetrics()
     info = ModelInfo(engine.model_name, engine.max_model_len, len(engine.tokenizer), 0)

@@ -9,7 +9,7 @@ from batch_inputs import read_output, write_lines
 from raypaged.batch import BatchOptions
 from raypaged.batch.job import BatchJob
 from raypaged.config import EngineArgs
-from raypaged.engine import build_engine
+from raypaged.engine import Engine
 from raypaged.serve.config import ServeOptions
 from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
@@ -41,7 +41,7 @@ class OneWorker:
 
 class RealPool:
     def __init__(self, model_dir):
-        engine = build_engine(EngineArgs(model=str(model_dir), dtype="float32",
+        engine = Engine.from_args(EngineArgs(model=str(model_dir), dtype="float32",
                                          kv_memory_mb=64, max_model_len=1024))
         self.worker = Worker(engine, "w0")
         info = ModelInfo(engine.model_name, engine.max_model_len, len(engine.tokenizer), 0)

@@ -1,4 +1,4 @@
-"""The oneDNN kernel-cache bound: set before the first matmul (build_engine sets it before the
+"""The oneDNN kernel-cache bound: set before the first matmul (Engine.from_args sets it before the
 model loads), refused when it would crash."""
 from __future__ import annotations
 
@@ -32,12 +32,12 @@ def test_capacity_zero_is_refused_with_the_fix():
         bound_kernel_caches(0)
 
 
-def test_build_engine_bounds_the_caches_before_the_model_runs(monkeypatch, tmp_path):
+def test_engine_from_args_bounds_the_caches_before_the_model_runs(monkeypatch, tmp_path):
     # The libraries read the capacity at their first primitive: the bound must be in the
     # environment by the time the model is loaded (its first forward can follow at once).
     import raypaged.model.loader as loader
     from raypaged.config import EngineArgs
-    from raypaged.engine import build_engine
+    from raypaged.engine import Engine
 
     for name in CACHE_ENV_VARS:
         monkeypatch.delenv(name, raising=False)
@@ -54,5 +54,5 @@ def test_build_engine_bounds_the_caches_before_the_model_runs(monkeypatch, tmp_p
     configs = Path(__file__).resolve().parents[2] / "benchmarks" / "configs"
     shutil.copy(configs / "smollm2-135m.json", tmp_path / "config.json")  # read before loading
     with pytest.raises(Loaded):
-        build_engine(EngineArgs(model=str(tmp_path), onednn_cache_capacity=48))
+        Engine.from_args(EngineArgs(model=str(tmp_path), onednn_cache_capacity=48))
     assert seen == {"LRU_CACHE_CAPACITY": "48", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "48"}

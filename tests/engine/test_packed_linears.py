@@ -1,4 +1,4 @@
-"""build_engine packs the linears of a CPU bf16 model, and packing changes no generated token."""
+"""Engine.from_args packs the linears of a CPU bf16 model, and packing changes no generated token."""
 from __future__ import annotations
 
 import pytest

@@ -19,13 +19,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 def greedy_tokens(backend: str, enforce_eager: bool, kv_dtype: str = "auto"):
     from benchmarks.random_model import random_model
     from raypaged.core.sampling_params import SamplingParams
-    from raypaged.engine import EngineArgs, build_core
+    from raypaged.config import EngineArgs
 
     args = EngineArgs(kv_memory_mb=1024, max_model_len=1024, max_num_seqs=16, attention_backend=backend,
                       enforce_eager=enforce_eager, kv_dtype=kv_dtype, dtype="bfloat16",
                       device="cuda")
     model, setup = random_model("smollm2-135m", args)
-    core, _, runner = build_core(setup, model)
+    core, _, runner = setup.build_core(model)
     gen = torch.Generator().manual_seed(1)
     for i in range(12):  # mixed lengths: decode batches of several sizes once short ones finish
         n = int(torch.randint(5, 300, (1,), generator=gen))

@@ -4,8 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raypaged.model.kv_cache import allocate_kv_caches, kv_bytes_per_token
+from raypaged.config import EngineArgs
+from raypaged.model.kv_cache import allocate_kv_caches, kv_storage_dtype
 from raypaged.model.model_config import ModelConfig
+from raypaged.model.setup import ModelSetup
 from test_model_config import SMOLLM2_135M
 
 CONFIG = ModelConfig.from_dict(SMOLLM2_135M)  # 30 layers, 3 kv heads, head_dim 64
@@ -21,18 +23,23 @@ def test_one_zeroed_key_and_value_per_layer_in_block_layout():
 
 
 def test_fp8_cache_stores_e4m3_with_unit_scales_by_default():
-    caches = allocate_kv_caches(CONFIG, 2, 8, torch.float32, kv_dtype="fp8_e4m3")
+    caches = allocate_kv_caches(CONFIG, 2, 8, kv_storage_dtype(torch.float32, "fp8_e4m3"))
     assert caches[0].key.dtype == torch.float8_e4m3fn
     assert (caches[0].k_scale, caches[0].v_scale) == (1.0, 1.0)
 
 
+def bytes_per_token(dtype: str, kv_dtype: str = "auto") -> int:
+    setup = ModelSetup.decide(EngineArgs(dtype=dtype, kv_dtype=kv_dtype, device="cpu"), CONFIG)
+    return setup.kv_shape.bytes_per_token
+
+
 def test_bytes_per_token():
     # 2 (K and V) * 30 layers * 3 heads * 64 dims * element size
-    assert kv_bytes_per_token(CONFIG, torch.float32) == 2 * 30 * 3 * 64 * 4 == 46080
-    assert kv_bytes_per_token(CONFIG, torch.bfloat16) == 23040
-    assert kv_bytes_per_token(CONFIG, torch.bfloat16, "fp8_e4m3") == 11520
+    assert bytes_per_token("float32") == 2 * 30 * 3 * 64 * 4 == 46080
+    assert bytes_per_token("bfloat16") == 23040
+    assert bytes_per_token("bfloat16", "fp8_e4m3") == 11520
 
 
 def test_unknown_kv_dtype_lists_the_choices():
     with pytest.raises(ValueError, match="unknown kv_dtype 'int8'; choices: auto, fp8_e4m3"):
-        allocate_kv_caches(CONFIG, 2, 8, torch.float32, kv_dtype="int8")
+        kv_storage_dtype(torch.float32, "int8")

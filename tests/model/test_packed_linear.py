@@ -37,7 +37,7 @@ def random_model(config: ModelConfig) -> LlamaModel:
 
 def logits_of_a_prefill_then_a_decode(model: LlamaModel) -> list[torch.Tensor]:
     """Two sequences: prefill of 5 and 9 tokens, then one decode step each."""
-    caches = allocate_kv_caches(CONFIG, 8, 4, torch.bfloat16, "auto", "cpu")
+    caches = allocate_kv_caches(CONFIG, 8, 4, torch.bfloat16, "cpu")
     tables = scattered_block_tables([10, 10], 4, 8)
     out = []
     for query_lens, seq_lens in (([5, 9], [5, 9]), ([1, 1], [6, 10])):
@@ -75,7 +75,7 @@ def test_packed_fp32_linears_stay_within_a_few_ulps_of_eager():
     packed = copy.deepcopy(eager)
     pack_linears(packed)
     assert isinstance(packed.layers[0].mlp.down_proj, PackedLinear)
-    caches = allocate_kv_caches(CONFIG, 8, 4, torch.float32, "auto", "cpu")
+    caches = allocate_kv_caches(CONFIG, 8, 4, torch.float32, "cpu")
     meta = make_metadata(scattered_block_tables([9], 4, 8), [9], [9], 4)
     ids, positions = torch.arange(3, 12) * 7 % CONFIG.vocab_size, positions_for([9], [9])
     want = eager.compute_logits(eager(ids, positions, caches, meta))

@@ -11,7 +11,7 @@ import pydantic
 import pytest
 
 from local_fleet import MID_STREAM, LocalFleet, client_for, local_app
-from raypaged.engine import build_engine
+from raypaged.engine import Engine
 from raypaged.config import EngineArgs
 from raypaged.serve.worker import Worker
 
@@ -36,7 +36,7 @@ class Person(pydantic.BaseModel):
 
 @pytest.fixture(scope="module")
 def engines(default_model_dir):
-    return [build_engine(EngineArgs(model=str(default_model_dir), dtype="float32",
+    return [Engine.from_args(EngineArgs(model=str(default_model_dir), dtype="float32",
                                     kv_memory_mb=64, max_model_len=1024)) for _ in range(2)]
 
 
