@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
 from raypaged.core.cache_index import CacheIndex  # noqa: E402
 from raypaged.core.cache_summary import SummaryDelta, sampled  # noqa: E402
-from raypaged.serve.cost_routing import WorkerLoad, prompt_block_keys  # noqa: E402
+from raypaged.serve.cost_routing import prompt_block_keys  # noqa: E402
+from raypaged.serve.fleet_loads import FleetLoads, WorkerLoad  # noqa: E402
 from raypaged.sim.policies import ROUTER_POLICIES, RouterPolicy  # noqa: E402
 from raypaged.sim.trace import find_trace, load_mooncake  # noqa: E402
 
@@ -49,7 +50,7 @@ def pct(xs, q):
 
 
 def fleet_views(prompts: list[list[int]], workers: int, per_worker: int, rng,
-                every: int = 1) -> dict:
+                every: int = 1) -> FleetLoads:
     keys = [prompt_block_keys(p, BLOCK) for p in prompts]
     loads, index = {}, CacheIndex()  # the views a router's fleet client keeps (ray_fleet.py)
     for i in range(workers):
@@ -59,7 +60,8 @@ def fleet_views(prompts: list[list[int]], workers: int, per_worker: int, rng,
         view = index.view(f"w{i:04d}")
         view.apply(sampled(SummaryDelta(1, tuple(held), full=True), every))
         loads[f"w{i:04d}"] = WorkerLoad(rng.randrange(0, 16), rng.randrange(0, 50_000), view)
-    return loads
+    # as the Dispatcher keeps them: arrays built once per snapshot, not per request
+    return FleetLoads.of(loads)
 
 
 def time_decisions(policy: str, prompts, loads, every: int = 1) -> dict:

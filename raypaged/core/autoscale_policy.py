@@ -22,9 +22,10 @@ Never below min_workers or above max_workers; a desired count outside them is cl
 """
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 # Reasons, as metrics and /fleet label decisions.
 QUEUE_WAIT = "queue_wait"
@@ -164,3 +165,59 @@ class CapacityMeter:
             return
         self.tokens_per_s = rate if self.tokens_per_s == 0 else (
             (1 - self.alpha) * self.tokens_per_s + self.alpha * rate)
+
+
+@dataclass(frozen=True)
+class WorkerCounters:
+    """What one poll read of a worker that computes (serving or draining), for the policy."""
+
+    computed_tokens: int          # EngineStats.preemption.computed_tokens: monotonic
+    preemptions: int              # monotonic
+    queued_tokens: int
+    draining: bool = False        # its queue no longer counts: new requests never wait on it
+    incarnation: str | None = None  # a new process restarts its counters
+
+
+class ScaleRound:
+    """The round after every poll, the same in the controller (serve/autoscaler.py) and the
+    simulator (sim/autoscaled.py): the workers' counters since the last poll -> a LoadSample
+    -> `decide` -> the desired count. Pure: the caller turns the count into workers."""
+
+    def __init__(self, policy: ScalePolicy, desired: int) -> None:
+        self.policy, self.desired = policy, desired
+        self.history = ScaleHistory()
+        self.capacity = CapacityMeter()
+        self.samples: collections.deque[LoadSample] = collections.deque()
+        self._prev: dict[str, WorkerCounters] = {}
+
+    def sample(self, now_s: float, interval_s: float, workers: Mapping[str, WorkerCounters],
+               serving: int, starting: int, draining: int) -> LoadSample:
+        """The fleet over the last interval; `workers` in a stable order (the capacity meter's
+        moving average depends on it)."""
+        computed = preemptions = queued = 0
+        prev, self._prev = self._prev, dict(workers)
+        for worker_id, now in workers.items():
+            before = prev.get(worker_id)
+            if before is None or before.incarnation != now.incarnation:
+                continue  # new here, or a new process: its counters start afresh
+            done = max(0, now.computed_tokens - before.computed_tokens)
+            computed += done
+            preemptions += max(0, now.preemptions - before.preemptions)
+            self.capacity.observe(before.queued_tokens, done, interval_s)
+            if not now.draining:
+                queued += now.queued_tokens
+        return LoadSample(now_s, interval_s, serving, starting, draining, queued, computed,
+                          preemptions, self.capacity.tokens_per_s)
+
+    def decide(self, sample: LoadSample) -> tuple[int, Decision]:
+        """(the desired count before, the decision), with `sample` the latest."""
+        self.samples.append(sample)
+        now = sample.time_s
+        while self.samples[0].time_s < now - 2 * self.policy.window_s:
+            self.samples.popleft()
+        previous = self.desired
+        decision = decide(self.policy, previous, list(self.samples), self.history, now)
+        if decision.changed:
+            self.history = remember(self.history, decision, previous, now)
+            self.desired = decision.desired
+        return previous, decision

@@ -19,8 +19,7 @@ import collections
 import logging
 from typing import Any, Callable
 
-from raypaged.core.autoscale_policy import (CapacityMeter, LoadSample, ScaleHistory, ScalePolicy,
-                                            decide, remember)
+from raypaged.core.autoscale_policy import LoadSample, ScalePolicy, ScaleRound, WorkerCounters
 from raypaged.serve.config import ServeOptions
 from raypaged.serve.fleet import DEAD, READY
 
@@ -45,12 +44,8 @@ class Autoscaler:
                  desired: int):
         self.policy, self.spawn, self.retire = policy, spawn, retire
         self.drain_timeout_s = drain_timeout_s
-        self.desired = desired
-        self.history = ScaleHistory()
-        self.capacity = CapacityMeter()
-        self.samples: collections.deque[LoadSample] = collections.deque()
+        self.round = ScaleRound(policy, desired)  # samples, capacity, history: shared with sim
         self._last_s = start_s
-        self._prev: dict[str, tuple[str, int, int, int]] = {}  # id -> incarnation, counters
         self._spawned_at: dict[str, float] = {}
         self._retiring: list[tuple[float, Any]] = []  # (kill at, handle)
         self.decisions: collections.deque[dict] = collections.deque(maxlen=DECISIONS_KEPT)
@@ -58,19 +53,29 @@ class Autoscaler:
         self.drains = {"count": 0, "seconds_sum": 0.0, "last_s": None, "streams_moved": 0}
         self.cold_starts = {"count": 0, "seconds_sum": 0.0, "last_s": None}
 
+    @property
+    def desired(self) -> int:
+        return self.round.desired
+
+    @desired.setter
+    def desired(self, n: int) -> None:
+        self.round.desired = n
+
+    @property
+    def samples(self) -> collections.deque[LoadSample]:
+        return self.round.samples
+
+    @property
+    def capacity(self):
+        return self.round.capacity
+
     # -- one round, after each poll -------------------------------------------------------
     def step(self, controller, now: float) -> None:
         views = controller.views()
         self._cold_starts(views, now)
         sample = self._sample(views, now)
-        self.samples.append(sample)
-        while self.samples and self.samples[0].time_s < now - 2 * self.policy.window_s:
-            self.samples.popleft()
-        previous = self.desired
-        decision = decide(self.policy, previous, list(self.samples), self.history, now)
+        previous, decision = self.round.decide(sample)
         if decision.changed:
-            self.history = remember(self.history, decision, previous, now)
-            self.desired = decision.desired
             direction = "out" if decision.desired > previous else "in"
             self.decision_counts[(direction, decision.reason)] += 1
             self.decisions.append({"time": now, "from": previous, "to": decision.desired,
@@ -84,30 +89,13 @@ class Autoscaler:
     def _sample(self, views, now: float) -> LoadSample:
         interval = max(1e-6, now - self._last_s)
         self._last_s = now
-        computed = preemptions = queued = 0
-        prev, self._prev = self._prev, {}
-        for v in views:
-            if v.state != READY or v.stats is None:
-                continue
-            e = v.stats.engine
-            before = prev.get(v.worker_id)
-            mine = (v.stats.incarnation, e.preemption.computed_tokens, e.num_preemptions,
-                    e.num_queued_tokens)
-            self._prev[v.worker_id] = mine
-            if before is None or before[0] != mine[0]:
-                continue  # new here, or a new process: its counters start afresh
-            done = max(0, mine[1] - before[1])
-            computed += done
-            preemptions += max(0, mine[2] - before[2])
-            self.capacity.observe(before[3], done, interval)
-            if v.draining_since is None:
-                queued += e.num_queued_tokens
-        serving = sum(v.ready for v in views)
-        return LoadSample(now, interval, serving, starting=len(_pending(views)),
-                          draining=sum(v.draining_since is not None for v in views),
-                          queued_tokens=queued, computed_tokens=computed,
-                          preemptions=preemptions,
-                          capacity_tokens_per_s=self.capacity.tokens_per_s)
+        counters = {v.worker_id: WorkerCounters(
+            v.stats.engine.preemption.computed_tokens, v.stats.engine.num_preemptions,
+            v.stats.engine.num_queued_tokens, v.draining_since is not None, v.stats.incarnation)
+            for v in views if v.state == READY and v.stats is not None}
+        return self.round.sample(now, interval, counters, serving=sum(v.ready for v in views),
+                                 starting=len(_pending(views)),
+                                 draining=sum(v.draining_since is not None for v in views))
 
     def _converge(self, controller, views, now: float) -> None:
         current = [v for v in views if v.draining_since is None and v.state != DEAD]

@@ -14,10 +14,10 @@ cap, as `--routing hash` would: cold prefixes spread over the fleet by their has
 request with the same prefix finds it cached there (or in flight there, before the summary
 shows it: same key, same worker). Every replica with the same snapshot makes the same choice.
 
-At 1,000 workers the per-worker loops are the cost, so the choice is made in numpy over the
-rendezvous order, and when the views belong to one CacheIndex (the router's fleet client and the
-simulator keep them so) the hits come from one walk of the prompt's keys over its inverted index
-instead of a walk per worker: a bisection of the prompt's keys (CacheIndex.hit_groups,
+At 1,000 workers per-worker Python is the cost, so the choice is made in numpy over the
+workers' arrays (fleet_loads.py, kept from one snapshot to the next), and when the views belong
+to one CacheIndex (the router's fleet client and the simulator keep them so) the hits come from
+one walk of the prompt's keys over its inverted index instead of a walk per worker: a bisection of the prompt's keys (CacheIndex.hit_groups,
 nested=True), which gives each view's own walk exactly wherever the views are nested, as
 prefix caches are (cache_index.py says when they are not).
 
@@ -28,25 +28,15 @@ since is still counted (that request gets fewer hits than predicted). Both cost 
 from __future__ import annotations
 
 import math
-import operator
-from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from raypaged.core.block_hash import hash_block_tokens
 from raypaged.core.cache_summary import CacheView, block_key
+from raypaged.serve.fleet_loads import FleetLoads, Ranking, WorkerLoad
 
 CACHED, COLD = "cache_hit", "cold_prefix"
-
-
-@dataclass(frozen=True)
-class WorkerLoad:
-    """What a router knows of one worker when it chooses."""
-
-    requests: float           # requests in flight there
-    queued_tokens: int = 0    # prompt tokens admitted or waiting there, not yet computed
-    cache: CacheView | None = None
 
 
 def prompt_block_keys(token_ids: Sequence[int], block_size: int,
@@ -58,56 +48,69 @@ def prompt_block_keys(token_ids: Sequence[int], block_size: int,
                                                     max_blocks=n)]
 
 
-_REQUESTS, _QUEUED, _CACHE, _INDEX, _POSITION = (
-    operator.attrgetter(a) for a in ("requests", "queued_tokens", "cache", "index", "position"))
-
-
 def rank_by_cost(num_tokens: int, keys: Sequence[int], block_size: int,
                  workers: Mapping[str, WorkerLoad], rendezvous: Sequence[str],
                  concurrency_factor: float,
                  blocks_at: Sequence[int] | None = None) -> tuple[list[str], str]:
     """(workers in the order to try, CACHED or COLD); `rendezvous` orders the same workers.
+    The per-request form of `cheapest` (tests and callers holding a dict of WorkerLoads).
 
     `blocks_at[j]`: the leading prompt blocks a view holding the first j of `keys` is known to
     hold (sampled views: `keys` are the prompt's sampled keys; None: every key, blocks_at[j] = j).
     """
-    # At 1,000 workers each pass over the workers costs ~20-40 us, so there are few, in C.
-    n = len(rendezvous)
-    loads = list(map(workers.__getitem__, rendezvous))          # position = rendezvous rank
-    requests = np.fromiter(map(_REQUESTS, loads), np.float64, n)
-    cap = math.ceil(concurrency_factor * (requests.sum() + 1) / n)
-    eligible = requests + 1 <= cap
+    loads = FleetLoads.of(workers)
+    priority = np.zeros(len(loads.worker_ids), np.uint64)      # earlier in rendezvous: higher
+    for rank, worker_id in enumerate(rendezvous):
+        priority[loads.at[worker_id]] = len(rendezvous) - rank
+    best, cached = cheapest(num_tokens, keys, block_size, loads, priority, concurrency_factor,
+                            blocks_at)
+    return list(Ranking(loads, priority, best)), CACHED if cached else COLD
+
+
+def cheapest(num_tokens: int, keys: Sequence[int], block_size: int, loads: FleetLoads,
+             priority: np.ndarray, concurrency_factor: float,
+             blocks_at: Sequence[int] | None = None) -> tuple[int, bool]:
+    """(position in `loads` of the cheapest ready worker under the cap, whether its cache holds
+    some of the prompt). `priority` (uint64 [W]) is the rendezvous order: ties, and the cold
+    choice, go to the highest. A few numpy calls over W: no Python per worker."""
+    requests = loads.requests
+    if loads.count == len(requests):  # no worker left out: no masks to apply
+        cap = math.ceil(concurrency_factor * (requests.sum() + 1) / len(requests))
+        eligible = requests + 1 <= cap
+    else:
+        cap = math.ceil(concurrency_factor * (requests[loads.ready].sum() + 1) / loads.count)
+        eligible = loads.ready & (requests + 1 <= cap)
     if not eligible.any():
-        eligible[:] = True
-    held = held_keys(keys, list(map(_CACHE, loads)))           # [n], per position
+        eligible = loads.ready
+    held = held_keys(keys, loads)
     hits = (held if blocks_at is None else np.asarray(blocks_at, np.int64)[held]) * block_size
     if not hits[eligible].any():
-        best = int(np.argmax(eligible))                        # the first eligible
-    else:
-        cost = num_tokens - hits + np.fromiter(map(_QUEUED, loads), np.int64, n)
-        cost[~eligible] = np.iinfo(np.int64).max
-        best = int(np.argmin(cost))                            # first minimum: rendezvous ties
-    order = list(rendezvous)
-    if best:
-        order.insert(0, order.pop(best))
-    return order, CACHED if hits[best] else COLD
+        candidates = np.flatnonzero(eligible)
+        return int(candidates[np.argmax(priority[candidates])]), False
+    cost = np.where(eligible, num_tokens - hits + loads.queued, np.iinfo(np.int64).max)
+    ties = np.flatnonzero(cost == cost.min())
+    best = int(ties[np.argmax(priority[ties])]) if ties.size > 1 else int(ties[0])
+    return best, bool(hits[best])
 
 
-def held_keys(keys: Sequence[int], caches: Sequence[CacheView | None]) -> np.ndarray:
-    """Leading `keys` each cache view holds (int64 [len(caches)]), each exactly
-    CacheView.cached_prefix_blocks (0 without a view) where the views are nested, as a prefix
-    cache's are (cache_index.py)."""
-    try:  # views of one CacheIndex: one walk of its inverted index for every worker
-        (index,) = set(map(_INDEX, caches))
-    except (AttributeError, ValueError):  # a plain view, no view, or views of two indexes
-        return np.fromiter((_held(c, keys) for c in caches), np.int64, len(caches))
-    by_bit = np.zeros(len(index.worker_ids), np.int64)
-    nbytes = (len(index.worker_ids) + 7) // 8
-    for depth, mask in index.hit_groups(keys, nested=True):
-        bits = np.unpackbits(np.frombuffer(mask.to_bytes(nbytes, "little"), np.uint8),
-                             bitorder="little")
-        by_bit[np.flatnonzero(bits)] = depth
-    return by_bit[np.fromiter(map(_POSITION, caches), np.int64, len(caches))]
+def held_keys(keys: Sequence[int], loads: FleetLoads) -> np.ndarray:
+    """Leading `keys` each worker's cache view holds (int64 [W], 0 without a view), each
+    exactly CacheView.cached_prefix_blocks where the views are nested, as a prefix cache's
+    are (cache_index.py): the views of one CacheIndex by one bisection of its inverted index,
+    any other view by its own walk."""
+    held = np.zeros(len(loads.worker_ids), np.int64)
+    if loads.index is not None and keys:
+        index = loads.index
+        by_bit = np.zeros(len(index.worker_ids) + 1, np.int64)  # [-1]: views not indexed: 0
+        nbytes = (len(index.worker_ids) + 7) // 8
+        for depth, mask in index.hit_groups(keys, nested=True):
+            bits = np.unpackbits(np.frombuffer(mask.to_bytes(nbytes, "little"), np.uint8),
+                                 bitorder="little")
+            by_bit[np.flatnonzero(bits)] = depth
+        held = by_bit[loads.bits]
+    for i in loads.walked:
+        held[i] = _held(loads.caches[i], keys)
+    return held
 
 
 def _held(cache: CacheView | None, keys: Sequence[int]) -> int:

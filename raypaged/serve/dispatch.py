@@ -7,8 +7,8 @@ import collections
 import time
 from typing import Protocol
 
-from raypaged.serve.cost_routing import WorkerLoad
 from raypaged.serve.fleet import FleetSnapshot, WorkerView
+from raypaged.serve.fleet_loads import FleetLoads
 from raypaged.serve.metrics import RequestMetrics
 from raypaged.serve.poison import PoisonMemory
 from raypaged.serve.routing import Router
@@ -33,28 +33,41 @@ class Dispatcher:
         self.poison = PoisonMemory()  # requests refused as suspected poison (generation.py)
         self._snapshot_version = -1
         self._ours_at_snapshot: dict[str, int] = {}
+        self._snapshot: FleetSnapshot | None = None
+        self._loads = FleetLoads((), ())
 
-    def candidates(self, exclude: set[str]) -> tuple[FleetSnapshot, dict[str, WorkerLoad]]:
+    def candidates(self, exclude: set[str]) -> tuple[FleetSnapshot, FleetLoads]:
         """Ready workers and their load: this replica's own requests, counted exactly, plus the
         other replicas' as the last snapshot saw them (its load minus what was ours then); the
         tokens queued there and its prefix cache, as of the snapshot.
 
         The snapshot alone lags by up to a poll and a refresh: a burst would all see the same
-        stale loads, and requests finished since would still count and push work away."""
+        stale loads, and requests finished since would still count and push work away.
+        The arrays are built once per snapshot and kept up to date by opened/closed: a request
+        costs no pass of Python over the fleet (fleet_loads.py)."""
         snap = self.fleet.snapshot()
-        if snap.version != self._snapshot_version:
-            self._snapshot_version = snap.version
-            self._ours_at_snapshot = dict(self.inflight)
+        if snap is not self._snapshot:
+            if snap.version != self._snapshot_version:
+                self._snapshot_version = snap.version
+                self._ours_at_snapshot = dict(self.inflight)
+            self._snapshot, self._loads = snap, self._loads_of(snap)
         now = time.monotonic()
-        loads = {}
-        for w in snap.ready():
-            if w.worker_id in exclude or self._suspect_until.get(w.worker_id, 0) >= now:
-                continue
-            others = max(0, w.load - self._ours_at_snapshot.get(w.worker_id, 0))
-            loads[w.worker_id] = WorkerLoad(others + self.inflight[w.worker_id],
-                                            w.stats.engine.num_queued_tokens,
-                                            snap.caches.get(w.worker_id))
-        return snap, loads
+        if self._suspect_until:  # drop the ones whose time is up
+            self._suspect_until = {w: t for w, t in self._suspect_until.items() if t >= now}
+        skip = list(self._suspect_until)
+        if exclude or skip:
+            return snap, self._loads.excluding([*exclude, *skip])
+        return snap, self._loads
+
+    def _loads_of(self, snap: FleetSnapshot) -> FleetLoads:
+        ready = sorted(snap.ready(), key=lambda w: w.worker_id)
+        ours = self._ours_at_snapshot
+        return FleetLoads(
+            [w.worker_id for w in ready],
+            [max(0, w.load - ours.get(w.worker_id, 0)) + self.inflight[w.worker_id]
+             for w in ready],
+            [w.stats.engine.num_queued_tokens for w in ready],
+            [snap.caches.get(w.worker_id) for w in ready])
 
     def mark_suspect(self, worker_id: str) -> None:
         """Skip a worker that just failed until the controller has had time to notice."""
@@ -62,6 +75,8 @@ class Dispatcher:
 
     def opened(self, worker_id: str) -> None:
         self.inflight[worker_id] += 1
+        self._loads.opened(worker_id)
 
     def closed(self, worker_id: str) -> None:
         self.inflight[worker_id] -= 1
+        self._loads.opened(worker_id, -1)

@@ -17,11 +17,8 @@ request goes to the next worker in its own order. Same loads, same choice in eve
 """
 from __future__ import annotations
 
-import functools
-import hashlib
 import itertools
 import math
-import operator
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -30,7 +27,8 @@ import numpy as np
 from raypaged.core.block_hash import BlockHash, hash_block, hash_block_tokens, salt_key
 from raypaged.core.cache_summary import block_key, sampled_positions
 from raypaged.serve.config import ServeOptions
-from raypaged.serve.cost_routing import WorkerLoad, rank_by_cost
+from raypaged.serve.cost_routing import CACHED, COLD, cheapest
+from raypaged.serve.fleet_loads import FleetLoads, Ranking, WorkerLoad, fleet_salts
 
 AFFINITY, LOAD_BOUND, ROUND_ROBIN = "affinity", "load_bound", "round_robin"
 
@@ -39,14 +37,6 @@ def routing_key(token_ids: Sequence[int], block_size: int, prefix_blocks: int,
                 cache_salt: str | None = None) -> BlockHash:
     hashes = hash_block_tokens(token_ids, block_size, cache_salt, max_blocks=prefix_blocks)
     return hashes[-1] if hashes else hash_block(None, token_ids, salt_key(cache_salt))
-
-
-@functools.lru_cache(maxsize=16)
-def _fleet_salts(worker_ids: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """(salt per worker as uint64, the ids as an object array): once per set of workers."""
-    salts = np.array([int.from_bytes(hashlib.blake2b(w.encode(), digest_size=8).digest(),
-                                     "little") for w in worker_ids], dtype=np.uint64)
-    return salts, np.array(worker_ids, dtype=object)
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -58,9 +48,13 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+def rendezvous_weights(key: BlockHash, salts: np.ndarray) -> np.ndarray:
+    return _splitmix64(salts ^ np.uint64(int.from_bytes(key[:8], "little")))
+
+
 def rendezvous_order(key: BlockHash, worker_ids: Sequence[str]) -> list[str]:
-    salts, names = _fleet_salts(tuple(worker_ids))
-    weights = _splitmix64(salts ^ np.uint64(int.from_bytes(key[:8], "little")))
+    salts, names = fleet_salts(tuple(worker_ids))
+    weights = rendezvous_weights(key, salts)
     # ~weights sorts highest first; a stable sort breaks (2^-64-rare) ties by the given order
     return names[np.argsort(~weights, kind="stable")].tolist()
 
@@ -96,7 +90,7 @@ class Router:
         self._turn = itertools.count()
 
     def rank(self, token_ids: Sequence[int], cache_salt: str | None,
-             workers: Mapping[str, WorkerLoad]) -> tuple[list[str], str]:
+             workers: FleetLoads | Mapping[str, WorkerLoad]) -> tuple[Sequence[str], str]:
         """(workers in the order to try, reason for the first) over the workers given."""
         return self.choose(self.prompt_keys(token_ids, cache_salt), workers)
 
@@ -120,32 +114,44 @@ class Router:
         return PromptKeys(len(token_ids), key, keys, blocks_at)
 
     def choose(self, prompt: PromptKeys,
-               workers: Mapping[str, WorkerLoad]) -> tuple[list[str], str]:
-        worker_ids = sorted(workers)
-        if not worker_ids:
+               workers: FleetLoads | Mapping[str, WorkerLoad]) -> tuple[Sequence[str], str]:
+        """`workers`: the ready workers as arrays kept across requests (what the Dispatcher and
+        the simulator hand over), or a dict of WorkerLoads (turned into one: O(W) Python)."""
+        loads = workers if isinstance(workers, FleetLoads) else FleetLoads.of(workers)
+        if not loads.count:
             return [], ""
         if self.config.routing == "round_robin":
-            start = next(self._turn) % len(worker_ids)
-            return worker_ids[start:] + worker_ids[:start], ROUND_ROBIN
-        order = rendezvous_order(prompt.route_key, worker_ids)
+            ids = loads.ready_ids()
+            start = next(self._turn) % len(ids)
+            return ids[start:] + ids[:start], ROUND_ROBIN
+        weights = rendezvous_weights(prompt.route_key, loads.salts)
         if self.config.routing == "cache_aware":
-            return rank_by_cost(prompt.num_tokens, prompt.block_keys, self.block_size, workers,
-                                order, self.config.route_load_factor, prompt.blocks_at)
-        pick = _first_under_bound(order, workers, self.config.route_load_factor)
-        if pick:
-            order.insert(0, order.pop(pick))
-        return order, AFFINITY if pick == 0 else LOAD_BOUND
+            best, cached = cheapest(prompt.num_tokens, prompt.block_keys, self.block_size, loads,
+                                    weights, self.config.route_load_factor, prompt.blocks_at)
+            return Ranking(loads, weights, best), CACHED if cached else COLD
+        best, top = _first_under_bound(loads, weights, self.config.route_load_factor)
+        return Ranking(loads, weights, best), AFFINITY if best == top else LOAD_BOUND
 
 
-_REQUESTS = operator.attrgetter("requests")
-
-
-def _first_under_bound(order: list[str], workers: Mapping[str, WorkerLoad],
-                       load_factor: float) -> int:
-    """bounded_choice on the workers' requests in flight, without building a dict of them:
-    usually the first or second worker of the order is under the bound."""
-    capacity = math.ceil(load_factor * (sum(map(_REQUESTS, workers.values())) + 1) / len(order))
-    for i, worker_id in enumerate(order):
-        if workers[worker_id].requests + 1 <= capacity:
-            return i
-    return bounded_choice(order, {w: load.requests for w, load in workers.items()}, load_factor)
+def _first_under_bound(loads: FleetLoads, weights: np.ndarray,
+                       load_factor: float) -> tuple[int, int]:
+    """bounded_choice over the arrays: (position of the highest-weight ready worker under the
+    bound, position of the highest-weight ready worker)."""
+    requests = loads.requests
+    if loads.count == len(requests):  # nobody left out: skip the masks
+        ready, top = None, int(np.argmax(weights))
+        total = requests.sum()
+    else:
+        ready = np.flatnonzero(loads.ready)
+        top = int(ready[np.argmax(weights[ready])])
+        total = requests[ready].sum()
+    capacity = math.ceil(load_factor * (total + 1) / loads.count)
+    if requests[top] + 1 <= capacity:  # usually: the key's own worker takes it
+        return top, top
+    under = np.flatnonzero(requests + 1 <= capacity)
+    if ready is not None:
+        under = np.intersect1d(under, ready, assume_unique=True)
+    if not under.size:  # unreachable (some worker is at or below the mean): the least loaded
+        live = ready if ready is not None else np.arange(len(requests))
+        under = live[requests[live] == requests[live].min()]
+    return int(under[np.argmax(weights[under])]), top

@@ -11,7 +11,11 @@ Events, in simulated time, ordered (time, kind, sequence):
                (stats + the cache summary's delta since the last one, as /fleet carries them;
                with `cache_sample` N > 1 only keys with key % N == 0, as the controller's
                mirrors keep them)
+    join       a worker added by the poll hook starts serving (its cold start is over)
     kick       after everything at this instant: idle workers with work start a step
+
+A `PollHook` (sim/autoscaled.py's autoscaler) runs after every snapshot and may add and drain
+workers: the fleet with a hook is the autoscaled fleet, with the same loop.
 
 The snapshot's traffic is counted as the pickled bytes of what a router receives (each
 worker's cache delta and its load counters), as Ray would ship them.
@@ -20,19 +24,21 @@ from __future__ import annotations
 
 import collections
 import heapq
+import itertools
 import pickle
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Protocol, Sequence
 
 from raypaged.core.cache_index import CacheIndex
 from raypaged.core.cache_summary import sampled
-from raypaged.serve.cost_routing import WorkerLoad
+from raypaged.core.contracts import EngineStats
+from raypaged.serve.fleet_loads import FleetLoads
 from raypaged.sim.policies import Policy
 from raypaged.sim.trace import SimRequest
 from raypaged.sim.worker import SimWorker
 
-STEP_END, ARRIVAL, SNAPSHOT, KICK = 0, 1, 2, 3
+STEP_END, ARRIVAL, SNAPSHOT, JOIN, KICK = 0, 1, 2, 3, 4
 
 
 @dataclass
@@ -57,32 +63,94 @@ class FleetRun:
     evictions: int = 0
 
 
+class PollHook(Protocol):
+    """What runs the fleet's size (sim/autoscaled.py): called at every snapshot, after the
+    router's view caught up, with each live worker's stats; it may `add` and `drain` workers."""
+
+    def poll(self, fleet: Fleet, now: float, stats: dict[str, EngineStats]) -> None: ...
+
+    def left(self, worker_id: str, now: float) -> None: ...
+
+
 class Fleet:
+    """Live workers are `workers`; the router chooses among `serving` (not draining); a
+    draining worker leaves once nothing is in flight there; `starting` ones join later."""
+
     def __init__(self, workers: Sequence[SimWorker], policy: Policy,
-                 snapshot_interval_s: float = 0.75, cache_sample: int = 1) -> None:
+                 snapshot_interval_s: float = 0.75, cache_sample: int = 1,
+                 hook: PollHook | None = None) -> None:
         if not workers:
             raise ValueError("a fleet needs at least one worker")
         if snapshot_interval_s <= 0:
             raise ValueError(f"snapshot_interval_s must be > 0, got {snapshot_interval_s}")
-        self.workers = {w.worker_id: w for w in workers}
-        self.policy = policy
+        self.policy, self.hook = policy, hook
         self.snapshot_interval_s = snapshot_interval_s
         self.cache_sample = cache_sample  # ServeOptions.route_cache_sample
         self.cache_index = CacheIndex()  # the router's views, inverted (core/cache_index.py)
-        self.views = {wid: self.cache_index.view(wid) for wid in self.workers}
-        self.queued = {wid: 0 for wid in self.workers}   # queued tokens as of the snapshot
+        self.workers: dict[str, SimWorker] = {}
+        self.serving: set[str] = set()
+        self.draining: set[str] = set()
+        self.starting: dict[str, float] = {}              # worker id -> when it was added
+        self.views: dict = {}
+        self.queued: dict[str, int] = {}                  # queued tokens as of the snapshot
         self.sent_since = collections.Counter()           # prompt tokens sent since then
         self.inflight = collections.Counter()
         self.snapshot_bytes = 0
+        self._loads: FleetLoads | None = None             # the router's arrays (fleet_loads.py)
+        self._events: list[tuple[float, int, int, object]] = []
+        self._seq = itertools.count()
+        for w in workers:
+            self._join(w)
+
+    # -- membership (the hook's hands) --------------------------------------------------------
+    def add(self, worker: SimWorker, now: float, ready_s: float) -> None:
+        """`worker` serves from `ready_s` on (its cold start ends then)."""
+        self.starting[worker.worker_id] = now
+        self._push(ready_s, JOIN, worker)
+
+    def drain(self, worker_id: str, now: float) -> None:
+        """No new requests for it; it leaves when nothing is in flight there."""
+        self.serving.discard(worker_id)
+        self.draining.add(worker_id)
+        self._loads = None
+        if not self.inflight[worker_id] and not self.workers[worker_id].stepping:
+            self._leave(worker_id, now)
+
+    def _join(self, worker: SimWorker) -> None:
+        wid = worker.worker_id
+        self.starting.pop(wid, None)
+        self.workers[wid] = worker
+        self.serving.add(wid)
+        self.views[wid] = self.cache_index.view(wid)
+        self.queued[wid] = 0
+        self._loads = None
+
+    def _leave(self, worker_id: str, now: float) -> None:
+        del self.workers[worker_id]
+        self.draining.discard(worker_id)
+        if self.hook is not None:
+            self.hook.left(worker_id, now)
+
+    def _push(self, t: float, kind: int, what=None) -> None:
+        heapq.heappush(self._events, (t, kind, next(self._seq), what))
+
+    def loads(self) -> FleetLoads:
+        """What the router chooses from: in flight (exact), queued tokens (as of the snapshot,
+        plus what was sent since) and cache views; rebuilt after each snapshot or change of
+        membership, kept up to date in between as requests come and go."""
+        if self._loads is None:
+            ids = sorted(self.serving)
+            self._loads = FleetLoads(ids, [self.inflight[w] for w in ids],
+                                     [self.queued[w] + self.sent_since[w] for w in ids],
+                                     [self.views[w] for w in ids])
+        return self._loads
 
     def run(self, requests: Sequence[SimRequest]) -> FleetRun:
         records = [RequestRecord(r.arrival_s, prompt_tokens=r.num_prompt_tokens,
                                  output_len=r.output_len) for r in requests]
         waiting_on = collections.defaultdict(list)        # request index -> turns waiting for it
         owner: dict[str, int] = {}
-        events: list[tuple[float, int, int, object]] = []
-        seq = iter(range(1 << 62))
-        push = lambda t, kind, what=None: heapq.heappush(events, (t, kind, next(seq), what))  # noqa: E731
+        events, push = self._events, self._push
         for i, r in enumerate(requests):
             if r.after is None:
                 push(r.arrival_s, ARRIVAL, i)
@@ -103,17 +171,20 @@ class Fleet:
                         rec.finish_s = now
                         done += 1
                         self.inflight[rec.worker] -= 1
+                        if self._loads is not None:
+                            self._loads.opened(rec.worker, -1)
                         for j in waiting_on.pop(i, ()):   # the next turn leaves now, or later
                             push(max(now, requests[j].arrival_s), ARRIVAL, j)
-                kicked.add(what)
+                if what in self.draining and not self.inflight[what]:
+                    self._leave(what, now)
+                else:
+                    kicked.add(what)
                 push(now, KICK)
             elif kind == ARRIVAL:
                 req, rec = requests[what], records[what]
                 rec.arrival_s = now
                 tokens = req.prompt()
-                loads = {wid: WorkerLoad(self.inflight[wid],
-                                         self.queued[wid] + self.sent_since[wid], self.views[wid])
-                         for wid in self.workers}
+                loads = self.loads()
                 t0 = time.perf_counter()
                 wid = self.policy.choose(tokens, loads)
                 decisions.append(time.perf_counter() - t0)
@@ -122,15 +193,22 @@ class Fleet:
                 owner[rid], rec.worker = what, wid
                 self.inflight[wid] += 1
                 self.sent_since[wid] += len(tokens)
+                i = loads.at[wid]
+                loads.requests[i] += 1
+                loads.queued[i] += len(tokens)
                 kicked.add(wid)
                 push(now, KICK)
             elif kind == SNAPSHOT:
-                self._take_snapshot()
+                stats = self._take_snapshot()
+                if self.hook is not None:
+                    self.hook.poll(self, now, stats)
                 push(now + self.snapshot_interval_s, SNAPSHOT)
+            elif kind == JOIN:
+                self._join(what)
             else:  # KICK
                 for wid in sorted(kicked):
-                    worker = self.workers[wid]
-                    if not worker.stepping:
+                    worker = self.workers.get(wid)  # (it may have left)
+                    if worker is not None and not worker.stepping:
                         seconds = worker.start_step()
                         if seconds is not None:
                             push(now + seconds, STEP_END, wid)
@@ -145,11 +223,12 @@ class Fleet:
             sum(w.scheduler.num_preemptions for w in self.workers.values()),
             sum(w.scheduler.kv.pool.num_evictions for w in self.workers.values()))
 
-    def _take_snapshot(self) -> None:
+    def _take_snapshot(self) -> dict[str, EngineStats]:
+        every = {}
         for wid, worker in self.workers.items():
             view = self.views[wid]
             summary = worker.engine.cache_summary()
-            stats = worker.engine.stats()
+            stats = every[wid] = worker.engine.stats()
             self.queued[wid] = stats.num_queued_tokens
             if summary.version == view.version:  # the controller sends no delta (cache_deltas)
                 self.snapshot_bytes += len(pickle.dumps((wid, stats)))
@@ -158,3 +237,5 @@ class Fleet:
             view.apply(delta)
             self.snapshot_bytes += len(pickle.dumps((wid, delta, stats)))
         self.sent_since.clear()
+        self._loads = None
+        return every

@@ -11,10 +11,10 @@ The oracle (one worker holding the whole fleet's KV cache) is not a policy: see 
 from __future__ import annotations
 
 import random
-from typing import Mapping, Protocol, Sequence
+from typing import Protocol, Sequence
 
 from raypaged.serve.config import ServeOptions
-from raypaged.serve.cost_routing import WorkerLoad
+from raypaged.serve.fleet_loads import FleetLoads
 from raypaged.serve.routing import Router
 
 ROUTER_POLICIES = ("round_robin", "hash", "cache_aware")
@@ -25,7 +25,7 @@ DEFAULT_POLICY = ServeOptions().routing  # what `raypaged serve` routes with unl
 class Policy(Protocol):
     name: str
 
-    def choose(self, token_ids: Sequence[int], workers: Mapping[str, WorkerLoad]) -> str: ...
+    def choose(self, token_ids: Sequence[int], workers: FleetLoads) -> str: ...
 
 
 class RouterPolicy:
@@ -35,7 +35,7 @@ class RouterPolicy:
         self.name = routing
         self.router = Router(ServeOptions(routing=routing, **options), block_size)
 
-    def choose(self, token_ids: Sequence[int], workers: Mapping[str, WorkerLoad]) -> str:
+    def choose(self, token_ids: Sequence[int], workers: FleetLoads) -> str:
         order, _ = self.router.rank(token_ids, None, workers)
         return order[0]
 
@@ -46,10 +46,11 @@ class LeastLoaded:
     def __init__(self, seed: int = 0) -> None:
         self._rng = random.Random(seed)
 
-    def choose(self, token_ids: Sequence[int], workers: Mapping[str, WorkerLoad]) -> str:
-        ids = sorted(workers)
+    def choose(self, token_ids: Sequence[int], workers: FleetLoads) -> str:
+        ids = workers.ready_ids()
         a, b = self._rng.sample(ids, 2) if len(ids) > 1 else (ids[0], ids[0])
-        return min((a, b), key=lambda w: (workers[w].queued_tokens, workers[w].requests))
+        at, queued, requests = workers.at, workers.queued, workers.requests
+        return min((a, b), key=lambda w: (queued[at[w]], requests[at[w]]))
 
 
 def make_policy(name: str, block_size: int, seed: int = 0, **router_options) -> Policy:

@@ -1,0 +1,121 @@
+"""The router's arrays (FleetLoads): the same choice as the per-worker rule they replace, on random
+fleets with workers left out; and the Dispatcher keeps them exact between snapshots (no Ray)."""
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+
+from raypaged.config import KVPlan
+from raypaged.core.cache_index import CacheIndex
+from raypaged.core.cache_summary import CacheView, SummaryDelta
+from raypaged.core.contracts import EngineStats, MemoryStats
+from raypaged.serve.config import ServeOptions
+from raypaged.serve.cost_routing import CACHED, COLD, prompt_block_keys
+from raypaged.serve.dispatch import Dispatcher
+from raypaged.serve.fleet import READY, FleetSnapshot, WorkerView
+from raypaged.serve.fleet_loads import FleetLoads, Ranking, WorkerLoad
+from raypaged.serve.messages import WorkerStats
+from raypaged.serve.metrics import RequestMetrics
+from raypaged.serve.routing import (AFFINITY, LOAD_BOUND, Router, bounded_choice,
+                                    rendezvous_order, routing_key)
+
+BS = 16
+
+
+def spec_hash(prompt, workers: dict[str, WorkerLoad], factor: float):
+    """The rule as routing.py states it: rendezvous order, the first worker under the bound."""
+    order = rendezvous_order(routing_key(prompt, BS, 4), sorted(workers))
+    pick = bounded_choice(order, {w: x.requests for w, x in workers.items()}, factor)
+    return [order[pick], *order[:pick], *order[pick + 1:]], AFFINITY if pick == 0 else LOAD_BOUND
+
+
+def spec_cost(prompt, workers: dict[str, WorkerLoad], factor: float):
+    """The rule as cost_routing.py states it, one view at a time: the cheapest worker under the
+    cap, ties and cold prompts by rendezvous order."""
+    order = rendezvous_order(routing_key(prompt, BS, 4), sorted(workers))
+    keys = prompt_block_keys(prompt, BS)
+    cap = math.ceil(factor * (sum(x.requests for x in workers.values()) + 1) / len(order))
+    eligible = [w for w in order if workers[w].requests + 1 <= cap] or order
+    hit = {w: BS * (workers[w].cache.cached_prefix_blocks(keys) if workers[w].cache else 0)
+           for w in order}
+    if not any(hit[w] for w in eligible):
+        best = eligible[0]
+    else:
+        best = min(eligible, key=lambda w: len(prompt) - hit[w] + workers[w].queued_tokens)
+    return [best, *(w for w in order if w != best)], CACHED if hit[best] else COLD
+
+
+def test_the_arrays_choose_as_the_per_worker_rule_on_random_fleets_with_workers_left_out():
+    rng = random.Random(11)
+    prompts = [[rng.randrange(40) for _ in range(rng.choice([10, 65, 130]))] for _ in range(10)]
+    prompts += [prompts[1][:48] + p[48:] for p in prompts[2:6]]  # shared heads
+    keys = [prompt_block_keys(p, BS) for p in prompts]
+    for trial in range(80):
+        index, ids = CacheIndex(), [f"w{i:02d}" for i in range(rng.randrange(1, 30))]
+        workers = {}
+        for w in ids:
+            held = set()
+            for k in rng.sample(range(len(keys)), rng.randrange(0, 3)):
+                held.update(keys[k][:rng.randrange(len(keys[k]) + 1)])
+            view = index.view(w) if rng.random() < 0.8 else CacheView()  # some not indexed
+            view.apply(SummaryDelta(1, tuple(held), full=True))
+            workers[w] = WorkerLoad(rng.randrange(0, 6), rng.choice([0, 0, 16, rng.randrange(300)]),
+                                    view if rng.random() < 0.9 else None)
+        loads = FleetLoads.of(workers)
+        out = set(rng.sample(ids, rng.randrange(0, len(ids))))
+        left = {w: x for w, x in workers.items() if w not in out}
+        for factor in (1.0, 1.25, 3.0):
+            routers = {r: Router(ServeOptions(routing=r, route_load_factor=factor), BS)
+                       for r in ("hash", "cache_aware")}
+            for p in prompts:
+                for routing, spec in (("hash", spec_hash), ("cache_aware", spec_cost)):
+                    order, reason = routers[routing].rank(p, None, loads.excluding(out))
+                    assert (list(order), reason) == spec(p, left, factor), (trial, routing)
+
+
+def test_a_ranking_sorts_the_fallbacks_only_when_asked_past_the_first():
+    loads = FleetLoads.of({w: WorkerLoad(0) for w in ("a", "b", "c")})
+    ranking = Ranking(loads, np.array([1, 3, 2], np.uint64), 0)  # "a" chosen, then b, c
+    assert ranking[0] == "a" and ranking._all is None
+    assert list(ranking) == ["a", "b", "c"] and len(ranking) == 3
+    assert ranking == ["a", "b", "c"] and ranking != ["a", "c", "b"]
+
+
+def view(wid: str, active: int, queued: int) -> WorkerView:
+    memory = MemoryStats(64, 16, 10, 4, 50, 0, 0, 0, 0)
+    engine = EngineStats(memory, 2, 1, 0, 9, 100, num_queued_tokens=queued)
+    budget = KVPlan(1 << 20, 1024, block_size=16, num_blocks=64, max_model_len=1024)
+    stats = WorkerStats(wid, "inc", 1, "m", 1024, 16, budget, engine, num_active=active)
+    return WorkerView(wid, READY, handle=None, stats=stats)
+
+
+class Fleet:
+    def __init__(self, snap: FleetSnapshot):
+        self.snap = snap
+
+    def snapshot(self) -> FleetSnapshot:
+        return self.snap
+
+
+def test_the_dispatcher_counts_its_own_requests_in_the_arrays_between_snapshots():
+    fleet = Fleet(FleetSnapshot(1, (view("w1", 2, 30), view("w0", 5, 0))))
+    d = Dispatcher(fleet, None, RequestMetrics())
+    _, loads = d.candidates(set())
+    assert loads.worker_ids == ("w0", "w1") and loads.requests.tolist() == [5, 2]
+    assert loads.queued.tolist() == [0, 30]
+    d.opened("w1")
+    d.opened("w1")
+    d.opened("w0")
+    d.closed("w0")
+    _, again = d.candidates(set())
+    assert again is loads and again.requests.tolist() == [5, 4]   # no rebuild, exact counts
+    _, some = d.candidates({"w0"})
+    assert len(some) == 1 and some.ready_ids() == ["w1"] and some.requests is loads.requests
+    # the next snapshot saw our 2 requests on w1 (its load 4 = 2 others + 2 ours): not twice
+    fleet.snap = FleetSnapshot(2, (view("w0", 5, 0), view("w1", 4, 0)))
+    _, fresh = d.candidates(set())
+    assert fresh is not loads and fresh.requests.tolist() == [5, 4]
+    d.mark_suspect("w1")
+    assert d.candidates(set())[1].ready_ids() == ["w0"]
