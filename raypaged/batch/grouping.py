@@ -12,6 +12,7 @@ refused later by the frontend, with the HTTP API's message).
 from __future__ import annotations
 
 from raypaged.batch.rows import CHAT_URL, Row
+from raypaged.chat import chat_token_ids
 from raypaged.core.block_hash import BlockHash
 from raypaged.serve.protocol import ChatCompletionRequest
 from raypaged.serve.routing import routing_key
@@ -36,9 +37,8 @@ class PrefixKeys:
         body = row.body
         if row.url == CHAT_URL:
             req = ChatCompletionRequest.model_validate(body)
-            text = self.tokenizer.apply_chat_template(
-                req.conversation(), tokenize=False, add_generation_prompt=req.add_generation_prompt)
-            return self.tokenizer.encode(text, add_special_tokens=False)
+            return chat_token_ids(self.tokenizer, req.conversation(), req.add_generation_prompt,
+                                  req.tool_dicts())
         prompt = body["prompt"]
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
             prompt = prompt[0]  # several prompts: the first one's prefix

@@ -35,16 +35,16 @@ class EngineCore:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                     eos_token_id: int | None = None, cache_salt: str | None = None,
-                    continuation: Continuation | None = None) -> None:
+                    continuation: Continuation | None = None, held: bool = False) -> None:
         """Queue a request; raises ValueError (nothing queued) if it can never be served.
-        With a continuation, one sample (n = 1) resumes after the outputs it already has."""
+        `held`: not scheduled until release(request_id) (its grammar is still compiling).
+        With a continuation, one sample (n = 1) resumes after the outputs it already has.
+        Token ids are the caller's to check against the vocabulary (Engine.add_request does)."""
         max_model_len = self.scheduler.max_model_len
         if len(prompt_token_ids) >= max_model_len:
             raise ValueError(
                 f"the prompt is {len(prompt_token_ids)} tokens but max_model_len is "
                 f"{max_model_len}: shorten the prompt to at most {max_model_len - 1} tokens")
-        if any(not isinstance(t, int) or t < 0 for t in prompt_token_ids):
-            raise ValueError("prompt token ids must be non-negative integers")
         max_tokens = sampling.max_tokens or max_model_len - len(prompt_token_ids)
         outputs, index = (), 0
         if continuation is not None:
@@ -52,7 +52,23 @@ class EngineCore:
             _check_continuation(continuation, sampling, max_tokens)
         self.scheduler.add(Request(request_id, prompt_token_ids, sampling, max_tokens,
                                    eos_token_id, cache_salt, sample_index=index,
-                                   output_token_ids=outputs))
+                                   output_token_ids=outputs), held)
+
+    def release(self, request_id: str) -> None:
+        """A held request may be scheduled from the next step on."""
+        self.scheduler.release(request_id)
+
+    def only_held(self) -> bool:
+        """Every unfinished request is held and no step is running: step() has nothing to do."""
+        s = self.scheduler
+        return bool(s.held) and len(s.held) == len(s.requests) and self._running is None
+
+    def fail(self, request_id: str, why: str) -> list[RequestDelta]:
+        """Finish the request and its samples with finish_reason "error", `why` as the reason."""
+        return [RequestDelta(r.request_id, (), finish_reason=ERROR, stop_reason=why,
+                             parent_id=r.parent_id, sample_index=r.sample_index,
+                             num_cached_tokens=r.num_cached_tokens)
+                for r in self.scheduler.abort(request_id, ERROR)]
 
     def step(self) -> list[RequestDelta]:
         if self.executor is not None:
@@ -165,8 +181,6 @@ def _check_continuation(c: Continuation, sampling: SamplingParams, max_tokens: i
         raise ValueError(f"a continuation carries one sample: n must be 1, got {sampling.n}")
     if not isinstance(c.sample_index, int) or c.sample_index < 0:
         raise ValueError(f"continuation sample_index must be an integer >= 0, got {c.sample_index!r}")
-    if any(not isinstance(t, int) or t < 0 for t in c.output_token_ids):
-        raise ValueError("continuation output token ids must be non-negative integers")
     if len(c.output_token_ids) >= max_tokens:
         raise ValueError(f"the continuation already has {len(c.output_token_ids)} output tokens, "
                          f"max_tokens is {max_tokens}: nothing is left to generate")

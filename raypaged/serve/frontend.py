@@ -25,6 +25,7 @@ from typing import AsyncIterator, Callable
 from pydantic import ValidationError
 from starlette.responses import JSONResponse, StreamingResponse
 
+from raypaged.chat import encode_chat, render_chat
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.outputs import SequenceOutput
 from raypaged.serve.config import MAX_N
@@ -206,18 +207,17 @@ class OpenAIFrontend:
 
     async def _chat_tokens(self, req: ChatCompletionRequest) -> list[int]:
         try:
-            text = await asyncio.to_thread(
-                self.tokenizer.apply_chat_template, req.conversation(), tokenize=False,
-                add_generation_prompt=req.add_generation_prompt, tools=req.tool_dicts())
+            text = await asyncio.to_thread(render_chat, self.tokenizer, req.conversation(),
+                                           req.add_generation_prompt, req.tool_dicts())
         except Exception as exc:  # noqa: BLE001 - a template that rejects this conversation
             raise bad_request(f"the chat template rejected these messages: {exc}",
                               "messages") from None
         # the rendered text, not the contents: a template may trim or drop parts of them
         self._refuse_unfittable(text, "messages")
-        tokens = await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=False)
+        tokens = await asyncio.to_thread(encode_chat, self.tokenizer, text)
         if not tokens:
             raise bad_request("the conversation renders to an empty prompt", "messages")
-        return list(tokens)
+        return tokens
 
     def _refuse_unfittable(self, text: str, param: str) -> None:
         """A text of more bytes than max_model_len tokens can cover is refused before it is

@@ -108,19 +108,21 @@ class _Sampling(BaseModel):
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None,
                         constraint: StructuredOutputsParams | None = None) -> SamplingParams:
-        def given(value, default):
-            return default if value is None else value
-        return SamplingParams(
-            n=self.n, temperature=given(self.temperature, 1.0), top_p=given(self.top_p, 1.0),
-            top_k=given(self.top_k, -1), min_p=given(self.min_p, 0.0), seed=self.seed,
-            max_tokens=max_tokens, min_tokens=self.min_tokens, stop=tuple(
-                [self.stop] if isinstance(self.stop, str) else (self.stop or ())),
-            stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
-            logprobs=logprobs, presence_penalty=given(self.presence_penalty, 0.0),
-            frequency_penalty=given(self.frequency_penalty, 0.0),
-            repetition_penalty=given(self.repetition_penalty, 1.0),
-            include_stop_str_in_output=self.include_stop_str_in_output,
-            structured_outputs=constraint, logit_bias=self.logit_bias)
+        """The fields the client gave (null counts as not given), under SamplingParams' own
+        names: its defaults fill the rest, so no default is restated here."""
+        given = {k: getattr(self, k) for k in _SAMPLING_FIELDS if getattr(self, k) is not None}
+        if self.stop is not None:
+            given["stop"] = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if self.stop_token_ids is not None:
+            given["stop_token_ids"] = tuple(self.stop_token_ids)
+        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs,
+                              structured_outputs=constraint, **given)
+
+
+# Request fields that are SamplingParams fields of the same name and meaning.
+_SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "min_tokens",
+                    "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                    "include_stop_str_in_output", "logit_bias")
 
 
 def _schema_text(text: str, param: str) -> dict:
