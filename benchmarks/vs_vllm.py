@@ -7,6 +7,7 @@ output tok/s, TTFT and TPOT (mean, p99) per server and the ratios raypaged / vLL
 
     python benchmarks/vs_vllm.py --vllm-python /work/vllm-venv/bin/python
                                  [--concurrency 1,4,16] [--prompts-per-client 4]
+                                 [--workloads 256x64,1024x128] [--rounds 2]
                                  [--servers raypaged,vllm,ray_serve_llm]
                                  [--ray-llm-python /work/rayllm-venv/bin/python]
                                  [--raypaged-flags "--workers 1"]
@@ -15,6 +16,11 @@ output tok/s, TTFT and TPOT (mean, p99) per server and the ratios raypaged / vLL
 After the servers, benchmarks/offline_tpot.py measures the offline engine's per-token time for
 one request of the same shape, and each raypaged server's TPOT at concurrency 1 is reported
 against it (the serving path's own cost).
+
+--workloads runs every server on each INPUTxOUTPUT shape (one server start covers them all:
+every server gets the max_model_len of the longest). --rounds repeats the servers interleaved
+(A B C A B C), so a shared machine's drift hits each alike; figures are medians over rounds,
+and every row records the load average when it ran.
 
 A --variant is one more `raypaged serve`, with --raypaged-flags plus its own flags, measured in
 the same run (e.g. `--variant "alloc_off=--onednn-cache-capacity 1024 --worker-allocator
@@ -36,6 +42,7 @@ import argparse
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,6 +65,17 @@ def max_model_len(args) -> str:
     """Both servers' max_model_len: 1024, or room for longer prompts (the client's random text
     re-tokenizes to a few more tokens than asked) in 1024-token steps."""
     return str(1024 * -(-(args.input_len + args.output_len + 256) // 1024))
+
+
+def parse_workloads(text: str) -> list[tuple[int, int]]:
+    """"256x64,1024x128" -> [(256, 64), (1024, 128)] (input, output tokens)."""
+    out = []
+    for item in text.split(","):
+        i, sep, o = item.partition("x")
+        if not (sep and i.isdigit() and o.isdigit()):
+            raise argparse.ArgumentTypeError(f"workload {item!r}: expected INPUTxOUTPUT, e.g. 256x64")
+        out.append((int(i), int(o)))
+    return out
 
 
 def start_raypaged(model_dir: str, dtype: str, max_len: str, extra: list[str], log: Path):
@@ -120,33 +138,53 @@ def run_client(python: str, url: str, model_dir: str, concurrency: int, num_prom
     return json.loads(lines[-1].split(" ", 1)[1])
 
 
-def bench_server(name: str, start, client_python: str, model_dir: str, args, logs: Path):
-    proc, url = start(logs / f"{name}.log")
+def bench_server(name: str, start, client_python: str, model_dir: str, args, logs: Path,
+                 k: int = 0):
+    """One server start (round k): every workload at every concurrency."""
+    proc, url = start(logs / f"{name}.{k}.log")
     rows = []
     try:
-        for c in args.concurrency:
-            n = max(8, args.prompts_per_client * c)
-            r = run_client(client_python, url, model_dir, c, n, args)
-            if r.get("failed"):
-                raise RuntimeError(f"{name}: {r['failed']} of {n} requests failed")
-            rows.append({"server": name, "concurrency": c, "prompts": n,
-                         **{m: r.get(m) for m in METRICS}})
-            print(table(rows[-1:], list(rows[-1])), flush=True)
+        for input_len, output_len in args.workloads:
+            shape = argparse.Namespace(**{**vars(args), "input_len": input_len,
+                                          "output_len": output_len})
+            for c in args.concurrency:
+                n = max(8, args.prompts_per_client * c)
+                r = run_client(client_python, url, model_dir, c, n, shape)
+                if r.get("failed"):
+                    raise RuntimeError(f"{name}: {r['failed']} of {n} requests failed")
+                rows.append({"server": name, "workload": f"{input_len}x{output_len}",
+                             "round": k, "concurrency": c, "prompts": n,
+                             "load_avg_1m": round(os.getloadavg()[0], 2),
+                             **{m: r.get(m) for m in METRICS}})
+                print(table(rows[-1:], list(rows[-1])), flush=True)
     finally:
         stop(proc)
     return rows
 
 
+def medians(rows: list[dict]) -> list[dict]:
+    """One row per (server, workload, concurrency): medians over rounds."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["server"], r["workload"], r["concurrency"]), []).append(r)
+    return [{"server": s, "workload": w, "concurrency": c, "rounds": len(g),
+             "prompts": g[0]["prompts"],
+             "load_avg_1m": statistics.median(r["load_avg_1m"] for r in g),
+             **{m: statistics.median(r[m] for r in g) if all(r.get(m) for r in g) else None
+                for m in METRICS}}
+            for (s, w, c), g in groups.items()]
+
+
 def ratios(rows: list[dict], base: str = "vllm") -> list[dict]:
     """Each other server / `base`, per concurrency (throughput: > 1 is better; latencies: < 1 is
     better)."""
-    by = {(r["server"], r["concurrency"]): r for r in rows}
+    by = {(r["server"], r["workload"], r["concurrency"]): r for r in rows}
     out = []
-    for (server, c), ours in by.items():
-        peer = by.get((base, c))
+    for (server, w, c), ours in by.items():
+        peer = by.get((base, w, c))
         if server in (base, "vllm") or peer is None:
             continue
-        out.append({"server": server, "concurrency": c,
+        out.append({"server": server, "workload": w, "concurrency": c,
                     **{f"{m}_ratio": ours[m] / peer[m] for m in METRICS
                        if ours.get(m) and peer.get(m)}})
     return out
@@ -156,23 +194,28 @@ def plot(rows: list[dict], name: str) -> None:
     plt = pyplot()
     if plt is None:
         return
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
-    for ax, metric, label in zip(axes, ["output_throughput", "mean_tpot_ms", "mean_ttft_ms"],
-                                 ["output tok/s", "mean TPOT (ms)", "mean TTFT (ms)"]):
-        bars_by_concurrency(ax, rows, "server", metric, label)
-    axes[0].legend()
-    fig.suptitle("vllm bench serve: random 256 in / 64 out, same machine, same run")
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    fig, axes = plt.subplots(len(workloads), 3, figsize=(12, 3.5 * len(workloads)),
+                             squeeze=False)
+    for row_axes, w in zip(axes, workloads):
+        for ax, metric, label in zip(row_axes, ["output_throughput", "mean_tpot_ms",
+                                                "mean_ttft_ms"],
+                                     ["output tok/s", "mean TPOT (ms)", "mean TTFT (ms)"]):
+            bars_by_concurrency(ax, [r for r in rows if r["workload"] == w and r.get(metric)],
+                                "server", metric, f"{label}, {w.replace('x', ' in / ')} out")
+    axes[0][0].legend()
+    fig.suptitle("vllm bench serve: random prompts, same machine, same run (medians of rounds)")
     fig.tight_layout()
     fig.savefig(plot_path(name), dpi=80)
     print(f"wrote {plot_path(name)}")
 
 
-def offline_tpot(dtype: str, args) -> dict:
+def offline_tpot(dtype: str, input_len: int, output_len: int) -> dict:
     """The offline engine's per-token time on this workload's shape, in a process of its own
     (after every server has stopped, so it has the machine)."""
     out = subprocess.run([sys.executable, str(Path(__file__).with_name("offline_tpot.py")),
-                          "--input-len", str(args.input_len), "--output-len",
-                          str(args.output_len), "--dtype", dtype],
+                          "--input-len", str(input_len), "--output-len",
+                          str(output_len), "--dtype", dtype],
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -190,8 +233,9 @@ def main() -> None:
                     default=[1, 4, 16])
     ap.add_argument("--prompts-per-client", type=int, default=4,
                     help="prompts per concurrency level = max(8, this x concurrency)")
-    ap.add_argument("--input-len", type=int, default=256)
-    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--workloads", type=parse_workloads, default=[(256, 64)],
+                    help="INPUTxOUTPUT tokens, comma-separated (default: 256x64)")
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved repeats of every server")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     ap.add_argument("--raypaged-flags", default="--workers 1",
                     help="extra `raypaged serve` flags (one string)")
@@ -213,7 +257,8 @@ def main() -> None:
         print("no --vllm-python: vLLM's server is not run")
         servers.remove("vllm")
     logs = Path(tempfile.mkdtemp(prefix="vs_vllm-"))
-    max_len = max_model_len(args)
+    max_len = max(max_model_len(argparse.Namespace(input_len=i, output_len=o))
+                  for i, o in args.workloads)
     starts = {"raypaged": lambda log: start_raypaged(model_dir, dtype, max_len,
                                                      shlex.split(args.raypaged_flags), log),
               "vllm": lambda log: start_vllm(args.vllm_python, model_dir, dtype, max_len, log),
@@ -232,17 +277,23 @@ def main() -> None:
         starts[name] = (lambda log, extra=extra:
                         start_raypaged(model_dir, dtype, max_len, extra, log))
         servers.append(name)
-    rows, failures = [], {}
-    for s in servers:
-        try:
-            rows += bench_server(s, starts[s], client_python, model_dir, args, logs)
-        except (RuntimeError, TimeoutError) as exc:  # one server that cannot run: say why, go on
-            failures[s] = str(exc)[-3000:]
-            print(f"{s} failed: {failures[s]}", flush=True)
-    if not rows:
+    runs, failures = [], {}
+    for k in range(args.rounds):
+        for s in servers:
+            if s in failures:
+                continue
+            try:
+                runs += bench_server(s, starts[s], client_python, model_dir, args, logs, k)
+            except (RuntimeError, TimeoutError) as exc:  # a server that cannot run: say why
+                failures[s] = str(exc)[-3000:]
+                print(f"{s} failed: {failures[s]}", flush=True)
+            write(args.name, {"args": vars(args), "partial": True, "runs": runs})  # if cut off
+    if not runs:
         raise SystemExit(f"no server ran: {failures}")
-    print(f"\n{dtype}, input {args.input_len}, output {args.output_len}, server logs in {logs}")
-    print(table(rows, ["server", "concurrency", "prompts", *METRICS]))
+    rows = medians(runs)
+    print(f"\n{dtype}, {args.rounds} round(s), max_model_len {max_len}, server logs in {logs}")
+    print(table(rows, ["server", "workload", "concurrency", "rounds", "prompts", "load_avg_1m",
+                       *METRICS]))
     rat = ratios(rows)
     if rat:
         print("\nraypaged / vLLM")
@@ -255,19 +306,25 @@ def main() -> None:
     if variant_rat:
         print("\nvariant / raypaged")
         print(table(variant_rat, list(variant_rat[0])))
-    offline, overhead = None, []
+    offline, overhead = {}, []
     if "raypaged" in servers:
-        offline = offline_tpot(dtype, args)
-        overhead = [{"server": r["server"], "serving_tpot_ms": r["mean_tpot_ms"],
-                     "offline_per_token_ms": offline["per_token_ms"],
-                     "ratio": r["mean_tpot_ms"] / offline["per_token_ms"]}
-                    for r in rows if r["concurrency"] == 1 and r["server"] != "vllm"]
-        print(f"\noffline engine: {offline['per_token_ms']:.2f} ms per output token "
-              f"({offline['threads']} threads, benchmarks/offline_tpot.py)")
+        for i, o in args.workloads:
+            w = f"{i}x{o}"
+            offline[w] = offline_tpot(dtype, i, o)
+            print(f"\noffline engine, {w}: {offline[w]['per_token_ms']:.2f} ms per output token "
+                  f"({offline[w]['threads']} threads, benchmarks/offline_tpot.py)")
+        overhead = [{"server": r["server"], "workload": r["workload"],
+                     "serving_tpot_ms": r["mean_tpot_ms"],
+                     "offline_per_token_ms": offline[r["workload"]]["per_token_ms"],
+                     "ratio": r["mean_tpot_ms"] / offline[r["workload"]]["per_token_ms"]}
+                    for r in rows if r["concurrency"] == 1 and r["server"] not in
+                    ("vllm", "ray_serve_llm", "ray_serve_llm_direct") and r["mean_tpot_ms"]]
         if overhead:
             print("serving TPOT at concurrency 1 / that time")
-            print(table(overhead, ["server", "serving_tpot_ms", "offline_per_token_ms", "ratio"]))
-    payload = {"args": vars(args), "dtype": dtype, "rows": rows, "failures": failures, "ratios": rat,
+            print(table(overhead, ["server", "workload", "serving_tpot_ms",
+                                   "offline_per_token_ms", "ratio"]))
+    payload = {"args": vars(args), "dtype": dtype, "max_model_len": max_len, "runs": runs,
+               "rows": rows, "failures": failures, "ratios": rat,
                "variant_ratios": variant_rat,
                "ray_serve_llm_ratios": llm_rat, "offline_tpot": offline,
                "serving_overhead_c1": overhead}

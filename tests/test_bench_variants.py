@@ -39,3 +39,30 @@ def test_summary_takes_the_median_of_rounds_and_ratios_to_default_of_the_same_co
     assert out[("haproxy", 16)]["output_throughput_vs_default"] == 1.2
     assert out[("haproxy", 16)]["serving_path_ms_per_token_vs_default"] == 0.5
     assert "output_throughput_vs_default" not in out[("default", 1)]
+
+
+def test_vs_vllm_reads_workloads_and_compares_each_workload_with_itself():
+    import argparse
+
+    import pytest
+
+    from benchmarks.vs_vllm import medians, parse_workloads, ratios
+
+    assert parse_workloads("256x64,1024x128") == [(256, 64), (1024, 128)]
+    with pytest.raises(argparse.ArgumentTypeError, match="expected INPUTxOUTPUT"):
+        parse_workloads("256/64")
+
+    def run(server, w, k, tok_s):
+        return {"server": server, "workload": w, "round": k, "concurrency": 16, "prompts": 64,
+                "load_avg_1m": 2.0 + k, "output_throughput": tok_s, "mean_ttft_ms": 100.0,
+                "p99_ttft_ms": 200.0, "mean_tpot_ms": 10.0, "p99_tpot_ms": 20.0}
+    runs = [run("vllm", "256x64", 0, 100.0), run("vllm", "256x64", 1, 80.0),
+            run("raypaged", "256x64", 0, 120.0), run("raypaged", "256x64", 1, 90.0),
+            run("vllm", "1024x128", 0, 50.0), run("raypaged", "1024x128", 0, 40.0)]
+    rows = {(r["server"], r["workload"]): r for r in medians(runs)}
+    assert rows[("raypaged", "256x64")]["output_throughput"] == 105.0  # median of the rounds
+    assert rows[("raypaged", "256x64")]["rounds"] == 2
+    assert rows[("raypaged", "256x64")]["load_avg_1m"] == 2.5
+    out = {r["workload"]: r for r in ratios(list(rows.values()))}
+    assert out["256x64"]["output_throughput_ratio"] == 105.0 / 90.0
+    assert out["1024x128"]["output_throughput_ratio"] == 0.8
