@@ -98,4 +98,6 @@ def refuse_when_joining(ingress: str | None) -> None:
 
 
 def new_run_dir() -> str:
-    return tempfile.mkdtemp(prefix="raypaged-ingress-")
+    """A short path: Serve puts HAProxy's sockets one 56-character folder below it, and HAProxy
+    refuses a socket path over 97 characters (/tmp/rpXXXXXXXX/<56>/metrics.sock is 85)."""
+    return tempfile.mkdtemp(prefix="rp", dir="/tmp" if os.path.isdir("/tmp") else None)

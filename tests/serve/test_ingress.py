@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from listening import listeners
-from raypaged.serve.ingress import IngressUnavailable, haproxy_binary, ingress_env
+from raypaged.serve.ingress import IngressUnavailable, haproxy_binary, ingress_env, new_run_dir
 from serve_testing import ROOT, free_port
 
 CLI = [sys.executable, "-c", "import sys; from raypaged.cli import main; sys.exit(main())"]
@@ -117,6 +117,14 @@ def test_python_needs_no_haproxy_and_haproxy_gets_its_own_files_and_ports(tmp_pa
     assert len(files) == 5 and all(v.startswith(str(tmp_path)) for v in files)
     ports = {env["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"], env["RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"]}
     assert len(ports) == 2 and "8500" not in ports  # not Serve's fixed ports: two servers coexist
+
+
+def test_haproxy_socket_paths_fit_under_the_run_folder():
+    run_dir = new_run_dir()
+    try:  # Serve adds a 56-character folder; HAProxy refuses socket paths over 97 characters
+        assert len(os.path.join(run_dir, "x" * 56, "metrics.sock")) <= 97
+    finally:
+        os.rmdir(run_dir)
 
 
 def test_a_missing_haproxy_binary_is_named_with_its_fixes(monkeypatch):
