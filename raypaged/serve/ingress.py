@@ -20,9 +20,12 @@ import socket
 import tempfile
 from importlib import metadata
 
-# Chosen by benchmarks/serve_cpu.py: the serving path's CPU per output token, same run
-# (docs/performance.md, "Ray Serve's ingress").
-DEFAULT_INGRESS = "haproxy"
+# HAProxy takes a quarter to a third of the serving path's CPU per token off (serve_cpu.py,
+# docs/performance.md, "Ray Serve's ingress"), but Ray Serve 2.60's HAProxy config binds its
+# stats page and Prometheus exporter on every interface (`bind *:PORT`, no host setting), and a
+# default `raypaged serve` listens on the loopback alone (tests/serve/test_loopback.py). So the
+# Python proxy stays the default and HAProxy is one flag away.
+DEFAULT_INGRESS = "python"
 RAY_FOR_HAPROXY = (2, 55)  # the first Ray Serve with the HAProxy ingress
 
 
@@ -70,7 +73,8 @@ def ingress_env(ingress: str, run_dir: str) -> dict[str, str]:
     Ray Serve's HAProxy keeps its config, admin and metrics sockets and server state under
     /tmp/haproxy-serve, and its fallback Python proxy on ports 8500/9500, by default: two
     servers on one machine (two users, or tests in parallel) would take over each other's
-    HAProxy. Each run gets its own folder and free ports instead."""
+    HAProxy, and its stats page and Prometheus exporter on 8404/9101 would collide. Each run
+    gets its own folder and free ports instead."""
     if ingress == "python":
         return {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
     _check_ray_version()
@@ -84,7 +88,18 @@ def ingress_env(ingress: str, run_dir: str) -> dict[str, str]:
         "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": os.path.join(run_dir, "server-state"),
         "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(_free_port()),
         "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(_free_port()),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
     }
+
+
+def exposure_note(env: dict[str, str]) -> str | None:
+    """What HAProxy opens beyond --host, for the operator to know (None: nothing)."""
+    if env.get("RAY_SERVE_ENABLE_HA_PROXY") != "1":
+        return None
+    return (f"HAProxy's stats page (port {env['RAY_SERVE_HAPROXY_STATS_PORT']}) and Prometheus "
+            f"exporter (port {env['RAY_SERVE_HAPROXY_METRICS_PORT']}) listen on all interfaces "
+            "(Ray Serve sets no host for them): firewall them, or use --ingress python")
 
 
 def refuse_when_joining(ingress: str | None) -> None:

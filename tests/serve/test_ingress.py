@@ -66,6 +66,16 @@ def test_the_switch_selects_what_listens_on_the_port(served):
     assert on_port == {LISTENER[ingress][:15]}
 
 
+def test_beyond_the_loopback_only_haproxys_stats_and_metrics_listen(served):
+    ingress, proc, _, _ = served
+    outside = [lst for lst in listeners(proc.pid) if not lst.loopback]
+    if ingress == "python":
+        assert outside == []
+    else:  # Ray Serve binds these two on every interface (docs/performance.md says so)
+        assert {lst.process for lst in outside} == {"haproxy"}
+        assert len({lst.port for lst in outside}) == 2
+
+
 def test_the_server_answers_whole_and_streamed_with_the_same_tokens(served):
     _, _, _, url = served
     model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
@@ -115,8 +125,11 @@ def test_python_needs_no_haproxy_and_haproxy_gets_its_own_files_and_ports(tmp_pa
     assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
     files = [v for k, v in env.items() if k.startswith("RAY_SERVE_HAPROXY_")]
     assert len(files) == 5 and all(v.startswith(str(tmp_path)) for v in files)
-    ports = {env["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"], env["RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"]}
-    assert len(ports) == 2 and "8500" not in ports  # not Serve's fixed ports: two servers coexist
+    ports = {env[k] for k in ("RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
+                              "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT", "RAY_SERVE_HAPROXY_STATS_PORT",
+                              "RAY_SERVE_HAPROXY_METRICS_PORT")}
+    # not Serve's fixed 8500/9500/8404/9101: two servers on one machine coexist
+    assert len(ports) == 4 and not ports & {"8500", "9500", "8404", "9101"}
 
 
 def test_haproxy_socket_paths_fit_under_the_run_folder():
