@@ -13,7 +13,7 @@ as many workers as it takes.
                elsewhere; else each unfinished sample goes on elsewhere as a Continuation of
                the tokens the client already has, so the text goes on with no gap and no
                repeat. After MAX_FAILOVERS lost workers the request ends with a 503.
-               A worker that dies (or freezes) after accepting the request may have been
+               A worker that dies (or freezes) once the request was sent to it may have been
                killed by it: it is retried once; a second worker lost that way refuses it as a
                suspected poison request (400, remembered: poison.py), never retried again.
                A worker that left by draining counts for neither.
@@ -44,7 +44,7 @@ from raypaged.serve.progress import Progress
 from raypaged.serve.responses import WORKER_HEADER
 
 MAX_FAILOVERS = 2   # workers lost while serving one request before it gives up
-RETRIES_AFTER_DEATH = 1  # retries after a worker died with the request accepted (poison.py)
+RETRIES_AFTER_DEATH = 1  # retries after a worker died with the request on it (poison.py)
 WATCH_S = 0.25      # how often a waiting generation checks its workers are still in the fleet
 
 
@@ -59,7 +59,7 @@ class Generation:
         self._legs: list[Leg] = []
         self._opens = 0                 # legs opened (the first and every failover)
         self._failovers = 0             # workers lost while serving this request
-        self._died_serving: list[str] = []  # of those, the ones that had accepted it
+        self._died_serving: list[str] = []  # of those, the ones it had been sent to
         self._excluded: set[str] = set()
         self._queue: asyncio.Queue = asyncio.Queue()  # (leg, outputs | WorkerUnavailable)
         self._pending: collections.deque = collections.deque()  # first outputs, not yielded
@@ -107,8 +107,8 @@ class Generation:
                           continuation is not None)
                 try:
                     rejected = await self._submit(leg, view, params, continuation)
-                except WorkerUnavailable:
-                    self._worker_lost(worker_id, self._died_with_it(leg))
+                except WorkerUnavailable as lost:  # a worker can die of it before it replies
+                    self._worker_lost(worker_id, lost.reached and self._in_fleet(worker_id))
                     break  # rank again without it
                 if rejected is None:
                     return
@@ -140,7 +140,6 @@ class Generation:
             if rejected is not None:
                 self._close_leg(leg)
                 return rejected
-            leg.accepted = True
             outs = self._outputs(await self._watched(leg, leg.first))
         except BaseException:
             self._close_leg(leg)
@@ -181,10 +180,9 @@ class Generation:
             self._close_leg(leg)
 
     # -- failover ----------------------------------------------------------------------------
-    def _died_with_it(self, leg: Leg) -> bool:
-        """The leg's worker was lost with the request accepted, and not by draining (a drained
-        worker leaves the snapshot)."""
-        return leg.accepted and self.d.fleet.snapshot().worker(leg.worker_id) is not None
+    def _in_fleet(self, worker_id: str) -> bool:
+        """Lost, but not by draining (a drained worker leaves the snapshot)."""
+        return self.d.fleet.snapshot().worker(worker_id) is not None
 
     def _worker_lost(self, worker_id: str, died_serving: bool) -> None:
         self._excluded.add(worker_id)
@@ -211,7 +209,7 @@ class Generation:
     async def _fail_over(self, leg: Leg) -> None:
         """Carry the leg's unfinished samples on elsewhere from what the client already has."""
         self._close_leg(leg)
-        self._worker_lost(leg.worker_id, self._died_with_it(leg))
+        self._worker_lost(leg.worker_id, self._in_fleet(leg.worker_id))
         samples = self.progress.samples
         if not leg.resumed and not any(samples[i].token_ids for i in leg.indexes):
             await self._open(leg.indexes, None)  # nothing of it seen: the same request again

@@ -21,7 +21,6 @@ class Leg:
     request_id: str = ""             # its id on the worker
     link: WorkerLink | None = None
     first: asyncio.Future | None = None
-    accepted: bool = False           # the worker took the request: a death now may be its doing
     closed: bool = False
 
     def sink(self, queue: asyncio.Queue):

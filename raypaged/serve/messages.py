@@ -40,7 +40,13 @@ class Lost:
 
 
 class WorkerUnavailable(Exception):
-    """The worker died, is restarting, or its engine failed: the request may go elsewhere."""
+    """The worker died, is restarting, or its engine failed: the request may go elsewhere.
+    `reached`: the request may have got to the worker, so the loss may be its doing (False
+    when it surely did not: the link was down before the submit)."""
+
+    def __init__(self, message: str = "", reached: bool = True):
+        super().__init__(message)
+        self.reached = reached
 
 
 @dataclass(frozen=True)

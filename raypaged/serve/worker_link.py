@@ -47,7 +47,7 @@ class WorkerLink:
                      sink: Sink) -> Rejected | None:
         """Send the request; its outputs go to `sink` from now on (they may beat the reply)."""
         if self.dead is not None:
-            raise self.dead
+            raise WorkerUnavailable(str(self.dead), reached=False)
         self._sinks[request_id] = sink
         try:
             rejected = await self._submit(self.router_id, request_id, token_ids, params,
@@ -108,6 +108,8 @@ class RayWorkerLink(WorkerLink):
         try:
             return await self.handle.submit.remote(*args)
         except (RayActorError, RayTaskError) as exc:
+            # reached: a process that dies during the call answers ActorUnavailableError as
+            # one restarting before it does; only a link already down is sure it never ran
             raise WorkerUnavailable(f"{self.worker_id}: {type(exc).__name__}") from exc
 
     def _cancel(self, request_id: str) -> None:

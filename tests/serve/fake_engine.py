@@ -6,6 +6,7 @@ a step costs microseconds. `step_delay_s` slows it down for tests that need requ
 """
 from __future__ import annotations
 
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -45,6 +46,9 @@ class ByteTokenizer:
 # A request seeded with this makes every step it samples in raise, as a request that trips a bug
 # in a real sampler would: for testing that it fails alone.
 POISON_SEED = 666
+# A request seeded with this kills the worker process that steps it (a segfault in a kernel, an
+# abort in a native library): for testing the worker lifecycle.
+CRASH_SEED = 667
 
 
 class LetterRunner:
@@ -56,6 +60,8 @@ class LetterRunner:
     def execute(self, batch: ScheduledBatch) -> StepResult:
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
+        if any(sr.sampling.seed == CRASH_SEED for sr in batch.requests):
+            os._exit(1)
         if any(sr.sampling.seed == POISON_SEED and sr.num_samples for sr in batch.requests):
             raise IndexError("index 99999999 is out of bounds for dimension 1 with size 257")
         sampled, logprobs = {}, {}

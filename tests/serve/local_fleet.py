@@ -68,7 +68,7 @@ class FaultyLink(LocalLink):
 
     async def _submit(self, *args):
         if self.mode == BEFORE_FIRST:
-            raise WorkerUnavailable(f"{self.worker_id} is gone")
+            raise WorkerUnavailable(f"{self.worker_id} is gone", reached=False)
         if self.mode == FROZEN:
             await self.fleet._freeze(self.worker_id)
         return await super()._submit(*args)

@@ -159,7 +159,7 @@ def test_one_death_is_retried_and_served():
     assert not metrics.counters["suspected_poison_requests"]
 
 
-def test_workers_gone_before_accepting_the_request_do_not_make_it_poison():
+def test_workers_the_request_never_reached_do_not_make_it_poison():
     fleet = LocalFleet(n=3, step_delay_s=0.005)
     (clean,), _ = run_all(LocalFleet(n=3, step_delay_s=0.005), post(BODY))
     home = clean.headers["x-raypaged-worker"]
