@@ -102,9 +102,12 @@ class Controller:
 
     def _kill_unresponsive(self, now: float) -> None:
         """Its requests failed over when it turned unresponsive; what it still holds (an
-        accelerator, a step that never ends) comes back only with a new process."""
+        accelerator, a step that never ends) comes back only with a new process. Checked
+        once a round, and a round with a silent worker lasts poll_timeout_s + poll_interval_s:
+        killed in the last round before the deadline, so never unresponsive past it."""
+        ahead = self.poll_timeout_s + self.poll_interval_s
         for v in list(self._views.values()):
-            if v.state != UNRESPONSIVE or not overdue(v.since, v.killed_at, now,
+            if v.state != UNRESPONSIVE or not overdue(v.since, v.killed_at, now + ahead,
                                                       self.unresponsive_timeout_s):
                 continue
             silent = now - max(v.since, v.killed_at or 0.0)

@@ -51,7 +51,7 @@ def test_the_controller_kills_a_worker_unresponsive_past_its_deadline_once_per_d
         a, b = FakeWorker("worker-0"), FakeWorker("worker-1")
         killed = []
         c = ManualController([("worker-0", a), ("worker-1", b)], lambda h, since: h.probe(),
-                             poll_interval_s=60, poll_timeout_s=0.05, kill=killed.append,
+                             poll_interval_s=0.05, poll_timeout_s=0.05, kill=killed.append,
                              unresponsive_timeout_s=0.5)
         await c.poll_once()
         a.behaviour = "hang"  # SIGSTOP, or an engine step that never ends
