@@ -16,6 +16,14 @@ between them:
     slow_bodies        200 connections that never finish their body (--body-timeout-s 5)
     kill_controller    SIGKILL of the fleet controller actor (its workers outlive it; Serve
                        recreates it and the new one adopts them)
+    hang_worker        SIGSTOP of the busiest worker, never thawed: the controller must kill it
+                       and Ray start a new process within --unresponsive-timeout-s of it
+                       turning unresponsive
+    crash_twice        a long stream whose worker is SIGKILLed, then the worker it moved to as
+                       soon as it goes on there, as a request that crashes workers would: the
+                       stream must end as a suspected poison request, and the same request sent
+                       again must be refused at once with no worker touched (with 2 workers both
+                       are then down for a model reload: load requests fail meanwhile)
 and prints and writes (benchmarks/results/chaos.json, .png): requests sent, completed, failed by
 status, lost (a 200 with fewer tokens than asked, or a stream without [DONE]), hung (no answer
 in 120 s), per phase the load requests in the air that completed and that failed, collateral
@@ -50,7 +58,7 @@ from benchmarks.serve_process import descendants, launch, stop  # noqa: E402
 
 MAX_TOKENS = 24
 PHASES = ("kill_worker", "freeze_worker", "poison", "expensive", "big_bodies", "slow_bodies",
-          "kill_controller")
+          "kill_controller", "hang_worker", "crash_twice")
 BODY_TIMEOUT_S = 5
 CLIENT_TIMEOUT_S = 120
 POISON = [
@@ -251,12 +259,87 @@ async def send_slow_bodies(url: str, n: int = 200) -> dict:
             "closed_within_s": round(time.monotonic() - t, 2), "body_timeout_s": BODY_TIMEOUT_S}
 
 
+async def hang_worker(url: str, limit_s: float) -> tuple[str, dict]:
+    """SIGSTOP the busiest worker for good; when the fleet saw it unresponsive, killed and
+    replaced (seconds after the SIGSTOP)."""
+    victim = busiest(url)
+    wid, pid = victim["worker_id"], victim["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    t, seen = time.monotonic(), {}
+    try:
+        while time.monotonic() - t < limit_s and "replaced_s" not in seen:
+            w = next((w for w in await asyncio.to_thread(fleet, url) if w["worker_id"] == wid),
+                     {})
+            now = round(time.monotonic() - t, 2)
+            if w.get("state") == "unresponsive":
+                seen.setdefault("unresponsive_s", now)
+            if w.get("kills", 0) > victim.get("kills", 0):
+                seen.setdefault("killed_s", now)
+            if w.get("state") == "ready" and w.get("pid") not in (None, pid):
+                seen["replaced_s"] = now
+            await asyncio.sleep(0.1)
+    finally:
+        if os.path.exists(f"/proc/{pid}"):
+            os.kill(pid, signal.SIGCONT)
+    if "unresponsive_s" in seen and "killed_s" in seen:
+        seen["unresponsive_for_s"] = round(seen["killed_s"] - seen["unresponsive_s"], 2)
+    return wid, seen
+
+
+async def crash_twice(url: str, n: int, limit_s: float) -> tuple[str, dict]:
+    """A stream whose two workers are killed in turn, then the same request again."""
+    out: dict = {"all_ready_before_s": await wait_all_ready(url, n, time.monotonic(), limit_s)}
+    body = {"prompt": "Chaos: a request that crashes workers. Tell a long story.",
+            "max_tokens": 440, "ignore_eos": True, "temperature": 0, "stream": True}
+    events: list[dict] = []
+    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S * 3) as client:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+            first = r.headers.get("x-raypaged-worker")
+
+            async def read():
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        events.append(json.loads(line[6:]))
+
+            reader = asyncio.create_task(read())
+            t = time.monotonic()
+            while len(events) < 3 and not reader.done():
+                await asyncio.sleep(0.05)
+            pids = {w["worker_id"]: w.get("pid") for w in await asyncio.to_thread(fleet, url)}
+            os.kill(pids[first], signal.SIGKILL)
+            at_kill = len(events)
+            # a model reload takes longer than the stream: the second worker goes as soon as
+            # the stream goes on there
+            while len(events) < at_kill + 3 and not reader.done():
+                await asyncio.sleep(0.05)
+            out["tokens_after_first_kill"] = len(events) - at_kill
+            if reader.done():
+                out["second_kill"] = "the stream ended first"
+            else:
+                second = max((w for w in await asyncio.to_thread(fleet, url)
+                              if w["worker_id"] != first and w.get("state") == "ready"),
+                             key=lambda w: w.get("load", 0))
+                os.kill(second["pid"], signal.SIGKILL)
+                out["second_kill"] = second["worker_id"]
+            await asyncio.wait_for(reader, CLIENT_TIMEOUT_S)
+        errors = [e["error"] for e in events if "error" in e]
+        out["stream_tokens"] = sum(len(c.get("text", "")) > 0 for e in events
+                                   for c in e.get("choices", []))
+        out["stream_error"] = errors[-1]["code"] if errors else None
+        t = time.monotonic()
+        again = await client.post(f"{url}/v1/completions", json={**body, "stream": False})
+        out["again"] = {"status": again.status_code, "seconds": round(time.monotonic() - t, 3),
+                        "code": again.json().get("error", {}).get("code")}
+    return first, out
+
+
 async def scenario(proc, url: str, ns) -> dict:
     load = Load(url, ns.concurrency)
     runner = asyncio.create_task(load.run())
     phases, raw_counts = [], {}
     first_preemptions = await asyncio.to_thread(preemptions, url)
-    await asyncio.sleep(ns.phase_s)
+    # /health over the load alone: what the attacks' /health figures compare with
+    _, baseline_health_s = await health_max(url, asyncio.sleep(ns.phase_s))
     for name in ns.phases:
         at = time.monotonic()
         detail, extra = "", {}
@@ -272,6 +355,14 @@ async def scenario(proc, url: str, ns) -> dict:
             os.kill(victim["pid"], signal.SIGCONT)
         elif name == "poison":
             raw_counts = await send_raw(url)
+        elif name == "hang_worker":
+            (detail, extra), health_s = await health_max(url, hang_worker(url,
+                                                                          ns.recovery_limit_s))
+            extra.update(deadline_s=ns.unresponsive_timeout_s, health_max_s=health_s)
+        elif name == "crash_twice":
+            (detail, extra), health_s = await health_max(url, crash_twice(
+                url, ns.workers, ns.recovery_limit_s))
+            extra["health_max_s"] = health_s
         elif name in ("expensive", "big_bodies", "slow_bodies"):
             send = {"expensive": send_expensive, "big_bodies": send_big_bodies,
                     "slow_bodies": send_slow_bodies}[name]
@@ -299,6 +390,7 @@ async def scenario(proc, url: str, ns) -> dict:
     load.stop()
     await asyncio.wait_for(runner, CLIENT_TIMEOUT_S + 30)
     return {"outcomes": load.outcomes, "phases": phases, "raw": raw_counts,
+            "baseline_health_max_s": baseline_health_s,
             "preemptions": await asyncio.to_thread(preemptions, url) - first_preemptions}
 
 
@@ -326,7 +418,8 @@ def summarize(res: dict, t0: float) -> dict:
         "lost": sum(o.status == "200" and not o.ok for o in outs),
         "hung": sum(o.status == "hung" for o in outs),
         "collateral_poison_failures": len(collateral) if poison is not None else None,
-        "preemptions": res["preemptions"], "phases": phases, "raw_requests": res["raw"]}
+        "preemptions": res["preemptions"], "phases": phases, "raw_requests": res["raw"],
+        "baseline_health_max_s": res["baseline_health_max_s"]}
 
 
 def plot(res: dict, t0: float, summary: dict, path: Path) -> None:
@@ -360,11 +453,14 @@ def main(argv=None) -> int:
     p.add_argument("--recovery-limit-s", type=float, default=120.0)
     p.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES),
                    help="faults to inject, in this order (default: all)")
+    p.add_argument("--unresponsive-timeout-s", type=float, default=10.0,
+                   help="the server's --worker-unresponsive-timeout-s (hang_worker)")
     p.add_argument("--name", default="chaos")
     ns = p.parse_args(argv)
     log = Path(tempfile.gettempdir()) / f"{ns.name}_serve.log"
     flags = ["--workers", str(ns.workers), "--kv-memory-mb", "64", "--max-model-len", "512",
-             "--body-timeout-s", str(BODY_TIMEOUT_S)]
+             "--body-timeout-s", str(BODY_TIMEOUT_S),
+             "--worker-unresponsive-timeout-s", str(ns.unresponsive_timeout_s)]
     proc, url = launch(flags, log)
     try:
         t0 = time.monotonic()
@@ -379,7 +475,12 @@ def main(argv=None) -> int:
                                     "fleet_ready_s", "first_ok_request_s", "controller_back_s",
                                     "worker_pids_unchanged"]))
     print("malformed / poison replies by status:", json.dumps(summary["raw_requests"]))
+    print(f"/health max over the load alone (before the first phase): "
+          f"{summary['baseline_health_max_s']:.2f} s")
     for ph in summary["phases"]:
+        if ph["phase"] in ("hang_worker", "crash_twice"):
+            print(f"{ph['phase']}:", json.dumps({k: v for k, v in ph.items() if k not in (
+                "phase", "target", "at_s", "completed", "failed")}))
         if "answers" in ph:
             print(f"{ph['phase']}: /health max {ph['health_max_s']:.2f} s;",
                   json.dumps(ph["answers"]))
