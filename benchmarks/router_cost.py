@@ -15,7 +15,7 @@ views hold only the sampled keys (as the controller mirrors them), the router wa
 prompt's sampled keys, and the traffic comes from that JSON (a fleet_sim run with
 --route-cache-sample N).
 
-    python benchmarks/router_cost.py [--workers 8,64,1000] [--requests 300]
+    python benchmarks/router_cost.py [--workers 8,64,1000] [--requests 300] [--repeats 5]
                                      [--sim-json benchmarks/results/fleet_sim_16_sample1.json]
                                      [--sample 32=benchmarks/results/fleet_sim_16_sample32.json]
 """
@@ -54,21 +54,23 @@ def fleet_views(prompts: list[list[int]], workers: int, per_worker: int, rng,
     keys = [prompt_block_keys(p, BLOCK) for p in prompts]
     loads, index = {}, CacheIndex()  # the views a router's fleet client keeps (ray_fleet.py)
     for i in range(workers):
-        held = set()
+        held = {}  # key -> depth (its block's index in the prompt)
         for k in rng.sample(range(len(keys)), per_worker):
-            held.update(keys[k])
+            held.update((key, depth) for depth, key in enumerate(keys[k]))
         view = index.view(f"w{i:04d}")
-        view.apply(sampled(SummaryDelta(1, tuple(held), full=True), every))
+        view.apply(sampled(SummaryDelta(1, tuple(held), full=True,
+                                        depths=tuple(held.values())), every))
         loads[f"w{i:04d}"] = WorkerLoad(rng.randrange(0, 16), rng.randrange(0, 50_000), view)
     # as the Dispatcher keeps them: arrays built once per snapshot, not per request
     return FleetLoads.of(loads)
 
 
-def time_decisions(policy: str, prompts, loads, every: int = 1) -> dict:
-    """Router.rank() = choose(prompt_keys()): the two halves timed apart on each request."""
+def time_decisions(policy: str, prompts, loads, every: int = 1, repeats: int = 5) -> dict:
+    """Router.rank() = choose(prompt_keys()): the two halves timed apart on each request; every
+    prompt `repeats` times, so a p99 is over 99 in 100 decisions, not 3 unlucky ones in 300."""
     router = RouterPolicy(policy, BLOCK, route_cache_sample=every).router
     total, hashing, choice = [], [], []
-    for p in prompts:
+    for p in prompts * repeats:
         t0 = time.thread_time()
         keys = router.prompt_keys(p, None)
         t1 = time.thread_time()
@@ -101,6 +103,7 @@ def main(argv=None) -> int:
     p.add_argument("--workers", default="8,64,1000")
     p.add_argument("--requests", type=int, default=300)
     p.add_argument("--prompts-per-worker", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5, help="decisions per prompt")
     p.add_argument("--sim-json", default="benchmarks/results/fleet_sim_16_sample1.json")
     p.add_argument("--sample", action="append", default=[], metavar="N=JSON",
                    help="also cache_aware with route_cache_sample N, traffic from JSON")
@@ -122,7 +125,7 @@ def main(argv=None) -> int:
                 if e != every:
                     continue
                 row = {"workers": w, "policy": policy, "cache_sample": every,
-                       **time_decisions(policy, prompts, loads, every)}
+                       **time_decisions(policy, prompts, loads, every, ns.repeats)}
                 if per_worker[sim_json] is not None:
                     row["snapshot_bytes_per_s"] = per_worker[sim_json] * w
                     row["snapshot_target"] = ("met" if row["snapshot_bytes_per_s"]
@@ -140,7 +143,8 @@ def main(argv=None) -> int:
     mean_tokens = statistics.fmean(len(x) for x in prompts)
     print(f"prompts: {len(prompts)} Mooncake prompts, mean {mean_tokens:,.0f} tokens; "
           f"snapshot bytes per worker per second: {per_worker}")
-    out = write("router_cost", {"workload": {"requests": len(prompts), "mean_prompt_tokens": mean_tokens,
+    out = write("router_cost", {"workload": {"requests": len(prompts), "repeats": ns.repeats,
+                                             "mean_prompt_tokens": mean_tokens,
                                              "prompts_per_worker": ns.prompts_per_worker,
                                              "snapshot_bytes_per_worker_s": per_worker,
                                              "targets": {"decision_p99_us": TARGET_DECISION_P99_US,

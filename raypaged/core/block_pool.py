@@ -137,16 +137,17 @@ class BlockPool:
                 self.free_queue.append(block)
                 self._num_cached_free += block.block_hash is not None
 
-    def register(self, block: Block, block_hash: BlockHash) -> None:
+    def register(self, block: Block, block_hash: BlockHash, depth: int = 0) -> None:
         """Make a full block findable by its prefix hash. A prefix already cached in another
-        block keeps that block (two requests computed the same prefix at once): first wins."""
+        block keeps that block (two requests computed the same prefix at once): first wins.
+        `depth`: the block's index in its request (the cache summary samples by it)."""
         if not self.enable_caching or block.block_hash is not None:
             return
         if block_hash in self.cached:
             return
         block.block_hash = block_hash
         self.cached[block_hash] = block
-        self.summary.add(block_hash)
+        self.summary.add(block_hash, depth)
         self._num_cached_free += block.ref_count == 0  # callers register blocks they hold; kept exact anyway
 
     def _unregister(self, block: Block) -> None:

@@ -17,6 +17,7 @@ prompt blocks a worker holds is the first miss in the prompt's key list.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import sys
 import threading
@@ -40,11 +41,16 @@ class SummaryDelta:
     added: tuple[int, ...] = ()
     removed: tuple[int, ...] = ()
     full: bool = False                 # True: `added` is the whole set (replace, don't apply)
+    # each key's depth (block index in its prompt), `added`'s then `removed`'s: what the
+    # controller samples by (`sampled`); None once sampled: routers never need them
+    depths: tuple[int, ...] | None = None
 
     def __reduce__(self):
         # Every router receives every worker's deltas: pickled as a tuple of ints a key costs
         # ~10.5 bytes (opcode, length, 8 or 9 bytes); packed as uint64, 8.
-        return _unpack_delta, (self.version, _pack(self.added), _pack(self.removed), self.full)
+        depths = None if self.depths is None else array("I", self.depths).tobytes()
+        return _unpack_delta, (self.version, _pack(self.added), _pack(self.removed), self.full,
+                               depths)
 
 
 def _pack(keys: Sequence[int]) -> bytes:
@@ -62,30 +68,53 @@ def _unpack(data: bytes) -> tuple[int, ...]:
     return tuple(packed)
 
 
-def _unpack_delta(version: int, added: bytes, removed: bytes, full: bool) -> SummaryDelta:
-    return SummaryDelta(version, _unpack(added), _unpack(removed), full)
+def _unpack_delta(version: int, added: bytes, removed: bytes, full: bool,
+                  depths: bytes | None = None) -> SummaryDelta:
+    if depths is not None:
+        packed = array("I")
+        packed.frombytes(depths)
+        depths = tuple(packed)
+    return SummaryDelta(version, _unpack(added), _unpack(removed), full, depths)
+
+
+def published(depth: int, every: int) -> bool:
+    """Whether a sampled view holds the key of a prompt's block `depth` (0-based): the blocks
+    that end a power of two (1, 2, 4, 8, ... blocks) and every `every`-th block:
+
+        depth      0  1  2  3  4  5  6  7  8 ... 15 16 ... 23 ... 31     every = 8
+        published  x  x     x           x        x         x      x
+
+    so a cached prefix of b blocks is seen as at least max(largest power of two <= b,
+    every x floor(b / every)) blocks: short shared prefixes (a system prompt) stay visible,
+    and a long one is known to `every` blocks, for ~1/every of the keys plus log2 of them."""
+    return every == 1 or (depth + 1) % every == 0 or depth & (depth + 1) == 0
 
 
 def sampled(delta: SummaryDelta, every: int) -> SummaryDelta:
-    """The delta restricted to keys with key % every == 0 (every = 1: unchanged).
-
-    What a router sees when the fleet publishes a hash sample of each cache: the chain hash
-    makes a sampled key name its whole prefix, and keys are uniform, so ~1 key in `every`
-    survives, spread along every prompt. See `sampled_positions` for how a reader uses them."""
+    """The delta restricted to the keys at published depths, without the depths (what the
+    controller mirrors for routers, with every = --route-cache-sample; 1: every key).
+    The chain hash makes a published key name its whole prefix; `sampled_positions` says
+    which of a prompt's keys a reader looks up."""
     if every == 1:
-        return delta
-    return SummaryDelta(delta.version, tuple(k for k in delta.added if k % every == 0),
-                        tuple(k for k in delta.removed if k % every == 0), delta.full)
+        return delta if delta.depths is None else dataclasses.replace(delta, depths=None)
+    if delta.depths is None:
+        raise ValueError("sampling a cache delta needs its keys' depths (CacheSummary gives them)")
+    n = len(delta.added)
+    return SummaryDelta(
+        delta.version,
+        tuple(k for k, d in zip(delta.added, delta.depths) if published(d, every)),
+        tuple(k for k, d in zip(delta.removed, delta.depths[n:]) if published(d, every)),
+        delta.full)
 
 
 def sampled_positions(keys: Sequence[int], every: int) -> list[int]:
-    """Indexes of the prompt's keys a sampled view can hold:
+    """Indexes of the prompt's keys a sampled view can hold (see `published`):
 
-        keys       k0  k1  k2  k3  k4  k5  k6        (k2, k5 have key % every == 0)
-        positions          2           5
-        a view holding k2 and k5 holds >= 6 leading blocks; holding k2 only: >= 3 blocks
+        keys       k0  k1  k2  k3  k4  k5  k6  k7  k8        (every = 8)
+        positions  0   1       3               7
+        a view holding k7 holds >= 8 leading blocks; holding k3 but not k7: >= 4 blocks
     """
-    return [i for i, k in enumerate(keys) if k % every == 0]
+    return [i for i in range(len(keys)) if published(i, every)]
 
 
 class CacheSummary:
@@ -94,13 +123,15 @@ class CacheSummary:
 
     def __init__(self, log_size: int = DEFAULT_LOG_SIZE) -> None:
         self.keys: set[int] = set()
+        self.depth: dict[int, int] = {}  # key -> its block's index in the prompt
         self.version = 0
-        self._log: collections.deque[tuple[int, bool]] = collections.deque(maxlen=log_size)
+        self._log: collections.deque[tuple[int, bool, int]] = collections.deque(maxlen=log_size)
         self._lock = threading.Lock()
 
-    def add(self, block_hash: BlockHash) -> None:
+    def add(self, block_hash: BlockHash, depth: int = 0) -> None:
+        """`depth`: the block's index in its prompt (what a sampled view samples by)."""
         with self._lock:
-            self._change(block_key(block_hash), True)
+            self._change(block_key(block_hash), True, depth)
 
     def remove(self, block_hash: BlockHash) -> None:
         with self._lock:
@@ -109,44 +140,55 @@ class CacheSummary:
     def mirror(self, delta: SummaryDelta) -> None:
         """Apply another summary's delta as changes of this one (the controller keeps a mirror
         of each worker's summary and serves routers their own deltas of it)."""
+        depth = dict(zip(delta.added, delta.depths or ()))
         with self._lock:
             if delta.full:
                 new = set(delta.added)
                 for key in self.keys - new:
                     self._change(key, False)
-                added = new - self.keys
+                added = [k for k in delta.added if k not in self.keys]
             else:
                 for key in delta.removed:
                     self._change(key, False)
                 added = delta.added
             for key in added:
-                self._change(key, True)
+                self._change(key, True, depth.get(key, 0))
 
-    def _change(self, key: int, present: bool) -> None:
+    def _change(self, key: int, present: bool, depth: int = 0) -> None:
         if (key in self.keys) == present:
             return
-        (self.keys.add if present else self.keys.discard)(key)
+        if present:
+            self.keys.add(key)
+            self.depth[key] = depth
+        else:
+            self.keys.discard(key)
+            depth = self.depth.pop(key)
         self.version += 1
-        self._log.append((key, present))
+        self._log.append((key, present, depth))
 
-    def delta_since(self, version: int) -> SummaryDelta:
-        """What a reader at `version` needs to reach this version (empty if it is there)."""
+    def delta_since(self, version: int, depths: bool = True) -> SummaryDelta:
+        """What a reader at `version` needs to reach this version (empty if it is there);
+        with the keys' depths unless `depths` is False (a router's delta: it samples nothing)."""
         with self._lock:
-            return self._delta_since(version)
+            return self._delta_since(version, depths)
 
-    def _delta_since(self, version: int) -> SummaryDelta:
+    def _delta_since(self, version: int, depths: bool) -> SummaryDelta:
         behind = self.version - version
         if behind < 0 or behind > len(self._log):  # unknown or forgotten history: start over
-            return SummaryDelta(self.version, tuple(self.keys), full=True)
+            keys = tuple(self.keys)
+            return SummaryDelta(self.version, keys, full=True,
+                                depths=tuple(map(self.depth.__getitem__, keys)) if depths else None)
         first: dict[int, bool] = {}
-        final: dict[int, bool] = {}
-        for key, present in reversed(list(itertools.islice(reversed(self._log), behind))):
+        final: dict[int, tuple[bool, int]] = {}
+        for key, present, depth in reversed(list(itertools.islice(reversed(self._log), behind))):
             first.setdefault(key, present)
-            final[key] = present
+            final[key] = present, depth
         # A key first added and finally removed within the delta was never in the reader's
         # copy and is not in ours: it nets out.
-        return SummaryDelta(self.version, tuple(k for k, p in final.items() if p),
-                            tuple(k for k, p in final.items() if not p and not first[k]))
+        added = [(k, d) for k, (p, d) in final.items() if p]
+        removed = [(k, d) for k, (p, d) in final.items() if not p and not first[k]]
+        return SummaryDelta(self.version, tuple(k for k, _ in added), tuple(k for k, _ in removed),
+                            depths=tuple(d for _, d in added + removed) if depths else None)
 
 
 class CacheView:

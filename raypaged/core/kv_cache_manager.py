@@ -120,7 +120,7 @@ class KVCacheManager:
             return
         request.update_block_hashes(self.block_size)
         for i in range(start, num_full):
-            self.pool.register(table[i], request.block_hashes[i])
+            self.pool.register(table[i], request.block_hashes[i], i)
         self._num_registered[rid] = num_full
 
     # -- fork / free -------------------------------------------------------------------------

@@ -13,8 +13,9 @@ application. Each poll round asks every worker for `stats()` concurrently, with 
 Each poll also brings the worker's prefix-cache changes since the last one; the controller keeps
 a mirror of every worker's cache summary, and routers catch up with it by deltas
 (`cache_deltas`), so the cache-aware router knows which blocks each worker holds without ever
-calling a worker itself. With `cache_sample` N > 1 the mirrors keep only the keys with
-key % N == 0 (cache_summary.sampled): N x fewer bytes to every router, hits at N-block grain.
+calling a worker itself. With `cache_sample` N > 1 the mirrors keep only the keys at
+published depths (cache_summary.published: every N-th block and the power-of-two ones): ~N x
+fewer bytes to every router, hits at N-block grain, short prefixes still seen.
 
 Routers push their request metrics here so /metrics on any replica shows the whole fleet.
 """
@@ -78,7 +79,7 @@ class Controller:
         """For a router whose copies are at `versions` (worker id -> version; -1: none yet):
         the deltas of the workers whose cache changed since (a router keeps the others as
         they are; an empty delta for each of 1,000 workers every refresh is ~290 kB/s)."""
-        return {wid: summary.delta_since(versions.get(wid, -1))
+        return {wid: summary.delta_since(versions.get(wid, -1), depths=False)
                 for wid, summary in self._caches.items()
                 if summary.version != versions.get(wid, -1)}
 

@@ -98,14 +98,38 @@ def test_a_mirror_serves_its_readers_the_same_set_by_its_own_versions():
     assert router.keys == {block_key(b"z" * 16)} and not router.version < mirror.version
 
 
-def test_a_sampled_delta_keeps_only_keys_divisible_by_the_rate_and_its_version():
-    from raypaged.core.cache_summary import SummaryDelta, sampled, sampled_positions
-    delta = SummaryDelta(9, added=(4, 5, 8, 12), removed=(16, 3))
-    assert sampled(delta, 4) == SummaryDelta(9, (4, 8, 12), (16,))
-    assert sampled(delta, 1) is delta
-    assert sampled(SummaryDelta(3, (1, 2, 6), full=True), 2) == SummaryDelta(3, (2, 6), full=True)
-    #   keys 1 2 3 4 5 6 7 8: with every = 4, a view can hold only 4 (index 3) and 8 (index 7)
-    assert sampled_positions([1, 2, 3, 4, 5, 6, 7, 8], 4) == [3, 7]
+def test_a_sampled_delta_keeps_the_keys_at_published_depths_and_drops_the_depths():
+    from raypaged.core.cache_summary import published, sampled, sampled_positions
+    # every = 4: blocks 1, 2, 4, 8 (depths 0, 1, 3, 7) and every 4th (depths 3, 7, 11, 15)
+    assert [d for d in range(16) if published(d, 4)] == [0, 1, 3, 7, 11, 15]
+    delta = SummaryDelta(9, added=(50, 51, 52, 53), removed=(60, 61), depths=(0, 2, 3, 5, 11, 6))
+    assert sampled(delta, 4) == SummaryDelta(9, (50, 52), (60,))
+    assert sampled(delta, 1) == SummaryDelta(9, (50, 51, 52, 53), (60, 61))
+    assert sampled(SummaryDelta(3, (1, 2, 6), full=True, depths=(1, 2, 7)), 4) == \
+        SummaryDelta(3, (1, 6), full=True)
+    assert sampled_positions(list(range(100, 109)), 4) == [0, 1, 3, 7]
+    with pytest.raises(ValueError, match="depths"):
+        sampled(SummaryDelta(1, (5,)), 4)
+
+
+def test_a_summary_delta_carries_each_keys_depth_through_changes_and_pickling():
+    import pickle
+    a, b, c = (bytes([x]) * 16 for x in b"abc")
+    summary = CacheSummary()
+    summary.add(a, 0)
+    summary.add(b, 5)
+    since = summary.version
+    summary.remove(a)
+    summary.add(c, 2)
+    delta = summary.delta_since(since)
+    assert delta == SummaryDelta(summary.version, (block_key(c),), (block_key(a),), depths=(2, 0))
+    assert pickle.loads(pickle.dumps(delta)) == delta
+    assert summary.delta_since(since, depths=False).depths is None  # what routers are sent
+    full = summary.delta_since(-1)
+    assert dict(zip(full.added, full.depths)) == {block_key(b): 5, block_key(c): 2}
+    mirror = CacheSummary()
+    mirror.mirror(full)
+    assert mirror.depth == summary.depth
 
 
 def test_a_delta_crosses_a_process_boundary_as_eight_bytes_per_key_and_unchanged():

@@ -204,14 +204,15 @@ from raypaged.core.cache_summary import sampled, sampled_positions  # noqa: E402
 
 
 def test_with_sampled_views_a_hit_counts_whole_blocks_up_to_the_last_sampled_key_held():
-    keys = [1, 2, 3, 4, 5, 6, 7, 8]                # every = 4: only 4 and 8 are published
+    keys = [1, 2, 3, 4, 5, 6, 7, 8]                # every = 4: blocks 1, 2, 4, 8 are published
     positions = sampled_positions(keys, 4)
     walked, blocks_at = [keys[i] for i in positions], [0, *(i + 1 for i in positions)]
-    assert (walked, blocks_at) == ([4, 8], [0, 4, 8])
+    assert (walked, blocks_at) == ([1, 2, 4, 8], [0, 1, 2, 4, 8])
 
-    def sampled_view(held):
+    def sampled_view(held):  # a prefix of the prompt: key i is block i
         v = CacheView()
-        v.apply(sampled(SummaryDelta(1, tuple(held), full=True), 4))
+        v.apply(sampled(SummaryDelta(1, tuple(held), full=True,
+                                     depths=tuple(range(len(held)))), 4))
         return v
     order = ["w2", "w0", "w1"]
     # w0 holds 6 blocks (published: key 4 -> 4 blocks), w1 holds all 8 but 60 more tokens queued:
@@ -223,8 +224,12 @@ def test_with_sampled_views_a_hit_counts_whole_blocks_up_to_the_last_sampled_key
     # 70 queued: w1 costs 71 > 65, and w0's 4 published blocks are worth 64 tokens, not 96
     workers["w1"] = WorkerLoad(0, queued_tokens=70, cache=sampled_view(keys))
     assert rank_sampled() == (["w0", "w2", "w1"], CACHED)
-    # a worker holding 3 blocks publishes nothing of this prompt: routed as cold
+    # a worker holding 3 blocks is seen holding 2 (a power of two): a short prefix stays
+    # visible; holding none, the prompt is cold
     workers = {w: WorkerLoad(0, cache=sampled_view(keys[:3])) for w in order}
+    workers["w2"] = WorkerLoad(0, queued_tokens=1, cache=sampled_view(keys[:3]))
+    assert rank_sampled() == (["w0", "w2", "w1"], CACHED)
+    workers = {w: WorkerLoad(0, cache=sampled_view([])) for w in order}
     assert rank_sampled() == (order, COLD)
 
 
@@ -232,14 +237,15 @@ def test_the_router_walks_only_the_sampled_keys_of_the_prompt():
     prompt = list(range(2000, 2000 + 16 * 40 + 1))      # 40 blocks can hit
     keys = prompt_block_keys(prompt, BS)
     positions = sampled_positions(keys, 4)
-    assert 2 <= len(positions) < 40 and positions[-1] < 39
+    assert len(positions) < 40 // 2 and positions[-1] == 39
     deep = positions[-1] + 1                               # blocks a sampled view proves
     # w0 holds every block; w1 holds all but the last published one: the router must value
     # w0's cache at `deep` blocks, so a queue of (deep - shallow) x 16 - 1 tokens still loses
     shallow = positions[-2] + 1
-    def sampled_view(held):
+    def sampled_view(held):  # a prefix of the prompt: key i is block i
         v = CacheView()
-        v.apply(sampled(SummaryDelta(1, tuple(held), full=True), 4))
+        v.apply(sampled(SummaryDelta(1, tuple(held), full=True,
+                                     depths=tuple(range(len(held)))), 4))
         return v
     router = Router(ServeOptions(routing="cache_aware", route_cache_sample=4), BS)
     for queued, winner in (((deep - shallow) * BS - 1, "w0"), ((deep - shallow) * BS + 1, "w1")):
@@ -249,6 +255,7 @@ def test_the_router_walks_only_the_sampled_keys_of_the_prompt():
 
 
 def test_a_controller_with_a_cache_sample_serves_routers_only_the_sampled_keys():
+    from raypaged.core.cache_summary import published
     async def main():
         w = Worker(FakeEngine(), "worker-0")
 
@@ -258,11 +265,12 @@ def test_a_controller_with_a_cache_sample_serves_routers_only_the_sampled_keys()
         controller._ensure_polling = lambda: None
         router = CacheView()
         for i in range(4):
-            await run_request(w, f"r{i}", [90 + i] * 100)
+            await run_request(w, f"r{i}", [90 + i] * 200)  # 12 blocks: 5 published
             await controller.poll_once()
             for delta in (await controller.cache_deltas({"worker-0": router.version})).values():
                 router.apply(delta)  # none if no sampled key changed
-            assert router.keys == {k for k in pool_keys(w) if k % 4 == 0}
+            depth = w.engine.core.scheduler.kv.pool.summary.depth  # key -> block index
+            assert router.keys == {k for k in pool_keys(w) if published(depth[k], 4)}
         assert 0 < len(router.keys) < len(pool_keys(w)) / 2  # some keys, most not sent
         w.shutdown()
     asyncio.run(main())

@@ -78,7 +78,7 @@ def test_a_conversation_turn_leaves_only_when_the_turn_before_it_has_finished():
 
 
 def test_with_a_cache_sample_the_router_sees_and_pays_for_only_the_sampled_keys():
-    from raypaged.core.cache_summary import block_key
+    from raypaged.core.cache_summary import block_key, published
     prompts = [[i] * 16 * 12 + [5] for i in range(1, 7)]
     runs = {}
     for every in (1, 4):
@@ -86,7 +86,10 @@ def test_with_a_cache_sample_the_router_sees_and_pays_for_only_the_sampled_keys(
         run = fleet.run([req(0.5 * i, p) for i, p in enumerate(prompts * 2)])
         fleet._take_snapshot()
         for wid, worker in fleet.workers.items():
-            pool = {block_key(h) for h in worker.scheduler.kv.pool.cached}
-            assert fleet.views[wid].keys == {k for k in pool if k % every == 0}
+            pool = worker.scheduler.kv.pool
+            depth = pool.summary.depth  # key -> the block's index in its prompt
+            assert set(depth) == {block_key(h) for h in pool.cached}
+            assert sorted(set(depth.values()))[:12] == list(range(12))
+            assert fleet.views[wid].keys == {k for k in depth if published(depth[k], every)}
         runs[every] = run
     assert runs[4].snapshot_bytes < runs[1].snapshot_bytes
