@@ -138,7 +138,8 @@ def bench_mode(mode: str, round_: int, reqs, ns) -> list[dict]:
     try:
         model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
         before = engine_counters(url)
-        results, duration = asyncio.run(closed_loop(url, model, reqs, ns.concurrency))
+        base = reqs[:ns.num_prompts]
+        results, duration = asyncio.run(closed_loop(url, model, base, ns.concurrency))
         rows.append({"round": round_, "mode": mode, "load": "saturation", "client": "closed",
                      "offered_rate": None, **goodput_row(results, duration, ns)})
         saturation = rows[-1]["request_throughput"]
@@ -148,8 +149,12 @@ def bench_mode(mode: str, round_: int, reqs, ns) -> list[dict]:
                 rows[-1].update(delta(engine_counters(url), before))
                 print(table(rows[-1:], COLUMNS), flush=True)
                 before = engine_counters(url)
+                # --scale-phases: offered for as long as saturation ran (load x its requests),
+                # so a shed phase serves about as many requests and its ramp-up and drain weigh
+                # as much as saturation's
+                phase = reqs[:round(ns.num_prompts * load)] if ns.scale_phases else base
                 results, duration = asyncio.run(open_loop(
-                    url, model, reqs, load * saturation, ns.seed, retry=client == "retry"))
+                    url, model, phase, load * saturation, ns.seed, retry=client == "retry"))
                 rows.append({"round": round_, "mode": mode, "load": f"{load:g}x",
                              "client": client, "offered_rate": load * saturation,
                              **goodput_row(results, duration, ns)})
@@ -182,6 +187,9 @@ def parse_args(argv=None):
     p.add_argument("--clients", default="retry,shed",
                    help="retry: honour Retry-After and send again; shed: a refusal is final")
     p.add_argument("--rounds", type=int, default=1, help="rounds, each of every mode in turn")
+    p.add_argument("--scale-phases", action="store_true",
+                   help="a load phase offers load x --num-prompts requests (as long as saturation "
+                   "ran) instead of --num-prompts")
     p.add_argument("--num-prompts", type=int, default=48, help="requests per load")
     p.add_argument("--concurrency", type=int, default=8,
                    help="saturation: closed-loop clients (more than the KV budget runs at once, "
@@ -203,7 +211,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     ns = parse_args(argv)
-    reqs = make_dataset(ns)
+    loads = [float(f) for f in ns.loads.split(",") if f]
+    reqs = make_dataset(argparse.Namespace(**{**vars(ns), "num_prompts": max(
+        [ns.num_prompts] + [round(ns.num_prompts * x) for x in loads if ns.scale_phases])}))
     modes = [m for m in ns.modes.split(",") if m]
     rows = []
     for round_ in range(ns.rounds):  # interleaved: every mode once per round
