@@ -110,6 +110,12 @@ class EngineArgs:
         True, "CPU: decode attention by a C++ kernel that reads the paged KV cache in place "
         "(built once per machine with the local g++, then cached; where it cannot be built, "
         "a warning and the gather + SDPA path)", group=SCHEDULER)
+    # model/grammar.py: xgrammar's compile cannot be interrupted, so past this the request fails
+    # and its thread finishes the compile in the background (later identical specs fail at once)
+    max_structured_output_compile_s: float = setting(
+        10.0, "seconds one structured-outputs grammar may take to compile on a worker (waiting "
+        "behind other compiles not counted); a request whose grammar takes longer fails",
+        group=SCHEDULER, gt=0)
     onednn_cache_capacity: int = setting(
         128, "oneDNN kernels kept per input shape on CPU (bf16, and fp32 packed linears; 1024: "
         "the libraries' default, which grows RSS by ~0.6 GiB under load)", group=SCHEDULER, ge=1)

@@ -5,11 +5,14 @@ batch job all call it. How the model runs is decided in raypaged/model/setup.py.
 from __future__ import annotations
 
 import dataclasses
+import time
+from concurrent.futures import FIRST_COMPLETED, wait
 from typing import Callable
 
 from raypaged.config import EngineArgs, KVPlan
 from raypaged.core.contracts import Continuation, EngineStats, RequestDelta
 from raypaged.core.engine_core import EngineCore
+from raypaged.settings import flag
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.output_processor import OutputProcessor
 from raypaged.output_stage import OutputStage
@@ -35,6 +38,8 @@ class Engine:
         self.outputs = OutputProcessor(tokenizer)
         self.stage: OutputStage | None = None
         self.grammars = grammars  # model/grammar.py GrammarCache, shared with the sampler
+        # request id -> (its grammar's Compile, its spec): held out of the scheduler until then
+        self._compiling: dict[str, tuple] = {}
 
     @classmethod
     def from_args(cls, args: EngineArgs) -> Engine:
@@ -48,7 +53,8 @@ class Engine:
         model = setup.load_model()  # first: nothing before it may run a oneDNN primitive
         tokenizer = AutoTokenizer.from_pretrained(str(setup.model_dir))
         eos = setup.config.eos_token_ids
-        grammars = GrammarCache(tokenizer, setup.config.vocab_size, eos)
+        grammars = GrammarCache(tokenizer, setup.config.vocab_size, eos,
+                            max_compile_s=args.max_structured_output_compile_s)
         core, plan, runner = setup.build_core(model, grammars)
         return cls(core, tokenizer, plan, setup.model_name, eos, runner, args.output_thread,
                    grammars)
@@ -90,10 +96,21 @@ class Engine:
         if continuation is not None and any(
                 not isinstance(t, int) or not 0 <= t < vocab for t in continuation.output_token_ids):
             raise ValueError(f"continuation token ids must be integers in [0, {vocab})")
+        compile_ = None
         if params.structured_outputs is not None:
-            self._prepare_grammar(params)
+            if self.grammars is None:
+                raise ValueError("structured_outputs is not available on this engine (it was "
+                                 "built without a tokenizer)")
+            # Built and compiled on the cache's thread (the edge already checked it); until
+            # then the request is held, and every other request keeps its steps.
+            compile_ = self.grammars.prepare(params.structured_outputs)
+            if compile_.future.done() and compile_.future.exception() is not None:
+                raise ValueError(str(compile_.future.exception()))  # a spec known to fail
+        held = compile_ is not None and not compile_.future.done()
         prompt = list(prompt_token_ids)
-        self.core.add_request(request_id, prompt, params, eos, cache_salt, continuation)
+        self.core.add_request(request_id, prompt, params, eos, cache_salt, continuation, held)
+        if held:
+            self._compiling[request_id] = (compile_, params.structured_outputs)
         detok = self.outputs.detokenizer(prompt, params)
         if continuation is not None:
             try:  # here, not on the stage: the caller learns at once that it does not fit
@@ -107,25 +124,43 @@ class Engine:
         else:
             self.stage.add(request_id, prompt, params, index, detok)
 
-    def _prepare_grammar(self, params: SamplingParams) -> None:
-        """Check the constraint (what the router checked, for callers that skip it) and start
-        its compile on the cache's thread: it overlaps the prompt's prefill."""
-        from raypaged.model.grammar import check
-
-        if self.grammars is None:
-            raise ValueError("structured_outputs is not available on this engine (it was built "
-                             "without a tokenizer)")
-        check(params.structured_outputs)
-        self.grammars.prepare(params.structured_outputs)
-
     def step(self) -> list[SequenceOutput]:
         if self.stage is not None:
             self._apply_stage_aborts()
-        return self._emit(self.core.step())
+        failed = self._release_compiled() if self._compiling else []
+        return self._emit(failed + self.core.step())
 
     def abort(self, request_id: str) -> list[SequenceOutput]:
         """Finish a request and all its samples now, in any state, freeing their blocks."""
+        self._compiling.pop(request_id, None)
         return self._emit(self.core.abort(request_id))
+
+    def _release_compiled(self) -> list[RequestDelta]:
+        """Held requests whose compile has ended join the scheduler, or fail with its error;
+        one whose compile runs past the limit fails. With nothing else to run, wait a moment
+        for a compile rather than spin (a new command waits at most that long)."""
+        if self.core.only_held():
+            wait([c.future for c, _ in self._compiling.values()], timeout=0.05,
+                 return_when=FIRST_COMPLETED)
+        failed, now = [], time.monotonic()
+        limit = self.grammars.max_compile_s
+        for request_id, (compile_, spec) in list(self._compiling.items()):
+            why = None
+            if compile_.overdue(now, limit):
+                why = (f"the structured_outputs {spec.kind} took more than {limit:g} s to "
+                       f"compile: simplify it, or raise the setting "
+                       f"max_structured_output_compile_s ({flag('max_structured_output_compile_s')})")
+                self.grammars.give_up(spec, why)
+            elif not compile_.future.done():
+                continue
+            elif compile_.future.exception() is not None:
+                why = str(compile_.future.exception())
+            del self._compiling[request_id]
+            if why is None:
+                self.core.release(request_id)
+            else:
+                failed += self.core.fail(request_id, why)
+        return failed
 
     def _emit(self, deltas: list[RequestDelta]) -> list[SequenceOutput]:
         if self.stage is not None:

@@ -69,6 +69,8 @@ class LLM:
             for i, ((text, ids), sp) in enumerate(zip(encoded, params)):
                 rid = str(next(self._ids))
                 try:
+                    if sp.structured_outputs is not None and engine.grammars is not None:
+                        engine.grammars.check(sp.structured_outputs)  # as the router does
                     engine.add_request(rid, ids, sp)
                 except ValueError as e:
                     raise ValueError(f"prompt {i}: {e}") from None

@@ -35,8 +35,9 @@ class EngineCore:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                     eos_token_id: int | None = None, cache_salt: str | None = None,
-                    continuation: Continuation | None = None) -> None:
+                    continuation: Continuation | None = None, held: bool = False) -> None:
         """Queue a request; raises ValueError (nothing queued) if it can never be served.
+        `held`: not scheduled until release(request_id) (its grammar is still compiling).
         With a continuation, one sample (n = 1) resumes after the outputs it already has.
         Token ids are the caller's to check against the vocabulary (Engine.add_request does)."""
         max_model_len = self.scheduler.max_model_len
@@ -51,7 +52,23 @@ class EngineCore:
             _check_continuation(continuation, sampling, max_tokens)
         self.scheduler.add(Request(request_id, prompt_token_ids, sampling, max_tokens,
                                    eos_token_id, cache_salt, sample_index=index,
-                                   output_token_ids=outputs))
+                                   output_token_ids=outputs), held)
+
+    def release(self, request_id: str) -> None:
+        """A held request may be scheduled from the next step on."""
+        self.scheduler.release(request_id)
+
+    def only_held(self) -> bool:
+        """Every unfinished request is held and no step is running: step() has nothing to do."""
+        s = self.scheduler
+        return bool(s.held) and len(s.held) == len(s.requests) and self._running is None
+
+    def fail(self, request_id: str, why: str) -> list[RequestDelta]:
+        """Finish the request and its samples with finish_reason "error", `why` as the reason."""
+        return [RequestDelta(r.request_id, (), finish_reason=ERROR, stop_reason=why,
+                             parent_id=r.parent_id, sample_index=r.sample_index,
+                             num_cached_tokens=r.num_cached_tokens)
+                for r in self.scheduler.abort(request_id, ERROR)]
 
     def step(self) -> list[RequestDelta]:
         if self.executor is not None:

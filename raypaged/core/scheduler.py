@@ -45,6 +45,10 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting = RequestQueue()  # O(1) abort at any queue length
+        # Requests added but not yet schedulable: they wait for something outside core (the
+        # compile of their grammar, model/grammar.py) and join `waiting` at their arrival's
+        # place on release(), so a slow compile holds back only its own request.
+        self.held: dict[str, Request] = {}
         self.running: list[Request] = []  # in admission order: the last is the newest
         self.requests: dict[str, Request] = {}
         self.children: dict[str, list[str]] = {}  # n > 1: parent id -> forked ids
@@ -65,7 +69,9 @@ class Scheduler:
         self.num_queued_tokens = 0
 
     # -- requests in and out -----------------------------------------------------------------
-    def add(self, request: Request) -> None:
+    def add(self, request: Request, held: bool = False) -> None:
+        """Queue a request (raises ValueError, nothing queued, if it can never be served);
+        `held`: checked and counted now, but not scheduled until release(request_id)."""
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
         total = request.num_prompt_tokens + request.max_tokens
@@ -83,8 +89,18 @@ class Scheduler:
                 f"or raise the KV budget")
         request.arrival = next(self._arrivals)
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        if held:
+            self.held[request.request_id] = request
+        else:
+            self.waiting.append(request)
         self.num_queued_tokens += request.num_tokens - request.num_computed_tokens
+
+    def release(self, request_id: str) -> None:
+        """A held request may be scheduled from now on, ahead of those that arrived after it.
+        An id not held (aborted meanwhile, or never held) is ignored."""
+        req = self.held.pop(request_id, None)
+        if req is not None:
+            requeue_by_arrival(self.waiting, req)
 
     def abort(self, request_id: str, reason: str = "abort", with_samples: bool = True) -> list[Request]:
         """Finish a request in any state, with its forked samples unless told otherwise (a stop
@@ -97,7 +113,7 @@ class Scheduler:
                 continue
             if req.status is RequestStatus.RUNNING:
                 self.running.remove(req)  # O(max_num_seqs), whatever the queue's length
-            else:
+            elif self.held.pop(rid, None) is None:
                 self.waiting.remove(req)
             self._finish(req, reason)
             done.append(req)
@@ -127,7 +143,7 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self.held)
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)

@@ -6,14 +6,17 @@ accept) on one CPU core; llguidance 1.9.1 compiled as fast but cost 38 ms per to
 schema and tokens (first visits of each state only). xgrammar is also what vLLM's CPU server
 uses (same grammar dialect, same masks).
 
-    check(spec)            no tokenizer needed: the router refuses a bad schema/regex/EBNF (400)
-    GrammarCache.prepare   at admission: start compiling on the cache's own thread (once per key)
-    GrammarCache.get       at the request's first sampled token: the compiled grammar (waits)
+    check(spec)            at the edge, no tokenizer needed: a bad schema/regex/EBNF is a 400
+                           before anything is queued (the router; the offline LLM in-process)
+    GrammarCache.prepare   at the worker's admission: build + compile on the cache's own thread,
+                           once per key; the request is held out of the scheduler meanwhile
+    GrammarCache.get       at each matcher's creation: the compiled grammar (already done)
 """
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -25,6 +28,13 @@ def build_grammar(spec: StructuredOutputsParams):
     import xgrammar as xgr
 
     kind = spec.kind
+    if kind == "json":
+        try:
+            schema = json.loads(spec.json)
+        except ValueError as exc:
+            raise ValueError(f"structured_outputs.json is not valid JSON: {exc}") from None
+        if not isinstance(schema, (dict, bool)):
+            raise ValueError("structured_outputs.json must be a JSON schema (an object)")
     try:
         if kind == "json":
             return xgr.Grammar.from_json_schema(spec.json,
@@ -41,15 +51,10 @@ def build_grammar(spec: StructuredOutputsParams):
         raise ValueError(f"structured_outputs.{kind} cannot be compiled: {_reason(exc)}") from None
 
 
-def check(spec: StructuredOutputsParams) -> None:
-    if spec.kind == "json":
-        try:
-            schema = json.loads(spec.json)
-        except ValueError as exc:
-            raise ValueError(f"structured_outputs.json is not valid JSON: {exc}") from None
-        if not isinstance(schema, (dict, bool)):
-            raise ValueError("structured_outputs.json must be a JSON schema (an object)")
-    build_grammar(spec)
+def check(spec: StructuredOutputsParams):
+    """The edge's check: the built grammar (an in-process caller hands it on to
+    GrammarCache.prepare, so it is not built again); ValueError says what is wrong."""
+    return build_grammar(spec)
 
 
 def _reason(exc: Exception) -> str:
@@ -62,47 +67,95 @@ def _reason(exc: Exception) -> str:
     return text
 
 
+class Compile:
+    """One grammar's compile: a future for the compiled grammar, and when its compile began
+    (None while it waits behind others on the cache's thread: waiting does not count against
+    the time limit)."""
+
+    def __init__(self) -> None:
+        self.future: Future = Future()
+        self.started: float | None = None
+
+    def overdue(self, now: float, limit_s: float) -> bool:
+        return not self.future.done() and self.started is not None and now - self.started > limit_s
+
+
 class GrammarCache:
     """Compiled grammars by spec key, at most `max_entries` (least recently used leave first).
 
-    Compiling runs on one thread of its own, so a large schema delays only the request that
-    brought it (which waits at its first sampled token) and not the steps of everyone else;
-    the tokenizer's vocabulary table is built on that thread too, with the first compile.
+    Compiling (building the grammar from the spec included) runs on one thread of its own:
+    xgrammar releases the GIL while it works, so the step thread goes on decoding everyone else
+    while a request whose grammar is not ready waits out of the scheduler (engine.py). The
+    tokenizer's vocabulary table is built on that thread too, before the first compile.
     """
 
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: tuple[int, ...],
-                 max_entries: int = 256) -> None:
+                 max_entries: int = 256, max_compile_s: float = 10.0) -> None:
         self.tokenizer = tokenizer
+        self.max_compile_s = max_compile_s  # EngineArgs.max_structured_output_compile_s
         self.vocab_size = vocab_size        # the logits' width (may exceed the tokenizer's)
         self.stop_token_ids = list(stop_token_ids)
         self.max_entries = max_entries
         self._compiler = None
-        self._entries: OrderedDict[tuple, Future] = OrderedDict()
-        self._lock = threading.Lock()       # prepare (step thread) vs whoever else asks
+        self._entries: OrderedDict[tuple, Compile] = OrderedDict()
+        self._lock = threading.Lock()       # the step thread vs an edge checking in-process
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
         self.num_compiles = 0
 
-    def prepare(self, spec: StructuredOutputsParams) -> Future:
+    def prepare(self, spec: StructuredOutputsParams, grammar=None) -> Compile:
+        """The compile of `spec`'s grammar, started now unless it already was (once per key).
+        `grammar`: the xgrammar Grammar an in-process edge already built while checking it."""
         with self._lock:
-            future = self._entries.get(spec.key)
-            if future is None:
-                future = self._pool.submit(self._compile, spec)
-                self._entries[spec.key] = future
+            entry = self._entries.get(spec.key)
+            if entry is None:
+                entry = self._entries[spec.key] = Compile()
+                self._pool.submit(self._run, entry, spec, grammar)
                 while len(self._entries) > self.max_entries:
                     self._entries.popitem(last=False)
             else:
                 self._entries.move_to_end(spec.key)
-            return future
+            return entry
+
+    def check(self, spec: StructuredOutputsParams) -> None:
+        """The edge's check for a caller in this process (the offline LLM): a grammar not
+        cached yet is built here (ValueError if bad) and compiled from that build."""
+        with self._lock:
+            known = spec.key in self._entries
+        if not known:
+            self.prepare(spec, check(spec))
 
     def get(self, spec: StructuredOutputsParams):
-        return self.prepare(spec).result()
+        """The compiled grammar (the engine asks only once its compile is done)."""
+        return self.prepare(spec).future.result()
 
-    def _compile(self, spec: StructuredOutputsParams):
+    def give_up(self, spec: StructuredOutputsParams, why: str) -> None:
+        """The compile ran past the limit: later requests with the same spec fail at once with
+        `why` (the thread cannot be interrupted; its result, when it comes, is dropped)."""
+        failed = Compile()
+        failed.future.set_exception(ValueError(why))
+        with self._lock:
+            self._entries[spec.key] = failed
+
+    def _run(self, entry: Compile, spec: StructuredOutputsParams, grammar) -> None:
+        try:
+            compiler = self._compiler_once()
+            entry.started = time.monotonic()
+            grammar = grammar or build_grammar(spec)
+            try:
+                compiled = compiler.compile_grammar(grammar)
+            except RuntimeError as exc:
+                raise ValueError(f"structured_outputs.{spec.kind} cannot be compiled: "
+                                 f"{_reason(exc)}") from None
+            self.num_compiles += 1
+            entry.future.set_result(compiled)
+        except BaseException as exc:  # noqa: BLE001 - the request waiting for it reports it
+            entry.future.set_exception(exc)
+
+    def _compiler_once(self):
         import xgrammar as xgr
 
         if self._compiler is None:
             info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
                                                       stop_token_ids=self.stop_token_ids or None)
             self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-        self.num_compiles += 1
-        return self._compiler.compile_grammar(build_grammar(spec))
+        return self._compiler

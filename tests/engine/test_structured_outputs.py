@@ -96,6 +96,8 @@ def test_constrained_outputs_are_unchanged_by_preemption(default_model_dir, llm)
                                                       use_tqdm=False)]
     tight = LLM(str(default_model_dir), dtype="float32", kv_context_len=160, max_model_len=80,
                 block_size=8, admission_policy="fits")
+    for p in params:  # compiled before they arrive, so all five run (and preempt) together
+        tight.engine.grammars.prepare(p.structured_outputs).future.result()
     outs = tight.chat([ASK] * len(specs), params, use_tqdm=False)
     assert tight.engine.stats().num_preemptions > 0
     assert tight.engine.runner.sampler.masks.num_replayed > 0  # a re-admitted one replayed
