@@ -25,7 +25,7 @@ from ray.exceptions import ActorDiedError
 from raypaged.batch.options import BatchOptions
 from raypaged.config import EngineArgs
 from raypaged.serve.actors import ControllerActor, create_workers
-from raypaged.serve.config import MAX_N, ServeArgs
+from raypaged.serve.config import MAX_N, ServeArgs, ServeOptions
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
 from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.metrics import RequestMetrics
@@ -62,14 +62,16 @@ class Controllers:
     from its last snapshot until the new one has). It is not a Ray-restarted actor: a restart
     is asynchronous and keeps failing calls meanwhile, a new actor is ready when created."""
 
-    def __init__(self, args: dict, workers: list[tuple[str, object]]):
-        self.args, self.workers = args, workers
+    def __init__(self, options: ServeOptions, engine: EngineArgs,
+                 workers: list[tuple[str, object]]):
+        self.options, self.engine, self.workers = options, engine, workers
         self.started = 0
         self.handle = self._new()
 
     def _new(self):
         self.started += 1
-        return ControllerActor.options(num_cpus=0).remote(self.args, workers=self.workers)
+        return ControllerActor.options(num_cpus=0).remote(self.options, self.engine,
+                                                          workers=self.workers)
 
     async def resolve(self):
         try:
@@ -97,9 +99,9 @@ class EnginePool:
 
     @classmethod
     async def start(cls, args: ServeArgs) -> "EnginePool":
-        options, _ = args.split()
-        workers = create_workers(args.model_dump(), detached=False)
-        controllers = Controllers(args.model_dump(), workers)
+        options, engine = args.split()
+        workers = create_workers(options, engine, detached=False)
+        controllers = Controllers(options, engine, workers)
         fleet = RayFleetClient(controllers.resolve, "batch", RequestMetrics())
         try:
             snap = await fleet.start()

@@ -7,6 +7,7 @@ and are adopted by the next one (detached_workers.py). A batch job's workers are
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import logging
@@ -19,8 +20,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError
 from raypaged.config import EngineArgs
 from raypaged.serve.allocator import worker_env_vars
 from raypaged.serve.autoscaler import Autoscaler, policy_of
-from raypaged.serve.config import (POLL_INTERVAL_S, POLL_TIMEOUT_S, STEP_STALL_S, ServeArgs,
-                                   ServeOptions)
+from raypaged.serve.config import POLL_INTERVAL_S, POLL_TIMEOUT_S, STEP_STALL_S, ServeOptions
 from raypaged.serve.controller import Controller, WorkerDown
 from raypaged.serve.detached_workers import (WORKER_NAMESPACE, fingerprint, kill_workers,
                                              named_workers, watch_application, worker_name)
@@ -32,14 +32,14 @@ from raypaged.serve.worker import Worker
 logger = logging.getLogger(__name__)
 
 
-def build_engine_from(engine_kwargs: dict, factory: str | None):
-    """`Engine.from_args(EngineArgs(...))`, or the `module:function` tests pass, called with
-    the kwargs dict."""
+def build_engine_from(engine: EngineArgs, factory: str | None):
+    """`Engine.from_args(engine)`, or the `module:function` tests pass, called with the
+    settings as a dict."""
     if factory:
         module, _, name = factory.partition(":")
-        return getattr(importlib.import_module(module), name)(engine_kwargs)
+        return getattr(importlib.import_module(module), name)(dataclasses.asdict(engine))
     from raypaged.engine import Engine
-    return Engine.from_args(EngineArgs(**engine_kwargs))
+    return Engine.from_args(engine)
 
 
 CONTROL = "control"  # the worker's concurrency group for the controller's calls
@@ -56,12 +56,12 @@ class WorkerActor(Worker):
     their own group, so a worker holding its full load of streams still answers the controller
     at once, and only a frozen one stays silent."""
 
-    def __init__(self, engine_kwargs: dict, worker_id: str, max_queued: int,
+    def __init__(self, engine: EngineArgs, worker_id: str, max_queued: int,
                  engine_factory: str | None = None, watch_app: str | None = None):
         if watch_app is not None:  # a detached worker: nothing else removes it
             watch_application(watch_app)
         back_off_restart()
-        super().__init__(build_engine_from(engine_kwargs, engine_factory), worker_id, max_queued)
+        super().__init__(build_engine_from(engine, engine_factory), worker_id, max_queued)
 
     @ray.method(concurrency_group=CONTROL)
     def stats(self, cache_since: int | None = None) -> WorkerStats:
@@ -97,9 +97,9 @@ def replace_worker(handle) -> None:
     ray.kill(handle, no_restart=False)
 
 
-def worker_max_concurrency(max_queued: int, engine: dict) -> int:
+def worker_max_concurrency(max_queued: int, engine: EngineArgs) -> int:
     """generate() calls one worker runs at once: every stream it may hold, plus headroom."""
-    return max_queued + EngineArgs(**engine).max_num_seqs + GENERATE_HEADROOM
+    return max_queued + engine.max_num_seqs + GENERATE_HEADROOM
 
 
 async def probe_worker(handle, cache_since: int) -> WorkerStats:
@@ -134,20 +134,20 @@ def worker_resources(fleet: ServeOptions) -> tuple[float, float]:
     return cpus, gpus
 
 
-def worker_threads(engine: dict, cpus: float, gpus: float, serving: bool) -> dict:
+def worker_threads(engine: EngineArgs, cpus: float, gpus: float, serving: bool) -> EngineArgs:
     """The engine settings with the worker's torch threads filled in: its CPUs, unless set. A
     serving worker's decode-only steps leave one of them to what runs around the model (its
     asyncio loop and output thread, Ray's threads, the router replica and Serve's proxy): on the
     2-core machine 1.02-1.37x the output tok/s of all cores in every step, 0.95-1.09x its TTFT
     (benchmarks/results/vs_vllm.json, vs_vllm_decode_threads_long.json; docs/serving.md "The serving
     path's per-token cost"). Steps that compute prompt tokens keep them all."""
-    threads = engine.get("num_threads") or (None if gpus else max(1, int(cpus)))
+    threads = engine.num_threads or (None if gpus else max(1, int(cpus)))
     if not threads:
         return engine
-    engine = {**engine, "num_threads": threads}
-    if serving and threads >= 2 and engine.get("decode_threads") is None:
-        engine["decode_threads"] = threads - 1
-    return engine
+    decode = engine.decode_threads
+    if serving and threads >= 2 and decode is None:
+        decode = threads - 1
+    return dataclasses.replace(engine, num_threads=threads, decode_threads=decode)
 
 
 class WorkerFactory:
@@ -155,8 +155,8 @@ class WorkerFactory:
     Ray's autoscaler sees and provides a node for), one engine spec. `detached` (a Serve
     application): named and detached, and the running workers of the same spec are adopted."""
 
-    def __init__(self, args: dict, detached: bool):
-        self.fleet, engine = ServeArgs(**args).split()
+    def __init__(self, fleet: ServeOptions, engine: EngineArgs, detached: bool):
+        self.fleet = fleet
         self.cpus, self.gpus = worker_resources(self.fleet)
         # detached workers serve HTTP (a Serve application); a batch job's workers do not
         self.engine = worker_threads(engine, self.cpus, self.gpus, serving=detached)
@@ -166,7 +166,7 @@ class WorkerFactory:
             scheduling_strategy="SPREAD",
             runtime_env={"env_vars": worker_env_vars(self.fleet.worker_allocator)},
             max_concurrency=worker_max_concurrency(self.fleet.max_queued_requests, self.engine))
-        self.spec = fingerprint({"engine": self.engine,
+        self.spec = fingerprint({"engine": dataclasses.asdict(self.engine),
                                  "max_queued": self.fleet.max_queued_requests,
                                  "factory": self.fleet.engine_factory, "options": self.options})
         self._next = 0
@@ -210,9 +210,10 @@ def _worker_index(name: str) -> int:
     return int(name.split(":")[-2].rsplit("-", 1)[1])
 
 
-def create_workers(args: dict, detached: bool) -> list[tuple[str, object]]:
+def create_workers(fleet: ServeOptions, engine: EngineArgs,
+                   detached: bool) -> list[tuple[str, object]]:
     """The fleet's worker actors, (worker id, handle) each, owned by the caller."""
-    return WorkerFactory(args, detached).initial()
+    return WorkerFactory(fleet, engine, detached).initial()
 
 
 def retire_worker(handle) -> None:
@@ -227,18 +228,15 @@ class ControllerActor(Controller):
     job's driver: they outlive this actor, and a new controller takes them over). Else this
     actor creates and owns them: they go when it goes."""
 
-    def __init__(self, args: dict, detached_workers: bool = False,
+    def __init__(self, options: ServeOptions, engine: EngineArgs, detached_workers: bool = False,
                  workers: list[tuple[str, object]] | None = None):
         factory = None
         if workers is None:
-            factory = WorkerFactory(args, detached_workers)
+            factory = WorkerFactory(options, engine, detached_workers)
             workers = factory.initial()
-        defaults = ServeOptions()
-        sample = args.get("route_cache_sample", defaults.route_cache_sample)
-        unresponsive_s = args.get("worker_unresponsive_timeout_s",
-                                  defaults.worker_unresponsive_timeout_s)
-        super().__init__(workers, probe_worker, POLL_INTERVAL_S, POLL_TIMEOUT_S, sample,
-                         kill=replace_worker, unresponsive_timeout_s=unresponsive_s)
+        super().__init__(workers, probe_worker, POLL_INTERVAL_S, POLL_TIMEOUT_S,
+                         options.route_cache_sample, kill=replace_worker,
+                         unresponsive_timeout_s=options.worker_unresponsive_timeout_s)
         if factory is not None and factory.fleet.autoscaling:
             self.autoscaler = Autoscaler(policy_of(factory.fleet), factory.start, retire_worker,
                                          factory.fleet.drain_timeout_s, time.time(),

@@ -8,7 +8,8 @@
                                  (detached_workers.py); Ray restarts one that crashes
 
 `raypaged serve` and Serve config files (`import_path: raypaged.serve.app:build_app`) both go
-through `build_app`, with the same arguments (ServeArgs).
+through `build_app`, with the same arguments (ServeArgs), validated there once: the router, the
+controller and its workers are handed the frozen ServeOptions and EngineArgs.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from ray.serve.config import BackpressureConfig, DeploymentActorConfig
 
 from raypaged.serve.actors import ControllerActor
 from raypaged.serve.api_key import resolve_api_key
-from raypaged.serve.config import SNAPSHOT_INTERVAL_S, ServeArgs
+from raypaged.serve.config import SNAPSHOT_INTERVAL_S, ServeArgs, ServeOptions
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
 from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.http_app import build_http_app
@@ -47,9 +48,9 @@ async def resolve_controller():
 
 @serve.ingress()
 class OpenAIRouter:
-    async def __init__(self, args: dict):
+    async def __init__(self, options: ServeOptions):
         bind_replica_grpc_to_node_ip()  # before Serve starts this replica's gRPC server
-        self.config, _ = ServeArgs(**args).split()
+        self.config = options
         # A key in the arguments wins; else the replica's environment (the cluster's: a
         # Kubernetes Secret), so keys need not sit in config files. Set but empty: refused here,
         # before the fleet starts, and the deployment fails with the reason.
@@ -114,8 +115,7 @@ def deployment_failure(app_name: str) -> str:
 def build_app(args: dict | ServeArgs | None = None):
     """Serve application builder (also the target of `import_path` in Serve config files)."""
     sargs = args if isinstance(args, ServeArgs) else ServeArgs(**(args or {}))
-    options, _ = sargs.split()
-    plain = sargs.model_dump()
+    options, engine = sargs.split()
     deployment = serve.deployment(
         OpenAIRouter,
         name="OpenAIRouter",
@@ -129,7 +129,7 @@ def build_app(args: dict | ServeArgs | None = None):
         ray_actor_options={"num_cpus": 0},
         deployment_actors=[DeploymentActorConfig(
             name=CONTROLLER, actor_class=ControllerActor,
-            init_kwargs={"args": plain, "detached_workers": True},
+            init_kwargs={"options": options, "engine": engine, "detached_workers": True},
             actor_options={"num_cpus": 0})],
     )
-    return deployment.bind(plain)
+    return deployment.bind(options)

@@ -19,7 +19,7 @@ from raypaged.serve.api_key import resolve_api_key
 from raypaged.serve.config import ServeArgs, ServeOptions
 from raypaged.serve.ingress import (DEFAULT_INGRESS, IngressUnavailable, exposure_note,
                                     ingress_env, new_run_dir, refuse_when_joining)
-from raypaged.settings import add_cli_args, from_namespace
+from raypaged.settings import add_cli_args
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
@@ -105,7 +105,7 @@ def _serve(ns: argparse.Namespace) -> int:
         # Size the KV cache here first: a budget or max_model_len that cannot work fails now,
         # with the engine's reason, instead of in every worker.
         from raypaged.model.setup import plan_for
-        plan_for(from_namespace(EngineArgs, ns))
+        plan_for(args.split()[1])
         import torch
         num_cpus = ns.num_cpus or os.cpu_count()
         args = local_worker_resources(args, num_cpus, torch.cuda.device_count())

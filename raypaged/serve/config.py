@@ -3,8 +3,9 @@
 `ServeOptions` holds what only serving has (the fleet, routing, the HTTP edge); engine settings
 are `raypaged.config.EngineArgs`'. `ServeArgs` (pydantic: it meets the outside world) is derived
 from both: it is what `raypaged serve` builds from its flags and what a Serve config file passes
-as the application's `args`, flat, unknown keys refused. `split()` hands the components a
-`ServeOptions` and the engine's settings as a plain dict, so the router never imports torch.
+as the application's `args`, flat, unknown keys refused. `split()`, called once where the
+arguments arrive (`build_app`, a batch job's engine pool), validates them into the two frozen
+configs the components are given: `ServeOptions` and `EngineArgs` (neither imports torch).
 """
 from __future__ import annotations
 
@@ -187,13 +188,12 @@ _SERVE_FIELDS = tuple(f.name for f in fields(ServeOptions) if f.metadata.get("se
 class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    def split(self) -> tuple[ServeOptions, dict]:
-        """(serving options, engine settings that were set) — each validated by its dataclass."""
+    def split(self) -> tuple[ServeOptions, EngineArgs]:
+        """(serving options, engine settings), each validated by its dataclass: engine
+        combinations (two KV budgets) are refused here, not in the workers."""
         values = self.model_dump()
         options = ServeOptions(**{k: values.pop(k) for k in _SERVE_FIELDS})
-        engine = {k: v for k, v in values.items() if v is not None}
-        EngineArgs(**engine)  # refuse engine combinations (two KV budgets) here, not in workers
-        return options, engine
+        return options, EngineArgs(**values)
 
 
 # The arguments of a raypaged application (CLI flags and Serve YAML `args`), flat.

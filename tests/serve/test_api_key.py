@@ -12,7 +12,7 @@ import warnings
 import pytest
 
 from raypaged.serve.api_key import resolve_api_key
-from raypaged.serve.config import ServeArgs
+from raypaged.serve.config import ServeArgs, ServeOptions
 from local_fleet import LocalFleet, local_app
 from serve_testing import ROOT
 
@@ -59,7 +59,7 @@ def test_the_router_refuses_an_empty_key_from_its_environment(monkeypatch):
     monkeypatch.setenv("RAYPAGED_API_KEY", "")
     router = object.__new__(OpenAIRouter)
     with pytest.raises(ValueError, match="RAYPAGED_API_KEY is set but empty"):
-        asyncio.run(OpenAIRouter.__init__(router, {"app_name": "t"}))
+        asyncio.run(OpenAIRouter.__init__(router, ServeOptions(app_name="t")))
     assert not hasattr(router, "fleet")  # refused before it joined the fleet
     with warnings.catch_warnings():  # its async __del__, never awaited for a half-built router
         warnings.simplefilter("ignore", RuntimeWarning)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from raypaged.config import EngineArgs
 from raypaged.serve import actors
 from raypaged.serve.cli import local_worker_resources
 from raypaged.serve.config import ServeArgs, ServeOptions
@@ -41,15 +42,16 @@ def test_a_local_cluster_keeps_what_was_set():
 
 
 def test_serving_workers_leave_a_core_to_the_serving_path_in_decode_steps():
-    assert actors.worker_threads({}, cpus=2, gpus=0, serving=True) == {
-        "num_threads": 2, "decode_threads": 1}
-    assert actors.worker_threads({}, cpus=8, gpus=0, serving=True) == {
-        "num_threads": 8, "decode_threads": 7}
+    def threads(cpus, gpus=0, serving=True, **engine):
+        """(num_threads, decode_threads) of the engine config a worker is given."""
+        got = actors.worker_threads(EngineArgs(**engine), cpus=cpus, gpus=gpus, serving=serving)
+        return got.num_threads, got.decode_threads
+
+    assert threads(2) == (2, 1)
+    assert threads(8) == (8, 7)
     # one CPU has none to spare; a batch job's workers serve no HTTP; what was set is kept
-    assert actors.worker_threads({}, cpus=1, gpus=0, serving=True) == {"num_threads": 1}
-    assert actors.worker_threads({}, cpus=4, gpus=0, serving=False) == {"num_threads": 4}
-    assert actors.worker_threads({"decode_threads": 4}, cpus=4, gpus=0, serving=True) == {
-        "num_threads": 4, "decode_threads": 4}
-    assert actors.worker_threads({"num_threads": 3}, cpus=8, gpus=0, serving=True) == {
-        "num_threads": 3, "decode_threads": 2}
-    assert actors.worker_threads({}, cpus=1, gpus=1, serving=True) == {}  # GPU: torch's default
+    assert threads(1) == (1, None)
+    assert threads(4, serving=False) == (4, None)
+    assert threads(4, decode_threads=4) == (4, 4)
+    assert threads(8, num_threads=3) == (3, 2)
+    assert threads(1, gpus=1) == (None, None)  # GPU: torch's default
