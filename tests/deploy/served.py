@@ -49,7 +49,7 @@ def raypaged_serve(tmp: Path, *flags: str):
                             cwd=tmp, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait(f"{url}/health", proc, log, timeout_s=300)
+        _wait(f"{url}/health", proc, log, timeout_s=600)  # a loaded shared machine took > 300 s
         yield url
     finally:
         stop(proc)
