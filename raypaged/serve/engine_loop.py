@@ -38,7 +38,7 @@ class EngineLoop:
         self._wake = threading.Event()
         self._alive = True
         self.stats = engine.stats()      # the latest snapshot; replaced, never mutated
-        if getattr(engine, "output_thread", False):
+        if engine.output_thread:
             engine.start_output_stage(lambda outputs: self._post(self._on_outputs, outputs))
         self._thread = threading.Thread(target=self._run, name="raypaged-step-loop", daemon=True)
         self._thread.start()
@@ -59,7 +59,7 @@ class EngineLoop:
         self._alive = False
         self._wake.set()
         self._thread.join(timeout=10)
-        if getattr(self.engine, "stage", None) is not None:
+        if self.engine.stage is not None:
             self.engine.stop_output_stage()
 
     # -- the step thread ---------------------------------------------------------------------

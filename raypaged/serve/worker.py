@@ -145,14 +145,16 @@ class Worker:
         lost since that summary version (the controller mirrors it for routers)."""
         engine_stats = self._loop.stats if self._loop is not None else self.engine.stats()
         cache = None if cache_since is None else self.engine.cache_summary().delta_since(cache_since)
-        runner = getattr(self.engine, "runner", None)  # counters are plain ints: safe to read
+        runner = self.engine.runner  # None: an engine built without one (its counters are
+        # plain ints, safe to read from this thread)
         return WorkerStats(
             worker_id=self.worker_id, incarnation=self.incarnation, pid=os.getpid(),
             model_name=self.engine.model_name, max_model_len=self.engine.max_model_len,
             block_size=self.engine.block_size, budget=self.engine.plan, engine=engine_stats,
             num_active=len(self._requests),
-            graph_steps=getattr(runner, "num_graph_steps", 0),
-            eager_steps=getattr(runner, "num_eager_steps", engine_stats.num_steps), cache=cache)
+            graph_steps=0 if runner is None else runner.num_graph_steps,
+            eager_steps=engine_stats.num_steps if runner is None else runner.num_eager_steps,
+            cache=cache)
 
     def health(self) -> Health:
         """Answered while the process lives; `stalled_s` tells a hung engine step from a busy

@@ -96,6 +96,9 @@ class FakeEngine:
     num_blocks: int = 64
     step_delay_s: float = 0.0
     model_name: str = "fake-model"
+    output_thread: bool = False  # Engine's attributes the worker reads: outputs come from step()
+    stage = None
+    runner = None                # no model runner: no CUDA-graph counters
 
     def __post_init__(self):
         self.tokenizer = ByteTokenizer()
