@@ -8,19 +8,21 @@
                              chat templates of Qwen2.5, Hermes and SmolLM3) become tool_calls
     tool_choice "none"       unconstrained, text only
 
-Streaming: a call's text is held back until its sample finishes, then sent as one
-`delta.tool_calls` entry (id, name, whole arguments); clients that accumulate deltas (the
-OpenAI SDK's) see the same message as without streaming.
+Streaming (`required`, named): as OpenAI streams, one `delta.tool_calls` entry per call with
+its id and name as soon as the name is known, then its `arguments` text in pieces as tokens
+arrive (tool_call_stream.py); the last chunk has finish_reason "tool_calls". `auto` holds a
+Hermes call's text back until its sample finishes and sends the call whole. Either way a client
+that accumulates deltas (the OpenAI SDK) gets the message the non-streamed answer has.
 """
 from __future__ import annotations
 
 import json
 import re
-import uuid
 
 from raypaged.core.structured_outputs import StructuredOutputsParams
 from raypaged.serve.errors import bad_request
 from raypaged.serve.responses import Choice
+from raypaged.serve.tool_call_stream import CallListScanner, arguments, call_id, header
 
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 _HERMES_OPEN = "<tool_call>"
@@ -74,8 +76,11 @@ def parse_calls(text: str, mode: str, name: str | None) -> list[dict] | None:
             json.loads(text)
             return [_call(name, text)]
         if mode == "required":
-            return [_call(c["name"], json.dumps(c["parameters"], ensure_ascii=False))
-                    for c in json.loads(text)]
+            # the arguments as the model wrote them, as the stream sends them (not re-dumped)
+            json.loads(text)
+            scanner = CallListScanner()
+            scanner.feed(text)
+            return [_call(n, a) for n, a in scanner.calls]
         if mode == "auto":
             found = [json.loads(m) for m in _HERMES.findall(text)]
             calls = [_call(c["name"], json.dumps(c.get("arguments", {}), ensure_ascii=False))
@@ -86,9 +91,8 @@ def parse_calls(text: str, mode: str, name: str | None) -> list[dict] | None:
     return None
 
 
-def _call(name: str, arguments: str) -> dict:
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": name, "arguments": arguments}}
+def _call(name: str, args: str) -> dict:
+    return {"id": call_id(), "type": "function", "function": {"name": name, "arguments": args}}
 
 
 class ToolCallChoices:
@@ -100,6 +104,8 @@ class ToolCallChoices:
         self.mode, self.name = mode, name
         self._held: dict[int, str] = {}     # stream: text held back per choice index
         self._content: set[int] = set()     # stream (auto): choices found to be plain text
+        self._scanners: dict[int, CallListScanner] = {}  # stream (required), per choice
+        self._texts: dict[int, str] = {}    # stream (required, named): the text so far
 
     def __call__(self, index: int, c: Choice, whole: bool = False) -> dict:
         if whole:
@@ -109,6 +115,8 @@ class ToolCallChoices:
                 out["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
                 out["finish_reason"] = "tool_calls"
             return out
+        if self.mode in ("required", "named"):
+            return self._streamed_call(index, c)
         if index in self._content:
             return self.chat_choice(index, c)  # plain content: stream it as it comes
         text = self._held.pop(index, "") + "".join(c.text)
@@ -126,6 +134,28 @@ class ToolCallChoices:
         delta = {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}
         return {"index": index, "delta": delta, "logprobs": None, "finish_reason": "tool_calls",
                 "stop_reason": c.stop_reason}
+
+    def _streamed_call(self, index: int, c: Choice) -> dict:
+        """The constrained output is the call(s): stream id + name, then arguments pieces."""
+        piece = "".join(c.text)
+        first = index not in self._texts
+        self._texts[index] = text = self._texts.get(index, "") + piece
+        if self.mode == "named":
+            deltas = [header(0, self.name)] if first else []
+            if piece:
+                deltas.append(arguments(0, piece))
+            if first and piece:  # the first piece rides with the header
+                deltas = [{**deltas[0], "function": {"name": self.name, "arguments": piece}}]
+        else:
+            deltas = self._scanners.setdefault(index, CallListScanner()).feed(piece)
+        finish = c.finish_reason
+        if finish == "stop" and parse_calls(text, self.mode, self.name) is not None:
+            finish = "tool_calls"
+        out = {"index": index, "delta": {"tool_calls": deltas} if deltas else {},
+               "logprobs": None, "finish_reason": finish}
+        if finish is not None:
+            out["stop_reason"] = c.stop_reason
+        return out
 
     def _may_be_call(self, text: str) -> bool:
         if self.mode != "auto":

@@ -7,6 +7,7 @@ import json
 
 import httpx
 import openai
+from openai.lib.streaming.chat import ChatCompletionStreamState
 import pydantic
 import pytest
 
@@ -132,39 +133,62 @@ def test_tool_choice_required_returns_tool_calls(engines):
     assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
 
 
-def test_a_named_tool_choice_gets_its_arguments_and_streams_them_as_delta_tool_calls(engines):
+def sdk_stream(engines, **body):
+    """(chunks, the OpenAI SDK's accumulation of them) for one streamed chat request."""
+    async def test(client):
+        oai = openai.AsyncOpenAI(base_url="http://local/v1", api_key="x", http_client=client)
+        stream = await oai.chat.completions.create(
+            model="fake-model", temperature=0, max_tokens=60, stream=True, **body)
+        state, chunks = ChatCompletionStreamState(), []
+        async for chunk in stream:
+            chunks.append(chunk)
+            state.handle_chunk(chunk)
+        return chunks, state.get_final_completion().choices[0]
+    return run(engines, test)
+
+
+def tool_deltas(chunks) -> list[dict]:
+    return [tc.model_dump(exclude_none=True) for c in chunks
+            for tc in c.choices[0].delta.tool_calls or ()]
+
+
+def test_a_named_tool_choice_streams_id_and_name_then_its_arguments_in_pieces(engines):
     named = {"type": "function", "function": {"name": "get_weather"}}
     whole = post(engines, "/v1/chat/completions", chat(
         messages=WEATHER_ASK, tools=[WEATHER, TIME], tool_choice=named)).json()["choices"][0]
     [call] = whole["message"]["tool_calls"]
     # the arguments are the model's own text (constrained to the parameters' schema)
     assert call["function"] == {"name": "get_weather", "arguments": '{\n    "city": "Paris"\n}'}
-    r = post(engines, "/v1/chat/completions", chat(
-        messages=WEATHER_ASK, tools=[WEATHER, TIME], tool_choice=named, stream=True))
-    chunks = events(r)
-    calls = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls", [])]
-    assert [tc["function"] for tc in calls] == [call["function"]]
-    assert calls[0]["index"] == 0 and calls[0]["id"].startswith("call_")
-    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
-    assert not any(c["choices"][0]["delta"].get("content") for c in chunks)
+    chunks, final = sdk_stream(engines, messages=WEATHER_ASK, tools=[WEATHER, TIME],
+                               tool_choice=named)
+    deltas = tool_deltas(chunks)
+    first, rest = deltas[0], deltas[1:]
+    assert first["id"].startswith("call_") and first["type"] == "function"
+    assert first["function"] == {"name": "get_weather", "arguments": "{"}
+    # then one piece per token, index only: {, \n, "city, ": ... as the model wrote them
+    assert len(rest) >= 4 and all(d.keys() == {"index", "function"} and d["index"] == 0
+                                  and d["function"].keys() == {"arguments"} for d in rest)
+    assert "".join(d["function"]["arguments"] for d in deltas) == call["function"]["arguments"]
+    assert final.finish_reason == "tool_calls" and not final.message.content
+    [got] = final.message.tool_calls
+    assert got.id == first["id"]
+    assert (got.function.name, got.function.arguments) == ("get_weather",
+                                                           call["function"]["arguments"])
+    assert not any(c.choices[0].delta.content for c in chunks)
 
 
-def test_the_openai_client_streams_a_required_tool_call(engines):
-    async def test(client):
-        oai = openai.AsyncOpenAI(base_url="http://local/v1", api_key="x", http_client=client)
-        stream = await oai.chat.completions.create(
-            model="fake-model", messages=WEATHER_ASK, temperature=0, max_tokens=60,
-            tools=[WEATHER, TIME], tool_choice="required", stream=True)
-        calls, finish = {}, None
-        async for chunk in stream:
-            for tc in chunk.choices[0].delta.tool_calls or ():
-                calls.setdefault(tc.index, [tc.function.name, ""])[1] += tc.function.arguments
-            finish = chunk.choices[0].finish_reason or finish
-        return calls, finish
-    calls, finish = run(engines, test)
-    assert finish == "tool_calls"
-    assert {k: (n, json.loads(a)) for k, (n, a) in calls.items()} == {
-        0: ("get_weather", {"city": "Paris"})}
+def test_the_openai_client_streams_a_required_tool_call_as_the_whole_message_has_it(engines):
+    body = dict(messages=WEATHER_ASK, tools=[WEATHER, TIME], tool_choice="required")
+    whole = post(engines, "/v1/chat/completions", chat(**body)).json()["choices"][0]
+    [call] = whole["message"]["tool_calls"]
+    chunks, final = sdk_stream(engines, **body)
+    deltas = tool_deltas(chunks)
+    assert deltas[0]["function"]["name"] == "get_weather" and deltas[0]["id"].startswith("call_")
+    assert len(deltas) > 2  # the arguments came in pieces, not at the end in one
+    assert final.finish_reason == "tool_calls"
+    [got] = final.message.tool_calls
+    assert {"name": got.function.name, "arguments": got.function.arguments} == call["function"]
+    assert json.loads(got.function.arguments) == {"city": "Paris"}
 
 
 # -- failover mid-constraint -----------------------------------------------------------------
