@@ -51,8 +51,11 @@ def _requests(dataset: str, n: int, rate: float | None, seed: int):
 
 def _run(task: tuple) -> dict:
     dataset, n, workers, policy, rate = task
-    name, _, factor = policy.partition(":")
+    # policy[:load factor[:cache sample]], e.g. cache_aware:2 or cache_aware:1.25:16
+    name, factor, sample = (policy.split(":") + ["", ""])[:3]
     options = {"route_load_factor": float(factor)} if factor else {}
+    if sample:
+        options["route_cache_sample"] = int(sample)
     t0 = time.perf_counter()
     out = simulate(_requests(dataset, n, rate, 1), workers, ENGINE, COST, name, **options)
     return {"dataset": dataset, "policy": policy, **out, "wall_s": time.perf_counter() - t0}
