@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ import pytest
 
 from listening import listeners
 from raypaged.serve.ingress import IngressUnavailable, haproxy_binary, ingress_env, new_run_dir
-from serve_testing import ROOT, free_port
+from serve_testing import ROOT, free_port, raypaged_serve_process
 
 CLI = [sys.executable, "-c", "import sys; from raypaged.cli import main; sys.exit(main())"]
 # What listens on --port: HAProxy itself, or Serve's proxy actor (a Ray worker process).
@@ -31,33 +30,13 @@ def _env() -> dict:
 
 
 @pytest.fixture(scope="module", params=["haproxy", "python"])
-def served(request, default_model_dir):
+def served(request, default_model_dir, tmp_path_factory):
     port = free_port()
-    proc = subprocess.Popen(
-        [*CLI, "serve", "--port", str(port), "--ingress", request.param, "--num-cpus", "2",
-         "--kv-memory-mb", "32", "--max-model-len", "256", "--model", str(default_model_dir)],
-        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, proc.stdout.read()
-            time.sleep(0.5)
-        else:
-            raise TimeoutError("raypaged serve did not become healthy in 600 s")
-        yield request.param, proc, port, url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+    flags = ["--port", str(port), "--ingress", request.param, "--num-cpus", "2",
+             "--kv-memory-mb", "32", "--max-model-len", "256", "--model", str(default_model_dir)]
+    log = tmp_path_factory.mktemp(f"ingress_{request.param}") / "serve.log"
+    with raypaged_serve_process(flags, log, _env()) as proc:
+        yield request.param, proc, port, f"http://127.0.0.1:{port}"
 
 
 def test_the_switch_selects_what_listens_on_the_port(served):

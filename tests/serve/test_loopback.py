@@ -6,17 +6,13 @@ gRPC server, refuse a client without Ray's token."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import time
 
 import grpc
-import httpx
 import pytest
 
 from listening import listeners
-from serve_testing import ROOT, free_port
+from serve_testing import free_port, raypaged_serve_process
 
 
 def ray_token() -> str:
@@ -28,44 +24,17 @@ def ray_token() -> str:
         return f.read().strip()
 
 
-STARTUP_S = 600
-
-
 @pytest.fixture(scope="module")
 def served(default_model_dir, tmp_path_factory):
     port = free_port()
-    # to a file, not a pipe nobody reads while waiting: a full pipe would stall the server
     log = tmp_path_factory.mktemp("loopback") / "serve.log"
     env = {k: v for k, v in os.environ.items()
            if k not in ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE")}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from raypaged.cli import main; sys.exit(main())",
-         "serve", "--port", str(port), "--num-cpus", "1", "--kv-memory-mb", "32",
-         "--max-model-len", "256", "--model", str(default_model_dir)],
-        cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, stdout=log.open("w"),
-        stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        # generous: on a shared 2-core machine a first start (Ray, Serve, the model) took > 240 s
-        deadline = time.monotonic() + STARTUP_S
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, log.read_text()[-3000:]
-            time.sleep(0.5)
-        else:
-            raise TimeoutError(f"raypaged serve did not become healthy in {STARTUP_S} s:\n"
-                               f"{log.read_text()[-3000:]}")
+    flags = ["--port", str(port), "--num-cpus", "1", "--kv-memory-mb", "32",
+             "--max-model-len", "256", "--model", str(default_model_dir)]
+    with raypaged_serve_process(flags, log, env) as proc:
         time.sleep(2)  # let Ray's agents and exporters finish starting
         yield proc, port
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def replica_call(port: int, token: str | None) -> grpc.StatusCode:
