@@ -152,7 +152,7 @@ class ServeOptions:
         65536, "characters of one request's JSON schema / regex / grammar / choices "
         "(structured outputs, tool schemas)", group=LIMITS, ge=1)
     max_logit_bias: int = setting(300, "logit_bias entries per request", group=LIMITS, ge=0)
-    # "module:function" called with the engine kwargs instead of raypaged.engine.build_engine:
+    # "module:function" called with the engine settings as a dict instead of Engine.from_args:
     # lets tests run the whole application on a fake engine.
     engine_factory: str | None = setting(None, "engine builder 'module:function' (tests)",
                                          group=FLEET, cli=False)
