@@ -1,10 +1,7 @@
 """Helpers for the serve tests: deploying an application, and a handle on a deployed one."""
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -16,40 +13,25 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "test-key"
 MAX_REQUEST_BYTES = 256 * 1024
-# A first start of `raypaged serve` (Ray, Serve, the model) took over 300 s on a loaded 2-core machine.
-SERVE_STARTUP_S = 600
 
 
 @contextmanager
 def raypaged_serve_process(flags: list[str], log: Path, env: dict):
-    """Runs `raypaged serve FLAGS` in its own session and yields the process once /health answers
-    200 on --port. Output goes to `log`, not a pipe: a pipe nobody reads while waiting fills up
-    and stalls the server."""
+    """Runs `raypaged serve FLAGS` with exactly `env` (plus PYTHONPATH) and yields the process
+    once /health answers on --port: benchmarks/serve_process.py's launcher (output to `log`,
+    its own session, 600 s to come up, stop() at the end)."""
+    sys.path.insert(0, str(ROOT))  # benchmarks/ is not installed: it runs from the checkout
+    from benchmarks.serve_process import launch_command, stop
+
     port = flags[flags.index("--port") + 1]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from raypaged.cli import main; sys.exit(main())",
-         "serve", *flags], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
-        stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    cmd = [sys.executable, "-c", "import sys; from raypaged.cli import main; sys.exit(main())",
+           "serve", *flags]
+    proc, _ = launch_command(cmd, f"http://127.0.0.1:{port}", log,
+                             {**env, "PYTHONPATH": str(ROOT)})
     try:
-        deadline = time.monotonic() + SERVE_STARTUP_S
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, log.read_text()[-3000:]
-            time.sleep(0.5)
-        else:
-            raise TimeoutError(f"raypaged serve did not become healthy in {SERVE_STARTUP_S} s:\n"
-                               f"{log.read_text()[-3000:]}")
         yield proc
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop(proc)
 
 
 @dataclass
