@@ -190,6 +190,7 @@ class EngineStats:
     num_steps: int
     num_blocked: int = 0  # waiting for KV blocks or seats at the last schedule (see Scheduler)
     num_queued_tokens: int = 0  # tokens admitted but not computed yet: the work queued here
+    num_prefill_tokens: int = 0  # monotonic: queued tokens computed (prompts, recompute; no decode)
     preemption: PreemptionStats = PreemptionStats()
 
     @property

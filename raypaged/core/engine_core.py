@@ -171,6 +171,7 @@ class EngineCore:
                            num_waiting=self.scheduler.num_waiting,
                            num_blocked=self.scheduler.num_blocked,
                            num_queued_tokens=self.scheduler.num_queued_tokens,
+                           num_prefill_tokens=self.scheduler.num_prefill_tokens,
                            num_preemptions=self.scheduler.num_preemptions,
                            num_finished=self.scheduler.num_finished, num_steps=self.num_steps,
                            preemption=self.scheduler.preemption.stats())

@@ -67,6 +67,9 @@ class Scheduler:
         # requests (the tokens still to be fed), kept at
         # every transition: routers read it in every stats() call, at any queue length
         self.num_queued_tokens = 0
+        # queue tokens computed (prompt and recompute; a decode's newest token refills the queue
+        # as it drains it): how fast the queue shrinks, for TTFT prediction (core/ttft_slo.py)
+        self.num_prefill_tokens = 0
 
     # -- requests in and out -----------------------------------------------------------------
     def add(self, request: Request, held: bool = False) -> None:
@@ -252,6 +255,7 @@ class Scheduler:
         req.num_computed_tokens += n
         req.num_placeholders += num_samples
         self.num_queued_tokens += num_samples - n
+        self.num_prefill_tokens += max(0, n - num_samples)
         return sr
 
     def _preempt(self, req: Request) -> None:
