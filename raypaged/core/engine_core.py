@@ -40,12 +40,7 @@ class EngineCore:
         `held`: not scheduled until release(request_id) (its grammar is still compiling).
         With a continuation, one sample (n = 1) resumes after the outputs it already has.
         Token ids are the caller's to check against the vocabulary (Engine.add_request does)."""
-        max_model_len = self.scheduler.max_model_len
-        if len(prompt_token_ids) >= max_model_len:
-            raise ValueError(
-                f"the prompt is {len(prompt_token_ids)} tokens but max_model_len is "
-                f"{max_model_len}: shorten the prompt to at most {max_model_len - 1} tokens")
-        max_tokens = sampling.max_tokens or max_model_len - len(prompt_token_ids)
+        max_tokens = sampling.max_tokens or self.scheduler.max_model_len - len(prompt_token_ids)
         outputs, index = (), 0
         if continuation is not None:
             outputs, index = continuation.output_token_ids, continuation.sample_index

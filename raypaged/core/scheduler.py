@@ -77,6 +77,12 @@ class Scheduler:
         `held`: checked and counted now, but not scheduled until release(request_id)."""
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
+        # core's one length check (the serving edge answers 400 before a request gets here)
+        if request.num_prompt_tokens >= self.max_model_len:
+            raise ValueError(
+                f"the prompt is {request.num_prompt_tokens} tokens but max_model_len is "
+                f"{self.max_model_len}: shorten the prompt to at most {self.max_model_len - 1} "
+                "tokens")
         total = request.num_prompt_tokens + request.max_tokens
         if total > self.max_model_len:
             raise ValueError(
