@@ -69,6 +69,7 @@ def generated_tokens(url: str) -> float:
 def measure(root: int, url: str, concurrency: int, args, model_dir: str) -> dict:
     """One client run at `concurrency`: CPU ms per output token by role, and the client's
     figures. Processes that appear during the run (HAProxy reloads) count from zero."""
+    load_before = os.getloadavg()[0]
     pids = descendants(root)
     before, tokens_before, t0 = {p: cpu_seconds(p) for p in pids}, generated_tokens(url), \
         time.monotonic()
@@ -88,6 +89,8 @@ def measure(root: int, url: str, concurrency: int, args, model_dir: str) -> dict
             "output_throughput": result["output_throughput"],
             "mean_tpot_ms": result["mean_tpot_ms"], "mean_ttft_ms": result["mean_ttft_ms"],
             "failed": result.get("failed", 0),
+            # the machine's load (1-min average) before and after: a shared machine's drift
+            "load_avg_before": load_before, "load_avg_after": os.getloadavg()[0],
             **{f"{r}_ms_per_token": v for r, v in sorted(ms.items())},
             "serving_path_ms_per_token": ms.get("router", 0.0) + ms.get("ingress", 0.0)}
 
@@ -175,7 +178,8 @@ def main() -> None:
                     rows.append(row)
                     print(table([row], ["variant", "round", "concurrency", "output_throughput",
                                         "mean_tpot_ms", "serving_path_ms_per_token",
-                                        "worker_ms_per_token"]), flush=True)
+                                        "worker_ms_per_token", "load_avg_before",
+                                        "load_avg_after"]), flush=True)
             finally:
                 stop(proc)
             write(args.name, {"args": vars(args), "partial": True, "rows": rows})  # if cut off

@@ -70,7 +70,8 @@ class OpenAIRouter:
                                 self.metrics)
         self.frontend = OpenAIFrontend(dispatcher, tokenizer, self.info,
                                        limits=RequestLimits.of(self.config),
-                                       request_timeout_s=self.config.request_timeout_s)
+                                       request_timeout_s=self.config.request_timeout_s,
+                                       stream_path=self.config.stream_path)
         logger.info("router %s ready: model %s, max_model_len %d, %d workers ready",
                     self.replica_id, self.info.name, self.info.max_model_len,
                     len(snapshot.ready()))

@@ -34,6 +34,7 @@ from raypaged.serve.errors import APIError, bad_request, from_validation_error, 
 from raypaged.serve.generation import Generation
 from raypaged.serve.limits import RequestLimits
 from raypaged.serve.prompt_bound import max_token_bytes
+from raypaged.serve.sse_stream import sse_events
 from raypaged.serve.protocol import ChatCompletionRequest, CompletionRequest
 from raypaged.serve.structured import check_constraint
 from raypaged.serve.tool_calls import ToolCallChoices, tool_constraint, tool_mode
@@ -75,8 +76,10 @@ def parse(model, body) -> object:
 
 class OpenAIFrontend:
     def __init__(self, dispatcher: Dispatcher, tokenizer, info: ModelInfo, max_n: int = MAX_N, *,
-                 limits: RequestLimits | None = None, request_timeout_s: float | None = None):
+                 limits: RequestLimits | None = None, request_timeout_s: float | None = None,
+                 stream_path: str = "fast"):
         self.dispatcher = dispatcher
+        self.fast = stream_path == "fast"  # the setting stream_path: sse_stream.py or _events
         self.tokenizer = tokenizer
         self.shapes = Shapes(tokenizer)
         self.info = info
@@ -166,10 +169,16 @@ class OpenAIFrontend:
         gens = await self._start(route.id_prefix, prompts, params, req.cache_salt, arrival)
         if req.stream:  # the header goes out first: it names the workers streaming now
             opts = req.stream_options
-            return sse_response(self._events(
-                gens, params.n, chunk, route, include_usage=bool(opts and opts.include_usage),
-                continuous_usage=bool(opts and opts.continuous_usage_stats), deadline=deadline),
-                {WORKER_HEADER: workers_header(gens)})
+            include_usage = bool(opts and opts.include_usage)
+            continuous_usage = bool(opts and opts.continuous_usage_stats)
+            if self.fast and len(gens) == 1:
+                events = sse_events(gens[0], params.n, chunk, self._head(gens, route),
+                                    route.first_delta, self._plain(chunk), include_usage,
+                                    continuous_usage, deadline, self._timed_out)
+            else:
+                events = self._events(gens, params.n, chunk, route, include_usage=include_usage,
+                                      continuous_usage=continuous_usage, deadline=deadline)
+            return sse_response(events, {WORKER_HEADER: workers_header(gens)})
         choices = await self._collect(gens, params.n)
         header = {WORKER_HEADER: workers_header(gens)}  # after a failover: who finished it
         body = {"id": gens[0].request_id, "object": route.object, "created": int(time.time()),
@@ -274,7 +283,7 @@ class OpenAIFrontend:
 
     async def _collect(self, gens: list[Generation], n: int) -> list[Choice]:
         try:  # a lost worker is failed over inside Generation; what comes out is an APIError
-            outputs = await asyncio.gather(*(g.collect() for g in gens))
+            outputs = await asyncio.gather(*(g.collect(self.fast) for g in gens))
         finally:
             await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)
         choices = [Choice() for _ in range(len(gens) * n)]
@@ -283,11 +292,21 @@ class OpenAIFrontend:
                 choices[g * n + out.index].add(out)
         return choices
 
+    def _head(self, gens: list[Generation], route: Route) -> dict:
+        """The fields every chunk of a stream starts with."""
+        return {"id": gens[0].request_id, "object": route.chunk_object,
+                "created": int(time.time()), "model": self.info.name}
+
+    def _plain(self, chunk: Callable) -> bool:
+        """A chunk made by Shapes without logprobs (nor tool-call parsing around it): its
+        choice is text and finish fields only, so sse_stream may splice the text in."""
+        return (isinstance(chunk, functools.partial) and not chunk.args[0]
+                and chunk.func in (self.shapes.completion_choice, self.shapes.chat_choice))
+
     async def _events(self, gens: list[Generation], n: int, chunk: Callable, route: Route,
                       include_usage: bool, continuous_usage: bool,
                       deadline: float | None = None) -> AsyncIterator[str]:
-        head = {"id": gens[0].request_id, "object": route.chunk_object,
-                "created": int(time.time()), "model": self.info.name}
+        head = self._head(gens, route)
         try:
             if route.first_delta is not None:
                 for i in range(len(gens) * n):

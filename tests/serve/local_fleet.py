@@ -93,7 +93,8 @@ def local_app(fleet: LocalFleet, api_key: str | None = None, max_request_bytes: 
     engine = next(iter(fleet.workers.values())).engine
     info = ModelInfo("fake-model", engine.max_model_len, len(engine.tokenizer), 0)
     dispatcher = Dispatcher(fleet, Router(options, engine.block_size), metrics)
-    frontend = OpenAIFrontend(dispatcher, engine.tokenizer, info)
+    frontend = OpenAIFrontend(dispatcher, engine.tokenizer, info,
+                              stream_path=options.stream_path)
     app = build_http_app(frontend, fleet.snapshot, metrics,
                          lambda: render(fleet.snapshot(), metrics.snapshot(), info.name),
                          api_key, max_request_bytes)

@@ -1,0 +1,78 @@
+"""One Generation's SSE stream on the fast path (the setting stream_path "fast", the default).
+
+    Generation.stream(deadline) ─> a batch: every output that arrived since the last one
+        ─> plain chunk (one sample, no logprobs, no tool-call parsing, not finished):
+               the request's Frame with the text spliced in (one json.dumps of a string)
+        ─> any other chunk: the same dicts as frontend._events
+    ─> usage (if asked) ─> [DONE]
+
+Against frontend._events (stream_path "legacy", kept for comparison and for requests of several
+prompts) it drops, per token: the _merge and _until generators, a timeout object and a task
+(Generation.stream), and the chunk's dicts and their serialisation. What the client reads is
+the same bytes, except that outputs which queued up while the router was busy arrive as one
+chunk instead of one per engine step.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from typing import AsyncIterator, Callable
+
+from raypaged.serve.errors import APIError
+from raypaged.serve.generation import DeadlinePassed, Generation
+from raypaged.serve.responses import Choice, sse_data, usage
+
+# Stands for the text while a request's frame is made; unique, so it cannot occur elsewhere in
+# the chunk (the head's fields are an id, a time, the model's name and the object's name).
+_MARK = f"raypaged-text-{uuid.uuid4().hex}"
+
+
+class Frame:
+    """The SSE event of one plain chunk of one request, made once: sse_data of the chunk's
+    dict with the marker as its text, split where the marker's JSON string stands."""
+
+    def __init__(self, head: dict, chunk: Callable):
+        c = Choice()
+        c.text.append(_MARK)
+        self.prefix, mark, self.suffix = sse_data({**head, "choices": [chunk(0, c)]}).partition(
+            json.dumps(_MARK))
+        assert mark and _MARK not in self.suffix, "the text must appear once in a chunk"
+
+    def __call__(self, text: str) -> str:
+        return self.prefix + json.dumps(text, ensure_ascii=False) + self.suffix
+
+
+async def sse_events(g: Generation, n: int, chunk: Callable, head: dict,
+                     first_delta: dict | None, plain: bool, include_usage: bool,
+                     continuous_usage: bool, deadline: float | None,
+                     timed_out: Callable[[], APIError]) -> AsyncIterator[str]:
+    """`plain`: `chunk` is Shapes' completion or chat choice without logprobs, so a chunk that
+    is only text is the frame with its text in."""
+    stream = g.stream(deadline)
+    try:
+        if first_delta is not None:
+            for i in range(n):
+                yield sse_data({**head, "choices": [{"index": i, "delta": first_delta,
+                                                     "logprobs": None, "finish_reason": None}]})
+        frame = Frame(head, chunk) if plain and n == 1 and not continuous_usage else None
+        async for batch in stream:
+            if frame is not None and all(out.finish_reason is None for out in batch):
+                yield frame("".join([out.new_text for out in batch]))
+                continue
+            by_choice: dict[int, Choice] = {}
+            for out in batch:
+                by_choice.setdefault(out.index, Choice()).add(out)
+            choices = [chunk(i, c) for i, c in sorted(by_choice.items())]
+            # vLLM's continuous_usage_stats: the running usage on every chunk
+            extra = {"usage": usage([g])} if continuous_usage else {}
+            yield sse_data({**head, "choices": choices, **extra})
+        if include_usage:
+            yield sse_data({**head, "choices": [], "usage": usage([g])})
+    except APIError as exc:  # e.g. every worker tried was lost: 503 worker_unavailable
+        yield exc.sse()
+    except DeadlinePassed:
+        yield timed_out().sse()
+    finally:
+        await stream.aclose()  # a client gone: the abort is counted before the close
+        await g.close()
+    yield "data: [DONE]\n\n"
