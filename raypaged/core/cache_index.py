@@ -107,16 +107,6 @@ class CacheIndex:
             groups.append((len(keys), first & ~dropped))
         return groups
 
-    def hit_blocks(self, keys: Sequence[int], nested: bool = False) -> dict[str, int]:
-        """Worker id -> leading blocks of `keys` it holds, for workers holding at least one."""
-        out = {}
-        for depth, mask in self.hit_groups(keys, nested):
-            while mask:
-                low = mask & -mask
-                out[self.worker_ids[low.bit_length() - 1]] = depth
-                mask ^= low
-        return out
-
     def _change(self, bit: int, added, removed) -> None:
         holders = self.holders
         for key in removed:

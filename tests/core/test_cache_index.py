@@ -6,6 +6,18 @@ from raypaged.core.cache_index import CacheIndex
 from raypaged.core.cache_summary import CacheSummary, CacheView, SummaryDelta
 
 
+def hit_blocks(index: CacheIndex, keys, nested: bool = False) -> dict[str, int]:
+    """Worker id -> leading blocks of `keys` it holds, for workers holding at least one: the
+    index's groups spelled out per worker, to compare with each CacheView's own walk."""
+    out = {}
+    for depth, mask in index.hit_groups(keys, nested):
+        while mask:
+            low = mask & -mask
+            out[index.worker_ids[low.bit_length() - 1]] = depth
+            mask ^= low
+    return out
+
+
 def test_a_walk_of_the_index_gives_every_views_own_hit_on_random_fleets():
     rng = random.Random(26)
     for trial in range(40):
@@ -29,7 +41,7 @@ def test_a_walk_of_the_index_gives_every_views_own_hit_on_random_fleets():
             prompts.append(sorted(universe)[:rng.randrange(1, 10)])
             for keys in prompts:
                 want = {w: v.cached_prefix_blocks(keys) for w, v in plain.items()}
-                got = index.hit_blocks(keys)
+                got = hit_blocks(index, keys)
                 assert {w: got.get(w, 0) for w in plain} == want, (trial, keys)
                 assert all(n > 0 for n in got.values())
         held = {}
@@ -47,16 +59,16 @@ def test_a_key_both_removed_and_added_in_one_delta_stays_held_as_cacheview_appli
     view.apply(SummaryDelta(2, added=(5,), removed=(5, 6)))
     assert view.keys == {5} and index.holders == {5: 1}
     view.apply(SummaryDelta(3, (7,), full=True))
-    assert index.holders == {7: 1} and index.hit_blocks([7, 5]) == {"w0": 1}
+    assert index.holders == {7: 1} and hit_blocks(index, [7, 5]) == {"w0": 1}
 
 
 def test_the_walk_reports_the_depth_at_which_each_worker_stops():
     index = CacheIndex()
     for w, keys in {"a": (1, 2, 3, 4), "b": (1,), "c": (1, 2, 3), "d": (2, 3, 4)}.items():
         index.view(w).apply(SummaryDelta(1, keys, full=True))
-    assert index.hit_blocks([1, 2, 3, 4]) == {"a": 4, "b": 1, "c": 3}  # d lacks block 0
+    assert hit_blocks(index, [1, 2, 3, 4]) == {"a": 4, "b": 1, "c": 3}  # d lacks block 0
     assert index.hit_groups([1, 2, 3, 4]) == [(1, 0b0010), (3, 0b0100), (4, 0b0001)]
-    assert index.hit_blocks([]) == {} and index.hit_blocks([9]) == {}
+    assert hit_blocks(index, []) == {} and hit_blocks(index, [9]) == {}
 
 
 def test_bisection_finds_every_workers_hit_on_nested_fleets():
@@ -78,7 +90,7 @@ def test_bisection_finds_every_workers_hit_on_nested_fleets():
             plain.setdefault(f"w{w}", CacheView()).apply(delta)
         for keys in prompts + [trunk, trunk[:1], []]:
             want = {w: v.cached_prefix_blocks(keys) for w, v in plain.items()}
-            got = index.hit_blocks(keys, nested=True)
+            got = hit_blocks(index, keys, nested=True)
             assert {w: got.get(w, 0) for w in plain} == want, (trial, keys)
             assert index.hit_groups(keys, nested=True) == index.hit_groups(keys), (trial, keys)
 
@@ -88,9 +100,9 @@ def test_bisection_may_credit_a_view_with_a_hole_up_to_its_deepest_held_probe():
     # side missing, bisection finds the stop the linear walk finds ...
     index = CacheIndex()
     index.view("a").apply(SummaryDelta(1, (1, 2, 4), full=True))
-    assert index.hit_blocks([1, 2, 3, 4, 5]) == index.hit_blocks([1, 2, 3, 4, 5], nested=True) \
+    assert hit_blocks(index, [1, 2, 3, 4, 5]) == hit_blocks(index, [1, 2, 3, 4, 5], nested=True) \
         == {"a": 2}
     # ... where both ends are held, it credits the whole span (the documented overestimate)
     index.view("a").apply(SummaryDelta(2, (1, 3, 4), full=True))
-    assert index.hit_blocks([1, 2, 3, 4]) == {"a": 1}
-    assert index.hit_blocks([1, 2, 3, 4], nested=True) == {"a": 4}
+    assert hit_blocks(index, [1, 2, 3, 4]) == {"a": 1}
+    assert hit_blocks(index, [1, 2, 3, 4], nested=True) == {"a": 4}
