@@ -32,7 +32,6 @@ class PackedLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         """weight [out_features, in_features], plain; bias [out_features] or None."""
         super().__init__()
-        self.out_features, self.in_features = weight.shape
         # a buffer, not a Parameter: it is an opaque oneDNN tensor, never loaded or trained
         self.register_buffer("packed_weight",
                              torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None),

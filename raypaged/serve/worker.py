@@ -63,7 +63,6 @@ class Worker:
         self.engine = engine
         self.worker_id = worker_id
         self.incarnation = uuid.uuid4().hex[:12]
-        self.started_at = time.time()
         plan = engine.plan
         self.bound = QueueBound(max_queued, plan.num_blocks, plan.block_size, plan.max_model_len)
         self._loop: EngineLoop | None = None  # started on first use: it needs the event loop
