@@ -12,7 +12,9 @@ index, id, type and name (arguments ""), then its `arguments` text in pieces as 
 A character scanner follows strings, escapes and nesting; it needs no lookahead, so each piece
 of text is handed on in the step it arrives. Arguments seen before their call's name (a key
 order the grammar does not produce) wait for the name. A named tool_choice's whole output is
-its arguments, so it needs no scanner.
+its arguments, so it needs no scanner. tool_choice "auto" reuses it for the Hermes format
+(hermes_stream.py): each <tool_call> object is one more entry of a list whose "[" it feeds
+once, and the arguments sit under "arguments".
 """
 from __future__ import annotations
 
@@ -37,7 +39,8 @@ class CallListScanner:
     """Feeds on the text of a `required` output; `feed` returns the tool_calls deltas it makes
     complete; `calls` holds (name, raw arguments text) per call for the whole message."""
 
-    def __init__(self) -> None:
+    def __init__(self, args_key: str = "parameters") -> None:
+        self.args_key = args_key        # the call's key whose value is its arguments
         self.calls: list[list] = []     # [name | None, arguments text] per call
         self._depth = 0
         self._in_str = self._escape = False
@@ -50,15 +53,25 @@ class CallListScanner:
     def feed(self, text: str) -> list[dict]:
         out: list[dict] = []
         for ch in text:
-            self._step(ch, out)
+            self.step(ch, out)
+        self.pending(out)
+        return merged(out)
+
+    @property
+    def at_top(self) -> bool:
+        """Inside the list, between calls: no call object open, not in a string."""
+        return self._depth <= 1 and not self._in_str
+
+    def pending(self, out: list[dict]) -> None:
+        """Hand on the current call's arguments text not sent yet (once its name is known)."""
         if self.calls and self.calls[-1][0] is not None:
             k, (_, args) = len(self.calls) - 1, self.calls[-1]
             if len(args) > self._sent:
                 out.append(arguments(k, args[self._sent:]))
                 self._sent = len(args)
-        return _merged(out)
 
-    def _step(self, ch: str, out: list[dict]) -> None:
+    def step(self, ch: str, out: list[dict]) -> None:
+        """One character; the deltas it completes go to `out` (unmerged: see `merged`)."""
         if self._in_args:
             self.calls[-1][1] += ch
         if self._in_str:
@@ -84,7 +97,7 @@ class CallListScanner:
                 self._flush_previous(out)
                 self.calls.append([None, ""])
                 self._expect_key, self._key = True, None
-            elif self._depth == 3 and self._key == "parameters":
+            elif self._depth == 3 and self._key == self.args_key:
                 self._in_args = True
                 self.calls[-1][1] = ch
         elif ch in "}]":
@@ -116,7 +129,7 @@ class CallListScanner:
         self._sent = 0
 
 
-def _merged(deltas: list[dict]) -> list[dict]:
+def merged(deltas: list[dict]) -> list[dict]:
     """Argument pieces as one entry with what came just before them for the same call."""
     out: list[dict] = []
     for d in deltas:

@@ -8,24 +8,22 @@
                              chat templates of Qwen2.5, Hermes and SmolLM3) become tool_calls
     tool_choice "none"       unconstrained, text only
 
-Streaming (`required`, named): as OpenAI streams, one `delta.tool_calls` entry per call with
-its id and name as soon as the name is known, then its `arguments` text in pieces as tokens
-arrive (tool_call_stream.py); the last chunk has finish_reason "tool_calls". `auto` holds a
-Hermes call's text back until its sample finishes and sends the call whole. Either way a client
-that accumulates deltas (the OpenAI SDK) gets the message the non-streamed answer has.
+Streaming: as OpenAI streams, one `delta.tool_calls` entry per call with its id and name as
+soon as the name is known, then its `arguments` text in pieces as tokens arrive
+(tool_call_stream.py; for `auto`, hermes_stream.py: text before the first <tool_call> is
+`delta.content`); the last chunk has finish_reason "tool_calls". A client that accumulates
+deltas (the OpenAI SDK) gets the message the non-streamed answer has.
 """
 from __future__ import annotations
 
 import json
-import re
 
 from raypaged.core.structured_outputs import StructuredOutputsParams
 from raypaged.serve.errors import bad_request
+from raypaged.serve.hermes_stream import HermesStream, parse_hermes
 from raypaged.serve.responses import Choice
 from raypaged.serve.tool_call_stream import CallListScanner, arguments, call_id, header
 
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
-_HERMES_OPEN = "<tool_call>"
 _NO_PARAMETERS = {"type": "object", "properties": {}}
 
 
@@ -71,6 +69,8 @@ def tool_constraint(tools: list[dict], mode: str, name: str | None
 
 def parse_calls(text: str, mode: str, name: str | None) -> list[dict] | None:
     """OpenAI tool_calls from a finished sample's text, or None when it holds no call."""
+    if mode == "auto":
+        return _calls(parse_hermes(text)[1])
     try:
         if mode == "named":
             json.loads(text)
@@ -81,14 +81,13 @@ def parse_calls(text: str, mode: str, name: str | None) -> list[dict] | None:
             scanner = CallListScanner()
             scanner.feed(text)
             return [_call(n, a) for n, a in scanner.calls]
-        if mode == "auto":
-            found = [json.loads(m) for m in _HERMES.findall(text)]
-            calls = [_call(c["name"], json.dumps(c.get("arguments", {}), ensure_ascii=False))
-                     for c in found if isinstance(c, dict) and isinstance(c.get("name"), str)]
-            return calls or None
     except (ValueError, KeyError, TypeError):  # cut short by max_tokens: it stays text
         return None
     return None
+
+
+def _calls(found: list[tuple[str, str]] | None) -> list[dict] | None:
+    return None if found is None else [_call(n, a) for n, a in found]
 
 
 def _call(name: str, args: str) -> dict:
@@ -97,43 +96,49 @@ def _call(name: str, args: str) -> dict:
 
 class ToolCallChoices:
     """Wraps Shapes.chat_choice for one request with tools: whole messages get `tool_calls`,
-    streams hold a call's text back and send it as `delta.tool_calls` when its sample ends."""
+    streams send `delta.tool_calls` as the calls' text arrives."""
 
     def __init__(self, chat_choice, mode: str, name: str | None):
         self.chat_choice = chat_choice      # Shapes.chat_choice with want_logprobs bound
         self.mode, self.name = mode, name
-        self._held: dict[int, str] = {}     # stream: text held back per choice index
-        self._content: set[int] = set()     # stream (auto): choices found to be plain text
+        self._hermes: dict[int, HermesStream] = {}       # stream (auto), per choice
         self._scanners: dict[int, CallListScanner] = {}  # stream (required), per choice
         self._texts: dict[int, str] = {}    # stream (required, named): the text so far
 
     def __call__(self, index: int, c: Choice, whole: bool = False) -> dict:
         if whole:
             out = self.chat_choice(index, c, whole=True)
-            calls = parse_calls("".join(c.text), self.mode, self.name)
+            text = "".join(c.text)
+            if self.mode == "auto":
+                content, found = parse_hermes(text)
+                calls = _calls(found)
+            else:
+                content, calls = None, parse_calls(text, self.mode, self.name)
             if calls is not None and c.finish_reason == "stop":
-                out["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
+                out["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
                 out["finish_reason"] = "tool_calls"
             return out
         if self.mode in ("required", "named"):
             return self._streamed_call(index, c)
-        if index in self._content:
-            return self.chat_choice(index, c)  # plain content: stream it as it comes
-        text = self._held.pop(index, "") + "".join(c.text)
-        if not self._may_be_call(text):  # auto, and not a call: what was held goes out now
-            self._content.add(index)
-            c.text = [text]
-            return self.chat_choice(index, c)
-        self._held[index] = text
-        if c.finish_reason is None:
-            return {"index": index, "delta": {}, "logprobs": None, "finish_reason": None}
-        calls = parse_calls(text, self.mode, self.name) if c.finish_reason == "stop" else None
-        if calls is None:  # not a call after all (or cut short): the held text as content
-            c.text = [text]
-            return self.chat_choice(index, c)
-        delta = {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": "tool_calls",
-                "stop_reason": c.stop_reason}
+        return self._streamed_auto(index, c)
+
+    def _streamed_auto(self, index: int, c: Choice) -> dict:
+        """Content until a <tool_call> begins, then the calls piece by piece."""
+        stream = self._hermes.setdefault(index, HermesStream())
+        content, deltas = stream.feed("".join(c.text))
+        finish = c.finish_reason
+        if finish is not None:
+            tail, last = stream.finish()
+            content, deltas = content + tail, deltas + last
+            if finish == "stop" and stream.calls() is not None:
+                finish = "tool_calls"
+        c.text = [content]
+        out = self.chat_choice(index, c)
+        delta = {"content": content} if content else {}
+        if deltas:
+            delta["tool_calls"] = deltas
+        out["delta"], out["finish_reason"] = delta, finish
+        return out
 
     def _streamed_call(self, index: int, c: Choice) -> dict:
         """The constrained output is the call(s): stream id + name, then arguments pieces."""
@@ -156,9 +161,3 @@ class ToolCallChoices:
         if finish is not None:
             out["stop_reason"] = c.stop_reason
         return out
-
-    def _may_be_call(self, text: str) -> bool:
-        if self.mode != "auto":
-            return True
-        start = text.lstrip()
-        return start.startswith(_HERMES_OPEN) or _HERMES_OPEN.startswith(start)

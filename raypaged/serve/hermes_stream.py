@@ -1,0 +1,164 @@
+"""tool_choice "auto": calls the model writes in the Hermes format, found as its text streams.
+
+    Let me check.\\n<tool_call>\\n{"name": "get_weather", "arguments": {"city": "Paris"}}\\n</tool_call>
+    ^^^^^^^^^^^^^ content  ^ a call begins: from here on nothing is content
+                                         ^ name known -> header delta (index, id, type, name)
+                                                                  ^..............^ arguments,
+                                                                  in the pieces they arrive in
+
+Text before the first <tool_call> streams as `content`, held back only while its tail could
+still begin the tag, or is whitespace (trimmed before a call). Inside a tag, the JSON object
+goes through CallListScanner, as one more entry of a call list; the tag ends at </tool_call>
+once the object is closed (a "</tool_call>" inside a string is text). Text outside the tags
+after the first call is dropped, as vLLM's Hermes parser does. If no tag yields a named call,
+everything from the first tag on is content after all, sent when the sample ends.
+
+The whole message runs the same machine over the whole text (`parse_hermes`), so a client that
+accumulates the stream's deltas (the OpenAI SDK) ends with the whole message's content and
+calls, whatever pieces the text came in.
+"""
+from __future__ import annotations
+
+import json
+
+from raypaged.serve.tool_call_stream import CallListScanner, merged
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+class HermesStream:
+    """`feed` each piece of one sample's text, then `finish` once: each returns
+    (content text, tool_calls deltas)."""
+
+    def __init__(self) -> None:
+        self.scanner = CallListScanner(args_key="arguments")
+        self.scanner.feed("[")          # each tag's object is one entry of this list
+        self.tags: list[str] = []       # the text inside each tag, for the whole message
+        self._buf = ""                  # text not handed on yet
+        self._after = ""                # everything from the first tag on (and the space before)
+        self._calling = False           # a tag has opened: no more content
+        self._in_tag = False
+
+    @property
+    def named(self) -> bool:
+        return any(name is not None for name, _ in self.scanner.calls)
+
+    def feed(self, text: str) -> tuple[str, list[dict]]:
+        self._buf += text
+        content: list[str] = []
+        deltas: list[dict] = []
+        while self._buf:
+            if self._in_tag:
+                if not self._tag_body(deltas):
+                    break  # the buffer ends in what may be the start of </tool_call>
+                continue
+            at = self._buf.find(OPEN)
+            if at < 0:
+                out = self._buf[:len(self._buf) - self._held_back()]
+                self._pass(out, content)
+                self._buf = self._buf[len(out):]
+                break
+            before = self._buf[:at]
+            if not self._calling:  # the space before the first tag is not content
+                content.append(before.rstrip())
+                before = before[len(before.rstrip()):]
+            self._after += before + OPEN
+            self._calling = self._in_tag = True
+            self.tags.append("")
+            self._buf = self._buf[at + len(OPEN):]
+        return "".join(content), merged(deltas)
+
+    def finish(self) -> tuple[str, list[dict]]:
+        rest, self._buf = self._buf, ""
+        if not self._calling:
+            return rest, []
+        deltas: list[dict] = []
+        if self._in_tag:  # the sample ended inside a tag (no </tool_call>)
+            self._close_tag(deltas)
+        if self.named:
+            return "", merged(deltas)
+        return self._after + rest, []  # no call after all: all of it is content
+
+    def calls(self) -> list[tuple[str, str]] | None:
+        """(name, arguments text) per call once finished, or None unless every tag held a
+        complete call: a JSON object with a string "name"."""
+        if not self.tags or len(self.scanner.calls) != len(self.tags):
+            return None
+        for tag in self.tags:
+            try:
+                call = json.loads(tag)
+            except ValueError:
+                return None
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                return None
+        return [(name, args) for name, args in self.scanner.calls]
+
+    def _pass(self, text: str, content: list[str]) -> None:
+        if self._calling:
+            self._after += text   # between or after calls: dropped unless no call is named
+        else:
+            content.append(text)
+
+    def _held_back(self) -> int:
+        """How many characters at the buffer's end to keep: a possible start of <tool_call>,
+        and, before any call, the whitespace before it."""
+        buf = self._buf
+        keep = next((k for k in range(min(len(OPEN) - 1, len(buf)), 0, -1)
+                     if OPEN.startswith(buf[-k:])), 0)
+        if not self._calling:
+            head = buf[:len(buf) - keep]
+            keep += len(head) - len(head.rstrip())
+        return keep
+
+    def _tag_body(self, deltas: list[dict]) -> bool:
+        """Feed the tag's text to the scanner up to </tool_call>; False when the buffer ends
+        in a possible start of it."""
+        buf, i = self._buf, 0
+        while i < len(buf):
+            if self.scanner.at_top:  # the object is closed (or not begun): the tag may end
+                rest = buf[i:]
+                if rest.startswith(CLOSE):
+                    self._took(buf[:i], deltas)
+                    self._after += CLOSE
+                    self._buf = buf[i + len(CLOSE):]
+                    self._close_tag(deltas)
+                    return True
+                if CLOSE.startswith(rest):
+                    self._took(buf[:i], deltas)
+                    self._buf = rest
+                    return False
+            self.scanner.step(buf[i], deltas)
+            i += 1
+        self._took(buf, deltas)
+        self._buf = ""
+        return True
+
+    def _took(self, text: str, deltas: list[dict]) -> None:
+        self.scanner.pending(deltas)
+        self.tags[-1] += text
+        self._after += text
+
+    def _close_tag(self, deltas: list[dict]) -> None:
+        """A call whose arguments were no object or list (or absent) gets them, as JSON,
+        when its tag ends."""
+        self._in_tag = False
+        calls = self.scanner.calls
+        if len(calls) != len(self.tags) or calls[-1][0] is None or calls[-1][1]:
+            return
+        try:
+            value = json.loads(self.tags[-1]).get("arguments", {})
+        except (ValueError, AttributeError):
+            return
+        calls[-1][1] = json.dumps(value, ensure_ascii=False)
+        self.scanner.pending(deltas)
+
+
+def parse_hermes(text: str) -> tuple[str | None, list[tuple[str, str]] | None]:
+    """A finished sample's (content, calls) as its stream sends them; calls None: no call."""
+    stream = HermesStream()
+    head, _ = stream.feed(text)
+    tail, _ = stream.finish()
+    calls = stream.calls()
+    if calls is None:
+        return text, None
+    return (head + tail) or None, calls
