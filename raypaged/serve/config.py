@@ -99,7 +99,7 @@ class ServeOptions:
         1.25, "a worker above this x the mean requests in flight passes a request on",
         group=ROUTING, ge=1)
     route_cache_sample: int = setting(
-        1, "routers see only the cached-block keys of every N-th block of a prompt and of its "
+        16, "routers see only the cached-block keys of every N-th block of a prompt and of its "
         "blocks 1, 2, 4, 8, ... (~N x fewer snapshot bytes per router; cache_aware estimates "
         "hits at N-block granularity); 1: every key",
         group=ROUTING, ge=1)

@@ -67,7 +67,8 @@ def test_the_arrays_choose_as_the_per_worker_rule_on_random_fleets_with_workers_
         out = set(rng.sample(ids, rng.randrange(0, len(ids))))
         left = {w: x for w, x in workers.items() if w not in out}
         for factor in (1.0, 1.25, 3.0):
-            routers = {r: Router(ServeOptions(routing=r, route_load_factor=factor), BS)
+            routers = {r: Router(ServeOptions(routing=r, route_load_factor=factor,
+                                              route_cache_sample=1), BS)  # every key: the spec
                        for r in ("hash", "cache_aware")}
             for p in prompts:
                 for routing, spec in (("hash", spec_hash), ("cache_aware", spec_cost)):
