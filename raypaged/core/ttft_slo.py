@@ -8,8 +8,7 @@ ahead of it (prompts admitted, prompts blocked on KV blocks, preempted work to r
 `queued_w` is the scheduler's num_queued_tokens (EngineStats); `drain_rate_w` is how fast that
 queue shrinks while it has work: queue tokens computed per second (EngineStats.
 num_prefill_tokens: prompt and recompute, not decode), measured online per worker from the
-counters every poll brings (`DrainRate`), over the polls during which the worker never ran out of
-queued work. KV pressure shows there: a worker whose blocks are full admits a queued prompt only
+counters every poll brings (`DrainRate`), over the polls during which requests waited there. KV pressure shows there: a worker whose blocks are full admits a queued prompt only
 as running requests finish, and its drain rate falls with that pace. No constant is hand-set.
 
 The request is shed (503 + Retry-After) when even the best worker predicts more than the SLO and
@@ -21,38 +20,53 @@ none measured sheds nothing.
 """
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from raypaged.core.autoscale_policy import saturated_rate
 
 RETRY_AFTER_MAX_S = 60
 
 
 class DrainRate:
-    """One worker's queue drain rate in tokens per second: an exponential moving average over
-    the poll intervals in which it drained at full speed (it had at least as many queued tokens
-    at the start as it computed by the end). Sticky through idle polls; starts afresh when the
-    worker's process does (its counters do)."""
+    """One worker's queue drain rate in tokens per second: the queue tokens it computed over
+    its last `window_s` seconds of backlogged poll intervals (requests waiting at both ends: it
+    never ran out of queued prompts), divided by their length. A sum over intervals, not an
+    average of their rates: a worker whose KV cache is full admits prompts in bursts, as
+    running requests end, and the intervals between bursts (nothing drained) weigh as much as
+    the bursts. Sticky through idle polls; starts afresh with the worker's process (its
+    counters do). None until `min_s` of backlog is measured; 0.0 is a measurement (requests
+    waited that long and none started)."""
 
-    def __init__(self, alpha: float = 0.3) -> None:
-        self.alpha = alpha
-        self.tokens_per_s = 0.0  # 0: not measured yet
-        self._last: tuple[float, int, int, str] | None = None  # time, counter, queued, process
+    def __init__(self, window_s: float = 10.0, min_s: float = 1.0) -> None:
+        self.window_s, self.min_s = window_s, min_s
+        self._intervals: collections.deque[tuple[float, int]] = collections.deque()
+        self._seconds = 0.0
+        self._tokens = 0
+        self._last: tuple[float, int, int, str] | None = None  # time, counter, waiting, process
 
-    def observe(self, now_s: float, prefill_tokens: int, queued_tokens: int,
-                incarnation: str) -> float:
-        """One poll's counters; returns the rate after it."""
-        last, self._last = self._last, (now_s, prefill_tokens, queued_tokens, incarnation)
-        if last is None or last[3] != incarnation:
-            if last is not None:
-                self.tokens_per_s = 0.0  # a new process: its speed is measured again
-            return self.tokens_per_s
-        rate = saturated_rate(last[2], prefill_tokens - last[1], now_s - last[0])
-        if rate is not None:
-            self.tokens_per_s = rate if self.tokens_per_s == 0 else (
-                (1 - self.alpha) * self.tokens_per_s + self.alpha * rate)
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self._tokens / self._seconds if self._seconds >= self.min_s else None
+
+    def observe(self, now_s: float, prefill_tokens: int, num_waiting: int,
+                incarnation: str) -> float | None:
+        """One poll's counters (EngineStats.num_prefill_tokens, num_waiting); returns the rate
+        after it."""
+        last, self._last = self._last, (now_s, prefill_tokens, num_waiting, incarnation)
+        if last is not None and last[3] != incarnation:
+            self._intervals.clear()  # a new process: its speed is measured again
+            self._seconds, self._tokens = 0.0, 0
+        elif last is not None and last[2] > 0 and num_waiting > 0 and now_s > last[0]:
+            dt, n = now_s - last[0], max(0, prefill_tokens - last[1])
+            self._intervals.append((dt, n))
+            self._seconds += dt
+            self._tokens += n
+            while self._seconds - self._intervals[0][0] >= self.window_s:
+                old_dt, old_n = self._intervals.popleft()
+                self._seconds -= old_dt
+                self._tokens -= old_n
         return self.tokens_per_s
 
 
@@ -61,7 +75,7 @@ class WorkerQueue:
     """One ready worker as the shedding rule sees it."""
 
     queued_tokens: int
-    tokens_per_s: float  # its drain rate; 0: not measured
+    tokens_per_s: float | None  # its drain rate; None: not measured
 
 
 @dataclass(frozen=True)
@@ -75,11 +89,15 @@ class Shed:
 
 def _rates(workers: Sequence[WorkerQueue]) -> list[float] | None:
     """Each worker's drain rate, the mean measured one for those not measured; None: none is."""
-    measured = [w.tokens_per_s for w in workers if w.tokens_per_s > 0]
+    measured = [w.tokens_per_s for w in workers if w.tokens_per_s is not None]
     if not measured:
         return None
     fallback = sum(measured) / len(measured)
-    return [w.tokens_per_s if w.tokens_per_s > 0 else fallback for w in workers]
+    return [fallback if w.tokens_per_s is None else w.tokens_per_s for w in workers]
+
+
+def _predicted(queued: int, prompt_tokens: int, rate: float) -> float:
+    return (queued + prompt_tokens) / rate if rate > 0 else math.inf  # 0: nothing drains
 
 
 def best_worker(prompt_tokens: int, workers: Sequence[WorkerQueue]
@@ -89,8 +107,9 @@ def best_worker(prompt_tokens: int, workers: Sequence[WorkerQueue]
     rates = _rates(workers)
     if rates is None:
         return None
-    predicted = [(w.queued_tokens + prompt_tokens) / r for w, r in zip(workers, rates)]
-    i = min(range(len(workers)), key=predicted.__getitem__)
+    predicted = [_predicted(w.queued_tokens, prompt_tokens, r) for w, r in zip(workers, rates)]
+    # ties (two workers measured at 0 drain) go to the shorter queue
+    i = min(range(len(workers)), key=lambda k: (predicted[k], workers[k].queued_tokens))
     return i, predicted[i]
 
 
@@ -105,6 +124,8 @@ def shed(slo_s: float, prompt_tokens: int, workers: Sequence[WorkerQueue]) -> Sh
     if predicted <= slo_s or queued <= 0:
         return None
     rate = _rates(workers)[i]
+    if rate <= 0:
+        return Shed(predicted, RETRY_AFTER_MAX_S, i)
     # the queue may hold this much when the prompt arrives and still start within the SLO
     room = max(0.0, slo_s * rate - prompt_tokens)
     wait = (queued - room) / rate

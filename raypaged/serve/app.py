@@ -31,6 +31,7 @@ from raypaged.serve.metrics import RequestMetrics, merge, render
 from raypaged.serve.replica_bind import bind_replica_grpc_to_node_ip
 from raypaged.serve.ray_fleet import RayFleetClient
 from raypaged.serve.routing import Router
+from raypaged.serve.ttft_shed import TTFTShedder
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,9 @@ class OpenAIRouter:
                                        limits=RequestLimits.of(self.config),
                                        request_timeout_s=self.config.request_timeout_s,
                                        stream_path=self.config.stream_path)
+        if self.config.ttft_slo_s is not None:
+            self.frontend.shedder = TTFTShedder(self.config.ttft_slo_s, self.fleet.snapshot,
+                                                self.metrics)
         logger.info("router %s ready: model %s, max_model_len %d, %d workers ready",
                     self.replica_id, self.info.name, self.info.max_model_len,
                     len(snapshot.ready()))

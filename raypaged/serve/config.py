@@ -135,6 +135,11 @@ class ServeOptions:
     body_timeout_s: float = setting(
         30.0, "a request body not received in full within this many seconds gets 408",
         group=SERVER, gt=0)
+    ttft_slo_s: float | None = setting(
+        None, "load shedding: a request whose time to first token the fleet predicts above "
+        "this many seconds on every worker (tokens queued there / their measured drain rate) "
+        "gets 503 + Retry-After before anything is queued (docs/limits.md); default: off",
+        group=SERVER, gt=0)
     max_prompts_per_request: int = setting(
         64, "prompts in one completions request (a list of strings or token lists)",
         group=LIMITS, ge=1)

@@ -28,6 +28,7 @@ import time
 from typing import Any, Awaitable, Callable, Sequence
 
 from raypaged.core.cache_summary import CacheSummary, SummaryDelta, sampled
+from raypaged.core.ttft_slo import DrainRate
 from raypaged.serve.fleet import (DEAD, READY, STARTING, UNRESPONSIVE, FleetSnapshot,
                                   WorkerView)
 from raypaged.serve.lifecycle import overdue
@@ -68,6 +69,7 @@ class Controller:
         self.autoscaler = None  # serve/autoscaler.py: set by the Ray shell when scaling
         self._kill = kill  # kill(handle): end the worker's process so that Ray starts a new one
         self.unresponsive_timeout_s = unresponsive_timeout_s
+        self._drain = {wid: DrainRate() for wid, _ in workers}  # per worker, for TTFT shedding
 
     async def snapshot(self) -> FleetSnapshot:
         self._ensure_polling()
@@ -96,6 +98,11 @@ class Controller:
                 continue  # removed (drained) while the poll was out
             if new.state != old.state:
                 logger.info("worker %s: %s -> %s", new.worker_id, old.state, new.state)
+            if new.stats is not None and new.stats is not old.stats:  # a new answer
+                rate = self._drain.setdefault(new.worker_id, DrainRate()).observe(
+                    time.monotonic(), new.stats.engine.num_prefill_tokens,
+                    new.stats.engine.num_waiting, new.stats.incarnation)
+                new = dataclasses.replace(new, drain_tokens_per_s=rate)
             self._views[new.worker_id] = new
         if self._kill is not None:
             self._kill_unresponsive(time.time())
@@ -169,6 +176,7 @@ class Controller:
     def remove_worker(self, worker_id: str) -> None:
         del self._views[worker_id]
         self._caches.pop(worker_id, None)
+        self._drain.pop(worker_id, None)
         self._cache_from.pop(worker_id, None)
         self._version += 1
 

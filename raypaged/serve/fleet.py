@@ -30,6 +30,7 @@ class WorkerView:
     draining_since: float | None = None  # scale-in: takes no new requests, finishes its own
     kills: int = 0                    # times the controller killed it for being unresponsive
     killed_at: float | None = None    # the last of those
+    drain_tokens_per_s: float | None = None  # queue drain rate (core/ttft_slo.py); None: not yet
 
     @property
     def ready(self) -> bool:
@@ -105,11 +106,14 @@ class FleetSnapshot:
                     num_running=s.engine.num_running, num_waiting=s.engine.num_waiting,
                     num_preemptions=s.engine.num_preemptions, num_steps=s.engine.num_steps,
                     preemption=_preemption_json(s.engine.preemption),
-                    graph_steps=s.graph_steps, eager_steps=s.eager_steps)
+                    graph_steps=s.graph_steps, eager_steps=s.eager_steps,
+                    queued_tokens=s.engine.num_queued_tokens,
+                    drain_tokens_per_s=w.drain_tokens_per_s)
             workers.append(item)
         out = {"workers": workers, "total": self.totals(),
                "suspected_poison_requests": _summed(self.router_metrics,
-                                                    "suspected_poison_requests")}
+                                                    "suspected_poison_requests"),
+               "shed_requests": _summed(self.router_metrics, "shed_requests")}
         if self.scaling:
             out["scaling"] = self.scaling
         return out

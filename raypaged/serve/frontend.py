@@ -38,6 +38,7 @@ from raypaged.serve.sse_stream import sse_events
 from raypaged.serve.protocol import ChatCompletionRequest, CompletionRequest
 from raypaged.serve.structured import check_constraint
 from raypaged.serve.tool_calls import ToolCallChoices, tool_constraint, tool_mode
+from raypaged.serve.ttft_shed import TTFTShedder
 from raypaged.serve.responses import (WORKER_HEADER, Choice, Shapes, sse_data, sse_response,
                                       usage, workers_header)
 
@@ -75,6 +76,9 @@ def parse(model, body) -> object:
 
 
 class OpenAIFrontend:
+    # TTFT-SLO load shedding (ttft_shed.py), set by the application when --ttft-slo-s is
+    shedder: TTFTShedder | None = None
+
     def __init__(self, dispatcher: Dispatcher, tokenizer, info: ModelInfo, max_n: int = MAX_N, *,
                  limits: RequestLimits | None = None, request_timeout_s: float | None = None,
                  stream_path: str = "fast"):
@@ -166,6 +170,8 @@ class OpenAIFrontend:
                                     "what is left of max_model_len, as max_tokens is unset")
         constraint = await check_constraint(constraint or req.constraint(), self.limits)
         params = self._params(req, max_tokens, logprobs, constraint)
+        if self.shedder is not None:  # last check before any work reaches a worker
+            self.shedder.check(sum(len(tokens) for tokens in prompts))
         gens = await self._start(route.id_prefix, prompts, params, req.cache_salt, arrival)
         if req.stream:  # the header goes out first: it names the workers streaming now
             opts = req.stream_options

@@ -47,6 +47,8 @@ COUNTERS = {  # name -> (help, label name or None)
         "Requests refused because two workers died serving them (refused), and the same "
         "requests sent again (refused_again).", "outcome"),
     "request_errors": ("Requests answered with an error, by HTTP status.", "status"),
+    "shed_requests": ("Requests refused at the edge before any work was queued, by reason "
+                      "(ttft_slo: a time to first token predicted over --ttft-slo-s).", "reason"),
 }
 
 

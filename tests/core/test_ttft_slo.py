@@ -1,4 +1,6 @@
 """TTFT-SLO shedding: the queue-drain counter, the online drain rate, and exact shed decisions."""
+import math
+
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.ttft_slo import DrainRate, Shed, WorkerQueue, best_worker, shed
 
@@ -19,19 +21,31 @@ def test_prefill_counter_counts_what_leaves_the_queue_not_decode_tokens():
     assert [q for _, q in counts[:3]] == [344, 88, 1]
 
 
-def test_drain_rate_learns_from_saturated_polls_only():
-    rate = DrainRate(alpha=0.5)
-    assert rate.observe(0.0, 0, 1000, "a") == 0.0            # first poll: nothing to compare
-    assert rate.observe(1.0, 400, 600, "a") == 400.0         # 400 drained, 1000 were queued
-    assert rate.observe(2.0, 600, 0, "a") == 300.0           # 200 of 600: (400 + 200) / 2
-    assert rate.observe(3.0, 600, 0, "a") == 300.0           # idle: sticky
-    assert rate.observe(4.0, 700, 50, "a") == 300.0          # ran out of work: says nothing
-    assert rate.observe(5.0, 10, 500, "b") == 0.0            # a new process: measured afresh
-    assert rate.observe(5.5, 110, 400, "b") == 200.0
+def test_drain_rate_is_tokens_over_time_while_requests_wait():
+    rate = DrainRate(window_s=2.0, min_s=1.0)
+    assert rate.observe(0.0, 0, 4, "a") is None           # first poll: nothing to compare
+    assert rate.observe(1.0, 400, 3, "a") == 400.0        # 400 drained in 1 s, still waiting
+    assert rate.observe(2.0, 400, 3, "a") == 200.0        # KV full, nothing admitted: 400 / 2 s
+    assert rate.observe(3.0, 1000, 0, "a") == 200.0       # the queue emptied: says nothing
+    assert rate.observe(4.0, 1000, 0, "a") == 200.0       # idle: sticky
+    assert rate.observe(5.0, 1000, 2, "a") == 200.0       # waiting again from here
+    assert rate.observe(5.5, 1300, 2, "a") == 280.0       # (400 + 0 + 300) / 2.5 s
+    # the window: the fewest latest intervals that cover 2 s (the 400 falls out)
+    assert rate.observe(6.5, 1300, 1, "a") == 120.0       # (0 + 300 + 0) / 2.5 s
+    assert rate.observe(9.0, 1300, 1, "a") == 0.0         # 2.5 s, none started: measured zero
+    assert rate.observe(9.5, 10, 5, "b") is None          # a new process: measured afresh
+    assert rate.observe(10.0, 110, 4, "b") is None        # 0.5 s of backlog: too little yet
+    assert rate.observe(10.5, 210, 4, "b") == 200.0
+
+
+def test_a_worker_measured_at_zero_is_predicted_never_to_start():
+    assert shed(1.0, 10, [WorkerQueue(500, 0.0)]) == Shed(math.inf, 60, 0)
+    # an idle worker not measured yet takes the others' mean, 0 too: the shorter queue wins
+    assert shed(1.0, 10, [WorkerQueue(500, 0.0), WorkerQueue(0, None)]) is None
 
 
 def test_no_measured_rate_sheds_nothing():
-    assert shed(0.5, 100, [WorkerQueue(100_000, 0.0), WorkerQueue(50_000, 0.0)]) is None
+    assert shed(0.5, 100, [WorkerQueue(100_000, None), WorkerQueue(50_000, None)]) is None
     assert best_worker(100, []) is None
 
 
@@ -45,7 +59,7 @@ def test_the_best_worker_decides_and_retry_after_is_when_its_queue_has_room():
 
 
 def test_an_unmeasured_worker_is_predicted_at_the_mean_measured_rate():
-    workers = [WorkerQueue(900, 100.0), WorkerQueue(900, 300.0), WorkerQueue(100, 0.0)]
+    workers = [WorkerQueue(900, 100.0), WorkerQueue(900, 300.0), WorkerQueue(100, None)]
     # mean 200 tok/s: the idle-ish third worker starts 100 tokens in (100 + 100) / 200 = 1 s
     assert best_worker(100, workers) == (2, 1.0)
     assert shed(1.0, 100, workers) is None
