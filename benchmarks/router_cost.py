@@ -5,7 +5,9 @@ Decision: Router.rank() over W workers whose cache views each hold the blocks of
 prompts (every worker holds the trace's shared first block, as a real fleet's would), timed per
 request on Mooncake prompts, in its two halves: `hashing` (Router.prompt_keys: the prompt's
 block hashes, O(prompt tokens) whatever the fleet, and which a router needs whatever it decides)
-and `choice` (Router.choose: what grows with the fleet). Times are the
+and `choice` (Router.choose: what grows with the fleet); `whole_hashing` is prompt_keys without
+the fleet (every block hashed, the rule before hashing stopped where no view reaches), timed
+on the same requests in the same run. Times are the
 thread's CPU time (time.thread_time), so a machine shared with other jobs does not add its
 waits for a core to the percentiles.
 Snapshot traffic: the pickled bytes per worker per second measured by the simulator
@@ -16,8 +18,8 @@ prompt's sampled keys, and the traffic comes from that JSON (a fleet_sim run wit
 --route-cache-sample N).
 
     python benchmarks/router_cost.py [--workers 8,64,1000] [--requests 300] [--repeats 5]
-                                     [--sim-json benchmarks/results/fleet_sim_16_sample1.json]
-                                     [--sample 32=benchmarks/results/fleet_sim_16_sample32.json]
+                                     [--sim-json benchmarks/results/fleet_sim_16_depth_sample16.json]
+                                     [--sample 1=benchmarks/results/fleet_sim_16_depth_sample1.json]
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
 from raypaged.core.cache_index import CacheIndex  # noqa: E402
 from raypaged.core.cache_summary import SummaryDelta, sampled  # noqa: E402
+from raypaged.serve.config import ServeOptions  # noqa: E402
 from raypaged.serve.cost_routing import prompt_block_keys  # noqa: E402
 from raypaged.serve.fleet_loads import FleetLoads, WorkerLoad  # noqa: E402
 from raypaged.sim.policies import ROUTER_POLICIES, RouterPolicy  # noqa: E402
@@ -69,20 +72,27 @@ def time_decisions(policy: str, prompts, loads, every: int = 1, repeats: int = 5
     """Router.rank() = choose(prompt_keys()): the two halves timed apart on each request; every
     prompt `repeats` times, so a p99 is over 99 in 100 decisions, not 3 unlucky ones in 300."""
     router = RouterPolicy(policy, BLOCK, route_cache_sample=every).router
-    total, hashing, choice = [], [], []
+    total, hashing, choice, whole, total_whole = [], [], [], [], []
     for p in prompts * repeats:
         t0 = time.thread_time()
-        keys = router.prompt_keys(p, None)
+        keys = router.prompt_keys(p, None, loads)  # as Router.rank does: as deep as views reach
         t1 = time.thread_time()
         router.choose(keys, loads)
         t2 = time.thread_time()
+        router.prompt_keys(p, None)                # the whole prompt hashed (the rule before)
+        t3 = time.thread_time()
         total.append(t2 - t0)
         hashing.append(t1 - t0)
         choice.append(t2 - t1)
+        whole.append(t3 - t2)
+        total_whole.append(t3 - t2 + t2 - t1)
     us = lambda xs, q: pct(xs, q) * 1e6  # noqa: E731
     return {"decision_p50_us": us(total, 0.5), "decision_p99_us": us(total, 0.99),
             "hashing_p50_us": us(hashing, 0.5), "hashing_p99_us": us(hashing, 0.99),
-            "choice_p50_us": us(choice, 0.5), "choice_p99_us": us(choice, 0.99)}
+            "choice_p50_us": us(choice, 0.5), "choice_p99_us": us(choice, 0.99),
+            "whole_hashing_p50_us": us(whole, 0.5), "whole_hashing_p99_us": us(whole, 0.99),
+            "decision_whole_p50_us": us(total_whole, 0.5),
+            "decision_whole_p99_us": us(total_whole, 0.99)}
 
 
 def bytes_per_worker_s(path: str) -> float | None:
@@ -104,7 +114,8 @@ def main(argv=None) -> int:
     p.add_argument("--requests", type=int, default=300)
     p.add_argument("--prompts-per-worker", type=int, default=3)
     p.add_argument("--repeats", type=int, default=5, help="decisions per prompt")
-    p.add_argument("--sim-json", default="benchmarks/results/fleet_sim_16_sample1.json")
+    p.add_argument("--sim-json", default="benchmarks/results/fleet_sim_16_depth_sample16.json",
+                   help="traffic of the default route_cache_sample")
     p.add_argument("--sample", action="append", default=[], metavar="N=JSON",
                    help="also cache_aware with route_cache_sample N, traffic from JSON")
     ns = p.parse_args(argv)
@@ -112,7 +123,8 @@ def main(argv=None) -> int:
     if path is None:
         sys.exit("the Mooncake trace is not in shared/traces/ inside or beside the checkout")
     prompts = [r.prompt() for r in load_mooncake(path, limit=ns.requests)]
-    variants = [(policy, 1, ns.sim_json) for policy in ROUTER_POLICIES]
+    default_sample = ServeOptions().route_cache_sample
+    variants = [(policy, default_sample, ns.sim_json) for policy in ROUTER_POLICIES]
     for item in ns.sample:
         every, _, sim_json = item.partition("=")
         variants.append(("cache_aware", int(every), sim_json))
@@ -137,7 +149,8 @@ def main(argv=None) -> int:
                 rows.append(row)
             del loads
     cols = ["workers", "policy", "cache_sample", "decision_p50_us", "decision_p99_us",
-            "hashing_p99_us", "choice_p50_us", "choice_p99_us", "snapshot_bytes_per_s",
+            "hashing_p99_us", "choice_p50_us", "choice_p99_us", "whole_hashing_p50_us",
+            "whole_hashing_p99_us", "decision_whole_p99_us", "snapshot_bytes_per_s",
             "decision_target", "choice_target", "snapshot_target"]
     print(table(rows, cols))
     mean_tokens = statistics.fmean(len(x) for x in prompts)

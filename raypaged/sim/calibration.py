@@ -8,7 +8,8 @@ near the measured shapes, which the calibration's check against a real fleet run
 """
 from __future__ import annotations
 
-from typing import Sequence
+import dataclasses
+from typing import Callable, Sequence
 
 from raypaged.sim.cost_model import LinearCost
 
@@ -78,3 +79,19 @@ def forward_step_points(data: dict) -> list[tuple[float, float, float, float]]:
             p = int(n)
             points.append((p, 1, p, seconds))
     return points
+
+
+def fit_serving_overhead(cost: LinearCost, simulated_tpot: Callable[[LinearCost], float],
+                         real_tpot_s: float, rounds: int = 8) -> LinearCost:
+    """`cost` with the per-step serving overhead that makes the simulated mean time per output
+    token of one real run equal the measured one. Every output token after the first takes a
+    step, so the overhead adds to the TPOT about once; longer steps then batch more sequences,
+    so the remaining gap is applied again (secant steps) until it settles. Never below 0."""
+    x0, f0 = 0.0, simulated_tpot(cost) - real_tpot_s
+    x1 = max(0.0, -f0)
+    for _ in range(rounds):
+        f1 = simulated_tpot(dataclasses.replace(cost, per_step_serving=x1)) - real_tpot_s
+        if f1 == f0 or abs(f1) < 1e-6:
+            break
+        x0, x1, f0 = x1, max(0.0, x1 - f1 * (x1 - x0) / (f1 - f0)), f1
+    return dataclasses.replace(cost, per_step_serving=x1)

@@ -9,8 +9,10 @@ A step is described by three counts taken from the ScheduledBatch (no tensors, n
 
 Two models turn them into seconds:
 
-  LinearCost     t = per_step + per_token x new_tokens + per_seq x sequences + per_kv x kv_read,
-                 its coefficients fitted on the real CPU engine (benchmarks/fleet_sim_calibrate.py)
+  LinearCost     t = per_step + per_token x new_tokens + per_seq x sequences + per_kv x kv_read
+                 + per_step_serving: the forward's coefficients fitted on the real CPU engine's
+                 steps, the serving path's per-step cost on a real fleet's time per output
+                 token (benchmarks/fleet_sim_calibrate.py)
   RooflineCost   a GPU *model*, not a measurement: t = max(FLOPs / (peak x mfu),
                  bytes / (bandwidth x mbu)) + overhead, from public figures (H100_LLAMA3_8B)
 """
@@ -52,10 +54,16 @@ class LinearCost:
     per_token: float
     per_seq: float
     per_kv: float
+    # What a served step costs beyond the model's forward: scheduling, sampling, handing the
+    # step's tokens to the router through Ray and to the client through HTTP, on cores shared
+    # with the router, the Serve proxy and the other worker. A forward-step benchmark cannot
+    # see it; it is fitted to a real fleet's time per output token
+    # (calibration.fit_serving_overhead).
+    per_step_serving: float = 0.0
 
     def seconds(self, s: StepShape) -> float:
-        return (self.per_step + self.per_token * s.new_tokens + self.per_seq * s.sequences
-                + self.per_kv * s.kv_read)
+        return (self.per_step + self.per_step_serving + self.per_token * s.new_tokens
+                + self.per_seq * s.sequences + self.per_kv * s.kv_read)
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,8 @@ def _pct(xs: list[float], q: float) -> float:
 def summarize(run: FleetRun, num_workers: int) -> dict:
     recs = run.records
     ttft = [r.first_token_s - r.arrival_s for r in recs]
+    # per output token after the first, as serve_bench measures it on a real fleet
+    tpot = [(r.finish_s - r.first_token_s) / (r.output_len - 1) for r in recs if r.output_len > 1]
     e2e = [r.finish_s - r.arrival_s for r in recs]
     prompt = sum(r.prompt_tokens for r in recs)
     # A burst's makespan ends in the tail of its longest requests, which a bigger fleet cannot
@@ -70,6 +72,7 @@ def summarize(run: FleetRun, num_workers: int) -> dict:
         "mean_ttft_s": statistics.fmean(ttft), "p50_ttft_s": _pct(ttft, 0.5),
         "p99_ttft_s": _pct(ttft, 0.99),
         "mean_e2e_s": statistics.fmean(e2e), "p99_e2e_s": _pct(e2e, 0.99),
+        "mean_tpot_s": statistics.fmean(tpot) if tpot else 0.0,
         "hit_rate": sum(r.cached_tokens for r in recs) / prompt,
         "preemptions": run.preemptions, "evictions": run.evictions,
         "max_worker_share_over_mean": max(per_worker.values()) * num_workers / len(recs),

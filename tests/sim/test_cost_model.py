@@ -53,3 +53,17 @@ def test_the_cpu_calibration_is_the_fit_of_the_committed_forward_step_measuremen
     fit = fit_linear(CPU_SMOLLM2_135M.name, forward_step_points(data),
                      terms=("per_step", "per_token", "per_seq"))
     assert fit == CPU_SMOLLM2_135M
+
+
+def test_the_serving_overhead_is_what_makes_the_simulated_tpot_the_measured_one():
+    from raypaged.sim.calibration import fit_serving_overhead
+    forward = LinearCost("t", per_step=0.01, per_token=0.001, per_seq=0.0, per_kv=0.0)
+    # a fleet whose batches grow with the step: TPOT = 1.2 x step time + 2 ms
+    tpot = lambda c: 1.2 * (c.per_step + c.per_step_serving) + 0.002  # noqa: E731
+    served = fit_serving_overhead(forward, tpot, real_tpot_s=0.050)
+    assert served.per_step_serving == pytest.approx(0.03)      # 1.2 x 0.04 + 0.002 = 0.050
+    assert (served.per_step, served.per_token) == (0.01, 0.001)
+    from raypaged.sim.cost_model import StepShape
+    assert served.seconds(StepShape(3, 1, 0, 0, 1)) == pytest.approx(0.01 + 0.03 + 0.003)
+    # a fleet already slower in the simulator than measured: no negative overhead
+    assert fit_serving_overhead(forward, tpot, real_tpot_s=0.005).per_step_serving == 0.0
