@@ -8,7 +8,6 @@ and are adopted by the next one (detached_workers.py). A batch job's workers are
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import logging
 import re
@@ -32,16 +31,6 @@ from raypaged.serve.worker import Worker
 logger = logging.getLogger(__name__)
 
 
-def build_engine_from(engine: EngineArgs, factory: str | None):
-    """`Engine.from_args(engine)`, or the `module:function` tests pass, called with the
-    settings as a dict."""
-    if factory:
-        module, _, name = factory.partition(":")
-        return getattr(importlib.import_module(module), name)(dataclasses.asdict(engine))
-    from raypaged.engine import Engine
-    return Engine.from_args(engine)
-
-
 CONTROL = "control"  # the worker's concurrency group for the controller's calls
 CONTROL_CONCURRENCY = 8
 # generate() calls a worker admits beyond the streams it can hold (queued + running): enough
@@ -57,11 +46,13 @@ class WorkerActor(Worker):
     at once, and only a frozen one stays silent."""
 
     def __init__(self, engine: EngineArgs, worker_id: str, max_queued: int,
-                 engine_factory: str | None = None, watch_app: str | None = None):
+                 watch_app: str | None = None):
+        from raypaged.engine import Engine
+
         if watch_app is not None:  # a detached worker: nothing else removes it
             watch_application(watch_app)
         back_off_restart()
-        super().__init__(build_engine_from(engine, engine_factory), worker_id, max_queued)
+        super().__init__(Engine.from_args(engine), worker_id, max_queued)
 
     @ray.method(concurrency_group=CONTROL)
     def stats(self, cache_since: int | None = None) -> WorkerStats:
@@ -168,7 +159,7 @@ class WorkerFactory:
             max_concurrency=worker_max_concurrency(self.fleet.max_queued_requests, self.engine))
         self.spec = fingerprint({"engine": dataclasses.asdict(self.engine),
                                  "max_queued": self.fleet.max_queued_requests,
-                                 "factory": self.fleet.engine_factory, "options": self.options})
+                                 "options": self.options})
         self._next = 0
 
     def initial(self) -> list[tuple[str, object]]:
@@ -201,7 +192,7 @@ class WorkerFactory:
                          namespace=WORKER_NAMESPACE, lifetime="detached", get_if_exists=True)
         handle = WorkerActor.options(**self.options, **named).remote(
             self.engine, f"worker-{index}", self.fleet.max_queued_requests,
-            self.fleet.engine_factory, self.fleet.app_name if self.detached else None)
+            self.fleet.app_name if self.detached else None)
         return f"worker-{index}", handle
 
 

@@ -162,10 +162,6 @@ class ServeOptions:
         65536, "characters of one request's JSON schema / regex / grammar / choices "
         "(structured outputs, tool schemas)", group=LIMITS, ge=1)
     max_logit_bias: int = setting(300, "logit_bias entries per request", group=LIMITS, ge=0)
-    # "module:function" called with the engine settings as a dict instead of Engine.from_args:
-    # lets tests run the whole application on a fake engine.
-    engine_factory: str | None = setting(None, "engine builder 'module:function' (tests)",
-                                         group=FLEET, cli=False)
 
     def __post_init__(self) -> None:
         validate(self)

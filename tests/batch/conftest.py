@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from batch_testing import ROOT
+from tests.serve.fake_engine import SETUP_HOOK
 
 
 @pytest.fixture(scope="package")
@@ -15,6 +16,7 @@ def local_ray():
         ray.shutdown()
     ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="raypaged-batch-tests",
              _node_ip_address="127.0.0.1", log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)},
+                          "worker_process_setup_hook": SETUP_HOOK})
     yield
     ray.shutdown()

@@ -11,7 +11,7 @@ from raypaged.serve.messages import WorkerUnavailable
 from raypaged.serve.metrics import RequestMetrics
 from raypaged.serve.routing import Router
 from raypaged.serve.worker import Worker
-from tests.serve.fake_engine import build_fake_engine
+from tests.serve.fake_engine import FakeEngine
 from tests.serve.local_link import LocalLink, LocalLinks
 
 ALWAYS = -1
@@ -50,7 +50,7 @@ class FlakyLink(LocalLink):
 
 class LocalPool:
     def __init__(self, failures: dict[str, tuple[int, type]] | None = None):
-        engine = build_fake_engine({"max_model_len": 256})
+        engine = FakeEngine(max_model_len=256)
         self.worker = Worker(engine, "w0")
         self.fleet = FlakyWorker(self.worker, failures or {})
         info = ModelInfo(engine.model_name, engine.max_model_len, len(engine.tokenizer), 0)

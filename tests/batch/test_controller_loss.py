@@ -13,10 +13,9 @@ from raypaged.batch import BatchOptions
 from raypaged.batch.engines import fleet_args
 from raypaged.batch.job import BatchJob
 from raypaged.config import EngineArgs
-from raypaged.serve.config import ServeArgs
+from tests.serve.fake_engine import SLOW_FAKE_MODEL
 
 N, TOKENS = 80, 16
-SLOW_FAKE = "tests.serve.fake_engine:build_slow_fake_engine"
 
 
 def pid_of(handle) -> "asyncio.Future[int]":
@@ -31,8 +30,7 @@ def test_a_job_whose_controller_is_sigkilled_answers_every_row_once(local_ray, t
          "temperature": 0, "ignore_eos": True}) for i in range(N)])
     outp = tmp_path / "out.jsonl"
     options = BatchOptions(workers=2, cpus_per_worker=1, max_inflight=2)
-    args = ServeArgs(**{**fleet_args(EngineArgs(max_model_len=256), options).model_dump(),
-                        "engine_factory": SLOW_FAKE})
+    args = fleet_args(EngineArgs(model=SLOW_FAKE_MODEL, max_model_len=256), options)
     job = BatchJob(inp, outp, options=options)
     seen = {}
 

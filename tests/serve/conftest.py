@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from fake_engine import SETUP_HOOK, SLOW_FAKE_MODEL
 from serve_testing import API_KEY, MAX_REQUEST_BYTES, ROOT, ServedApp, deploy, free_port
 
 
@@ -25,7 +26,8 @@ def ray_serve():
     if ray.is_initialized():  # another folder's tests (tests/batch) left their Ray up
         ray.shutdown()
     ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="raypaged-tests",
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}}, log_to_driver=False)
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)},
+                          "worker_process_setup_hook": SETUP_HOOK}, log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     yield f"http://127.0.0.1:{port}"
@@ -67,7 +69,7 @@ def fake_fleet(ray_serve) -> ServedApp:
 
     served = deploy("raypaged-fake", "/fake", ray_serve, None, workers=2, cpus_per_worker=1,
                     max_model_len=256,
-                    engine_factory="tests.serve.fake_engine:build_slow_fake_engine")
+                    model=SLOW_FAKE_MODEL)
     served.wait_ready(2)
     yield served
     serve.delete(served.name)

@@ -155,15 +155,28 @@ class FakeEngine:
                               d.new_logprobs, finish, stop_reason, num_prompt, d.num_cached_tokens)
 
 
-def build_fake_engine(engine_kwargs: dict) -> FakeEngine:
-    """Engine factory for the Ray tests: EngineArgs-style kwargs, the few that matter here."""
-    return FakeEngine(max_model_len=engine_kwargs.get("max_model_len") or 256,
-                      block_size=engine_kwargs.get("block_size", 16),
-                      step_delay_s=engine_kwargs.get("step_delay_s", 0.0))
+# Models a Ray worker process builds this engine for once install() has run there. The tests
+# start Ray with runtime_env={"worker_process_setup_hook": SETUP_HOOK} and name one as the
+# application's `model`, as a user names a model folder (absolute: the CLI and the batch job make
+# a model path absolute, which leaves these as they are).
+FAKE_MODEL = "/raypaged-fake-engine"
+# 20 ms a step, so requests are still running when a test breaks a worker
+SLOW_FAKE_MODEL = "/raypaged-fake-engine-slow"
+STEP_DELAY_S = {FAKE_MODEL: 0.0, SLOW_FAKE_MODEL: 0.02}
+SETUP_HOOK = "tests.serve.fake_engine.install"
 
 
-def build_slow_fake_engine(engine_kwargs: dict) -> FakeEngine:
-    """The fake engine at 20 ms a step, so requests are still running when a test breaks a
-    worker (serving arguments carry no step delay: this factory is the way in)."""
-    return FakeEngine(max_model_len=engine_kwargs.get("max_model_len") or 256,
-                      block_size=engine_kwargs.get("block_size", 16), step_delay_s=0.02)
+def install() -> None:
+    """Ray's worker_process_setup_hook (it runs in every worker process of the cluster's jobs):
+    `Engine.from_args` builds a FakeEngine for the models above, the real engine for any other."""
+    from raypaged.engine import Engine
+
+    real = Engine.from_args.__func__
+
+    def from_args(cls, args):
+        if args.model not in STEP_DELAY_S:
+            return real(cls, args)
+        return FakeEngine(max_model_len=args.max_model_len or 256, block_size=args.block_size,
+                          step_delay_s=STEP_DELAY_S[args.model])
+
+    Engine.from_args = classmethod(from_args)

@@ -12,6 +12,7 @@ import time
 import httpx
 import pytest
 
+from fake_engine import SLOW_FAKE_MODEL
 from serve_testing import deploy
 
 MAX_TOKENS = 60
@@ -26,7 +27,7 @@ def scaling_fleet(ray_serve):
                     cpus_per_worker=1, max_model_len=256, scale_target_wait_s=0.5,
                     scale_out_cooldown_s=1.0, scale_in_cooldown_s=6.0, scale_window_s=4.0,
                     drain_timeout_s=0.5,
-                    engine_factory="tests.serve.fake_engine:build_slow_fake_engine")
+                    model=SLOW_FAKE_MODEL)
     served.wait_ready(1)
     yield served
     serve.delete(served.name)

@@ -7,6 +7,7 @@ import time
 import httpx
 import pytest
 
+from fake_engine import FAKE_MODEL
 from serve_testing import deploy
 from test_prefix_routing import routing_decisions
 
@@ -19,7 +20,7 @@ def cache_aware_app(ray_serve):
 
     served = deploy("raypaged-cache-aware", "/cache-aware", ray_serve, None, workers=2,
                     cpus_per_worker=0.5, max_model_len=512, routing="cache_aware",
-                    engine_factory="tests.serve.fake_engine:build_fake_engine")
+                    model=FAKE_MODEL)
     served.wait_ready(2)
     yield served
     serve.delete(served.name)

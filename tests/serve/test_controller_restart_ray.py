@@ -15,6 +15,7 @@ import httpx
 import pytest
 import ray
 
+from fake_engine import SLOW_FAKE_MODEL
 from raypaged.serve.detached_workers import WORKER_NAMESPACE, named_workers
 from serve_testing import deploy
 
@@ -34,7 +35,7 @@ def ctl_app(ray_serve):
 
     served = deploy("raypaged-ctl", "/ctl", ray_serve, None, workers=2, cpus_per_worker=0.5,
                     max_model_len=256,
-                    engine_factory="tests.serve.fake_engine:build_slow_fake_engine")
+                    model=SLOW_FAKE_MODEL)
     served.wait_ready(2)
     yield served
     serve.delete(served.name)

@@ -14,7 +14,7 @@ import pytest
 import ray
 from prometheus_client.parser import text_string_to_metric_families
 
-from fake_engine import CRASH_SEED
+from fake_engine import CRASH_SEED, FAKE_MODEL
 from serve_testing import deploy
 
 UNRESPONSIVE_S = 10.0  # longer than a kill takes to land on a stopped process (~6 s)
@@ -27,7 +27,7 @@ def fleet(ray_serve):
     served = deploy("raypaged-lifecycle", "/lifecycle", ray_serve, None, workers=2,
                     cpus_per_worker=1, max_model_len=256,
                     worker_unresponsive_timeout_s=UNRESPONSIVE_S,
-                    engine_factory="tests.serve.fake_engine:build_fake_engine")
+                    model=FAKE_MODEL)
     served.wait_ready(2)
     yield served
     serve.delete(served.name)

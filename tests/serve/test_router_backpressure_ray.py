@@ -6,6 +6,7 @@ import asyncio
 
 import httpx
 
+from fake_engine import SLOW_FAKE_MODEL
 from serve_testing import deploy
 
 
@@ -15,7 +16,7 @@ def test_past_the_routers_queue_requests_get_503_with_retry_after(ray_serve):
     served = deploy("raypaged-backpressure", "/backpressure", ray_serve, None, workers=1,
                     cpus_per_worker=1, max_model_len=256, router_max_ongoing_requests=1,
                     router_max_queued_requests=1,
-                    engine_factory="tests.serve.fake_engine:build_slow_fake_engine")
+                    model=SLOW_FAKE_MODEL)
     try:
         served.wait_ready(1)
         body = {"prompt": "a prompt", "max_tokens": 60, "ignore_eos": True}  # ~1.2 s each

@@ -10,6 +10,7 @@ import httpx
 import pytest
 import ray
 
+from fake_engine import FAKE_MODEL
 from serve_testing import deploy
 
 
@@ -82,7 +83,7 @@ def small_app(ray_serve):
     from ray import serve
 
     served = deploy("raypaged-faults", "/faults", ray_serve, None, workers=1, cpus_per_worker=1,
-                    max_model_len=256, engine_factory="tests.serve.fake_engine:build_fake_engine")
+                    max_model_len=256, model=FAKE_MODEL)
     served.wait_ready(1)
     yield served
     serve.delete(served.name)
