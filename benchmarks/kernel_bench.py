@@ -33,12 +33,12 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
+from benchmarks import kernel_reference as reference  # noqa: E402
 from benchmarks._kernels import kernel_module  # noqa: E402
 from benchmarks.report import pyplot, plot_path, table, write  # noqa: E402
 
 decode_k = kernel_module("paged_decode")
 prefill_k = kernel_module("paged_prefill")
-reference = kernel_module("reference")
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 SCALE = HEAD_DIM ** -0.5

@@ -20,12 +20,12 @@ if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or not torch.cuda.is
 pytest.importorskip("triton")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks import kernel_reference as ref  # noqa: E402
 from benchmarks._kernels import kernel_module  # noqa: E402
 
 decode_k = kernel_module("paged_decode")
 prefill_k = kernel_module("paged_prefill")
 store_k = kernel_module("store_kv")
-ref = kernel_module("reference")
 
 FP16, BF16, FP32, FP8 = torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn
 TOL = {FP16: dict(atol=3e-3, rtol=1e-2), BF16: dict(atol=2e-2, rtol=2e-2),

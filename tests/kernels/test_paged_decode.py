@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from raypaged.kernels.paged_decode import DecodeWorkspace, choose_num_splits, paged_decode
-from raypaged.kernels.reference import make_paged_batch, paged_attention_ref
+from benchmarks.kernel_reference import make_paged_batch, paged_attention_ref
 
 NUM_KV_HEADS = 2
 FP16, FP32, FP8 = torch.float16, torch.float32, torch.float8_e4m3fn

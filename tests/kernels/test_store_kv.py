@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raypaged.kernels.reference import FP8_E4M3_MAX, store_kv_ref
+from benchmarks.kernel_reference import FP8_E4M3_MAX, store_kv_ref
 from raypaged.kernels.store_kv import store_kv
 
 NUM_BLOCKS = 12

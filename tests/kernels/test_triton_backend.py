@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raypaged.kernels.reference import paged_attention_ref
+from benchmarks.kernel_reference import paged_attention_ref
 from raypaged.model.attention.base import AttentionMetadata, LayerKVCache
 from raypaged.model.attention.torch_backend import TorchAttentionBackend
 from raypaged.model.attention.triton_backend import TritonAttentionBackend

@@ -1,5 +1,7 @@
-"""Torch references for the kernels: slow, obvious, fp32 inside. Tests and benchmarks compare
-against these; nothing on the serving path calls them.
+"""Torch references for the kernels (kernels/): slow, obvious, fp32 inside. Tests
+(tests/kernels, tests/gpu) and benchmarks/kernel_bench.py compare against these; nothing on the
+serving path calls them, so they live here, beside the benchmarks, not in the library. Only torch:
+this loads on a bare GPU box too.
 
 Layout (same as raypaged.model.attention.base):
     caches      [num_blocks, block_size, num_kv_heads, head_dim]   (fp8 caches hold value / scale)
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .numerics import FP8_E4M3_MAX
+FP8_E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448.0, as kernels/numerics.py
 
 
 def store_kv_ref(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
