@@ -47,7 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--route-load-factor", type=float, default=None,
                    help="the serving Router's load bound (default: serving's, 1.25)")
     p.add_argument("--route-cache-sample", type=int, default=None,
-                   help="routers see cache keys with key mod N == 0 only (default: serving's)")
+                   help="routers see the cache keys of every N-th block of a prompt and of its "
+                        "blocks 1, 2, 4, 8, ... (default: serving's, 16)")
     p.add_argument("--jobs", type=int, default=2, help="simulations run at once (processes)")
     p.add_argument("--name", default=None, help="results name (default fleet_sim_<workers>)")
     ns = p.parse_args(argv)

@@ -9,8 +9,8 @@ Events, in simulated time, ordered (time, kind, sequence):
                  - queued prompt tokens and the prefix-cache view: as of the last snapshot
     snapshot   every `snapshot_interval_s` the router's view catches up with every worker
                (stats + the cache summary's delta since the last one, as /fleet carries them;
-               with `cache_sample` N > 1 only keys with key % N == 0, as the controller's
-               mirrors keep them)
+               with `cache_sample` N > 1 only the keys at the depths cache_summary.published
+               keeps, as the controller's mirrors keep them)
     join       a worker added by the poll hook starts serving (its cold start is over)
     kick       after everything at this instant: idle workers with work start a step
 
