@@ -98,9 +98,7 @@ class EngineArgs:
                         cli=False, serve=False)
     # 1024 is the libraries' own default, which grows a CPU worker's RSS by ~0.6 GiB under
     # varied load; 128 chosen by benchmarks/memory_probe.py (raypaged/model/onednn_cache.py).
-    # benchmarks/forward_step.py (results/forward_step.json, forward_step_fp32.json): packing
-    # alone makes the forward step 1.47x / 1.35x / 1.21x faster at decode batch 1 / 4 / 16 in
-    # bf16, 1.63x / 2.12x / 2.02x in fp32 (1 thread)
+    # benchmarks/forward_step.py measures the step with and without it (docs/performance.md)
     packed_linears: bool = setting(
         True, "CPU bf16 and fp32: reorder linear weights once into oneDNN's blocked layout "
         "(bf16: same bits, faster decode; fp32: oneDNN instead of MKL, within a few ulps)",

@@ -9,8 +9,7 @@ every mixed prefill/decode step a new token count, so each step adds ~4 entries 
 gate_up, down share one token count) until ~0.6 GiB per worker is held by kernels of shapes
 that never come back. A small LRU keeps the shapes that do come back (decode steps of the
 current batch sizes); a miss costs building the primitive, once per new shape and step, not per
-layer (`memory_probe.py --cache-cost`: 2.3 vs 0.45 ms per matmul at 1-64 tokens, miss vs hit, on a
-shared machine; benchmarks/results/memory_probe_cache_cost.json).
+layer (`memory_probe.py --cache-cost` measures a miss against a hit).
 
 Both libraries read their capacity once, at their first primitive: set it before the process's
 first oneDNN matmul (Engine.from_args does, before the model runs). Unpacked fp32 linears go through

@@ -128,10 +128,9 @@ def worker_resources(fleet: ServeOptions) -> tuple[float, float]:
 def worker_threads(engine: EngineArgs, cpus: float, gpus: float, serving: bool) -> EngineArgs:
     """The engine settings with the worker's torch threads filled in: its CPUs, unless set. A
     serving worker's decode-only steps leave one of them to what runs around the model (its
-    asyncio loop and output thread, Ray's threads, the router replica and Serve's proxy): on the
-    2-core machine 1.02-1.37x the output tok/s of all cores in every step, 0.95-1.09x its TTFT
-    (benchmarks/results/vs_vllm.json, vs_vllm_decode_threads_long.json; docs/serving.md "The serving
-    path's per-token cost"). Steps that compute prompt tokens keep them all."""
+    asyncio loop and output thread, Ray's threads, the router replica and Serve's proxy; docs/
+    serving.md "The serving path's per-token cost" has the measurements). Steps that compute
+    prompt tokens keep them all."""
     threads = engine.num_threads or (None if gpus else max(1, int(cpus)))
     if not threads:
         return engine
