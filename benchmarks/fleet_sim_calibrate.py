@@ -16,6 +16,7 @@
    model's errors beside them.
 
     python benchmarks/fleet_sim_calibrate.py [--real benchmarks/results/serve_bench_routing.json]
+        [--route-cache-sample 1]
         [--fit-on round_robin:0.5] [--name fleet_sim_calibration]
 """
 from __future__ import annotations
@@ -64,7 +65,7 @@ def real_runs(real: dict) -> list[dict]:
             and run["mode"] in ("hash", "cache_aware", "round_robin")]
 
 
-def replay(real: dict, run: dict, cost) -> dict:
+def replay(real: dict, run: dict, cost, cache_sample: int | None = None) -> dict:
     """The simulator on the real run's requests, arrivals and engine settings, 2 workers."""
     w = real["workload"]
     engine = EngineShape(num_blocks=w["kv_tokens"] // 16, block_size=16,
@@ -72,18 +73,19 @@ def replay(real: dict, run: dict, cost) -> dict:
                          max_num_batched_tokens=2048)
     items = make_dataset(argparse.Namespace(**{**w, "dataset": "prefix_repetition"}))
     reqs = from_prompts(items, arrivals(len(items), run["request_rate"], w["seed"]))
-    # the real run's routing settings (serve_bench passes them; route_cache_sample: the
-    # server's default of its day, which the JSON does not record)
+    # the real run's routing settings (serve_bench passes them; route_cache_sample is the
+    # server's default of its day, which the JSON does not record: --route-cache-sample)
+    sample = {} if cache_sample is None else {"route_cache_sample": cache_sample}
     return simulate(reqs, 2, engine, cost, run["mode"], seed=w["seed"],
                     route_prefix_blocks=w["route_prefix_blocks"],
-                    route_load_factor=w["route_load_factor"])
+                    route_load_factor=w["route_load_factor"], **sample)
 
 
-def check(real_path: Path, cost) -> list[dict]:
+def check(real_path: Path, cost, cache_sample: int | None = None) -> list[dict]:
     real = json.loads(real_path.read_text())
     rows = []
     for run in real_runs(real):
-        sim = replay(real, run, cost)
+        sim = replay(real, run, cost, cache_sample)
         row = {"mode": run["mode"], "load": run["load"], "request_rate": run["request_rate"],
                "real_mean_ttft_ms": run["mean_ttft_ms"], "sim_mean_ttft_ms": 1000 * sim["mean_ttft_s"],
                "real_mean_e2e_ms": run["mean_e2e_ms"], "sim_mean_e2e_ms": 1000 * sim["mean_e2e_s"],
@@ -96,7 +98,7 @@ def check(real_path: Path, cost) -> list[dict]:
     return rows
 
 
-def serving_fit(real_path: Path, forward, fit_on: str):
+def serving_fit(real_path: Path, forward, fit_on: str, cache_sample: int | None = None):
     """The forward model plus the per-step serving overhead fitted on the one real run `fit_on`
     (mode:load) names."""
     real = json.loads(real_path.read_text())
@@ -106,8 +108,9 @@ def serving_fit(real_path: Path, forward, fit_on: str):
         sys.exit(f"--fit-on {fit_on}: {real_path} has no prefix_repetition run of mode {mode} "
                  f"at load {load}")
     named = dataclasses.replace(forward, name=forward.name.replace("(fitted)", "(fitted, served)"))
-    return fit_serving_overhead(named, lambda cost: replay(real, runs[0], cost)["mean_tpot_s"],
-                                runs[0]["mean_tpot_ms"] / 1000)
+    return fit_serving_overhead(
+        named, lambda cost: replay(real, runs[0], cost, cache_sample)["mean_tpot_s"],
+        runs[0]["mean_tpot_ms"] / 1000)
 
 
 def main(argv=None) -> int:
@@ -116,6 +119,9 @@ def main(argv=None) -> int:
     p.add_argument("--real", default=str(RESULTS / "serve_bench_routing.json"))
     p.add_argument("--fit-on", default="round_robin:0.5",
                    help="mode:load of the one real run the per-step serving overhead is fitted on")
+    p.add_argument("--route-cache-sample", type=int, default=None,
+                   help="the real server's --route-cache-sample (default: today's default; "
+                        "serve_bench_routing.json's run of 2026-11-22 had 1)")
     p.add_argument("--name", default="fleet_sim_calibration")
     ns = p.parse_args(argv)
     load_before = os.getloadavg()
@@ -124,11 +130,11 @@ def main(argv=None) -> int:
     if fitted != CPU_SMOLLM2_135M:
         print(f"note: raypaged/sim/cost_model.py's CPU_SMOLLM2_135M is {CPU_SMOLLM2_135M}: "
               "paste the fit there to use it")
-    served = serving_fit(Path(ns.real), fitted, ns.fit_on)
+    served = serving_fit(Path(ns.real), fitted, ns.fit_on, ns.route_cache_sample)
     print(f"serving overhead fitted on {ns.fit_on}: {1000 * served.per_step_serving:.2f} ms "
           "per step")
-    forward_rows = check(Path(ns.real), fitted)
-    rows = check(Path(ns.real), served)
+    forward_rows = check(Path(ns.real), fitted, ns.route_cache_sample)
+    rows = check(Path(ns.real), served, ns.route_cache_sample)
     cols = ["mode", "load", "real_mean_ttft_ms", "sim_mean_ttft_ms", "ttft_error",
             "real_mean_e2e_ms", "sim_mean_e2e_ms", "e2e_error", "real_mean_tpot_ms",
             "sim_mean_tpot_ms", "real_hit_rate", "sim_hit_rate", "within_25pct"]
@@ -146,7 +152,7 @@ def main(argv=None) -> int:
         "fit": {k: getattr(served, k) for k in ("per_step", "per_token", "per_seq", "per_kv",
                                                  "per_step_serving")},
         "fit_source": {"file": Path(ns.forward_step).name, "time": fs_time},
-        "serving_overhead_fit_on": ns.fit_on,
+        "serving_overhead_fit_on": ns.fit_on, "route_cache_sample": ns.route_cache_sample,
         "real_source": {"file": Path(ns.real).name, "time": real["time"],
                         "load_average": real.get("load_average")},
         "load_average_here": {"before": load_before, "after": os.getloadavg()},
