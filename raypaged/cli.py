@@ -9,8 +9,6 @@ from raypaged.settings import add_cli_args, from_namespace
 
 
 def _generate(ns: argparse.Namespace) -> int:
-    import itertools
-
     from raypaged.chat import chat_token_ids
     from raypaged.core.sampling_params import SamplingParams
     from raypaged.engine import Engine
@@ -26,9 +24,7 @@ def _generate(ns: argparse.Namespace) -> int:
     params = SamplingParams(temperature=ns.temperature, max_tokens=ns.max_tokens, seed=ns.seed,
                             top_p=ns.top_p)
     engine.add_request("cli", ids, params)
-    for _ in itertools.count():
-        if not engine.has_unfinished():
-            break
+    while engine.has_unfinished():
         for out in engine.step():
             sys.stdout.write(out.new_text)
             sys.stdout.flush()

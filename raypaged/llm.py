@@ -63,8 +63,8 @@ class LLM:
 
     def _run(self, encoded, params, use_tqdm) -> list[RequestOutput]:
         engine = self.engine
-        results: dict[str, RequestOutput] = {}
-        order = []
+        results: dict[str, RequestOutput] = {}  # in input order
+        bar = None
         try:
             for i, ((text, ids), sp) in enumerate(zip(encoded, params)):
                 rid = str(next(self._ids))
@@ -74,14 +74,8 @@ class LLM:
                     engine.add_request(rid, ids, sp)
                 except ValueError as e:
                     raise ValueError(f"prompt {i}: {e}") from None
-                order.append(rid)
                 results[rid] = RequestOutput(rid, text, ids, [CompletionOutput(k) for k in range(sp.n)])
-        except BaseException:
-            for rid in order:  # leave the engine clean for the next call
-                engine.abort(rid)
-            raise
-        bar = _progress(len(order), use_tqdm)
-        try:
+            bar = _progress(len(results), use_tqdm)
             while engine.has_unfinished():
                 for out in engine.step():
                     res = results[out.request_id]
@@ -90,13 +84,13 @@ class LLM:
                     if out.finished and res.finished and bar is not None:
                         bar.update(1)
         except BaseException:
-            for rid in order:
+            for rid in results:  # leave the engine clean for the next call
                 engine.abort(rid)
             raise
         finally:
             if bar is not None:
                 bar.close()
-        return [results[rid] for rid in order]
+        return list(results.values())
 
 
 def _progress(total: int, use_tqdm: bool):
