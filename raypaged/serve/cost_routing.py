@@ -28,7 +28,7 @@ since is still counted (that request gets fewer hits than predicted). Both cost 
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -69,15 +69,10 @@ def rank_by_cost(num_tokens: int, keys: Sequence[int], block_size: int,
 
 def cheapest(num_tokens: int, keys: Sequence[int], block_size: int, loads: FleetLoads,
              priority: np.ndarray, concurrency_factor: float,
-             blocks_at: Sequence[int] | None = None,
-             past_shared: Callable[[int], np.ndarray] | None = None) -> tuple[int, bool]:
+             blocks_at: Sequence[int] | None = None) -> tuple[int, bool]:
     """(position in `loads` of the cheapest ready worker under the cap, whether its cache holds
     some of the prompt). `priority` (uint64 [W]) is the rendezvous order: ties, and the cold
-    choice, go to the highest. A few numpy calls over W: no Python per worker.
-
-    `past_shared(blocks)`: the rendezvous priority of the prompt's key past its first `blocks`
-    blocks. Given, a prompt of which every eligible worker holds the same leading blocks (a
-    head the whole fleet shares, nothing more) is cold too, and goes by that deeper key."""
+    choice, go to the highest. A few numpy calls over W: no Python per worker."""
     requests = loads.requests
     if loads.count == len(requests):  # no worker left out: no masks to apply
         cap = math.ceil(concurrency_factor * (requests.sum() + 1) / len(requests))
@@ -89,10 +84,7 @@ def cheapest(num_tokens: int, keys: Sequence[int], block_size: int, loads: Fleet
         eligible = loads.ready
     held = held_keys(keys, loads)
     hits = (held if blocks_at is None else np.asarray(blocks_at, np.int64)[held]) * block_size
-    floor = int(hits[eligible].min()) if past_shared is not None else 0
-    if not (hits[eligible] > floor).any():
-        if floor:
-            priority[:] = past_shared(floor // block_size)
+    if not hits[eligible].any():
         candidates = np.flatnonzero(eligible)
         return int(candidates[np.argmax(priority[candidates])]), False
     cost = np.where(eligible, num_tokens - hits + loads.queued, np.iinfo(np.int64).max)

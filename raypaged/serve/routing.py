@@ -77,7 +77,6 @@ class PromptKeys:
     route_key: BlockHash | None = None            # rendezvous key (hash, cache_aware)
     block_keys: Sequence[int] | None = None       # the cache keys walked (cache_aware)
     blocks_at: Sequence[int] | None = None        # sampled views: blocks proved per key held
-    hashes: Sequence[BlockHash] | None = None     # the block hashes computed (cache_aware)
 
 
 class Router:
@@ -88,7 +87,6 @@ class Router:
     def __init__(self, config: ServeOptions, block_size: int):
         self.config = config
         self.block_size = block_size
-        self.past_shared_head = False  # an experiment (docs/fleet_sim.md): cost_routing.cheapest
         self._turn = itertools.count()
 
     def rank(self, token_ids: Sequence[int], cache_salt: str | None,
@@ -116,11 +114,11 @@ class Router:
         walked = hashes[:usable]
         every, blocks_at = self.config.route_cache_sample, None
         if every == 1:
-            return PromptKeys(len(token_ids), key, list(map(block_key, walked)), None, hashes)
+            return PromptKeys(len(token_ids), key, list(map(block_key, walked)))
         # the views hold sampled keys only (cache_summary.sampled): only those are looked up
         positions = sampled_positions(walked, every)
         keys = [block_key(walked[i]) for i in positions]
-        return PromptKeys(len(token_ids), key, keys, [0, *(i + 1 for i in positions)], hashes)
+        return PromptKeys(len(token_ids), key, keys, [0, *(i + 1 for i in positions)])
 
     def _cache_hashes(self, token_ids: Sequence[int], cache_salt: str | None, usable: int,
                       loads: FleetLoads | None) -> list[BlockHash]:
@@ -166,14 +164,8 @@ class Router:
             return ids[start:] + ids[:start], ROUND_ROBIN
         weights = rendezvous_weights(prompt.route_key, loads.salts)
         if self.config.routing == "cache_aware":
-            past = None
-            if self.past_shared_head and prompt.hashes:
-                def past(blocks: int) -> np.ndarray:
-                    d = min(blocks + self.config.route_prefix_blocks, len(prompt.hashes))
-                    return rendezvous_weights(prompt.hashes[d - 1], loads.salts)
             best, cached = cheapest(prompt.num_tokens, prompt.block_keys, self.block_size, loads,
-                                    weights, self.config.route_load_factor, prompt.blocks_at,
-                                    past)
+                                    weights, self.config.route_load_factor, prompt.blocks_at)
             return Ranking(loads, weights, best), CACHED if cached else COLD
         best, top = _first_under_bound(loads, weights, self.config.route_load_factor)
         return Ranking(loads, weights, best), AFFINITY if best == top else LOAD_BOUND

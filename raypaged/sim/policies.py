@@ -18,7 +18,7 @@ from raypaged.serve.fleet_loads import FleetLoads
 from raypaged.serve.routing import Router
 
 ROUTER_POLICIES = ("round_robin", "hash", "cache_aware")
-POLICIES = (*ROUTER_POLICIES, "least_loaded", "cache_aware_head")
+POLICIES = (*ROUTER_POLICIES, "least_loaded")
 DEFAULT_POLICY = ServeOptions().routing  # what `raypaged serve` routes with unless told
 
 
@@ -33,10 +33,7 @@ class RouterPolicy:
 
     def __init__(self, routing: str, block_size: int, **options) -> None:
         self.name = routing
-        head = routing == "cache_aware_head"  # cache_aware, cold past a fleet-wide shared head
-        self.router = Router(ServeOptions(routing="cache_aware" if head else routing, **options),
-                             block_size)
-        self.router.past_shared_head = head
+        self.router = Router(ServeOptions(routing=routing, **options), block_size)
 
     def choose(self, token_ids: Sequence[int], workers: FleetLoads) -> str:
         order, _ = self.router.rank(token_ids, None, workers)
@@ -58,7 +55,7 @@ class LeastLoaded:
 
 def make_policy(name: str, block_size: int, seed: int = 0, **router_options) -> Policy:
     """router_options: ServeOptions routing settings (route_load_factor, route_prefix_blocks)."""
-    if name in ROUTER_POLICIES or name == "cache_aware_head":
+    if name in ROUTER_POLICIES:
         return RouterPolicy(name, block_size, **router_options)
     if name == "least_loaded":
         return LeastLoaded(seed)
