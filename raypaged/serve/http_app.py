@@ -21,7 +21,7 @@ from raypaged.serve.api_key import check_api_key
 from raypaged.serve.errors import APIError, bad_request
 from raypaged.serve.fleet import FleetSnapshot
 from raypaged.serve.frontend import OpenAIFrontend
-from raypaged.serve.json_body import check_content_type, parse_json_body
+from raypaged.serve.json_body import LargeBodies, check_content_type
 from raypaged.serve.metrics import RequestMetrics
 
 logger = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
     check_api_key(api_key, "api_key")  # None: no auth; "" is a mistake, not a wish
     app = FastAPI(title="raypaged", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(DisconnectAsMessage)
+    large_bodies = LargeBodies(LARGE_BODY_BYTES)  # parsed off the loop, one at a time
 
     def authorize(request: Request) -> None:
         if api_key is None:
@@ -71,9 +72,7 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
                                 "s: send it at once (the limit is the setting body_timeout_s, "
                                 "--body-timeout-s)", code="body_timeout",
                            headers={"Connection": "close"}) from None
-        if len(body) > LARGE_BODY_BYTES:  # parsing megabytes takes ~10 ms per MB: not on the loop
-            return await asyncio.to_thread(parse_json_body, bytes(body))
-        return parse_json_body(bytes(body))
+        return await large_bodies.parse(bytes(body))
 
     async def answer(request: Request, handler) -> Response:
         try:

@@ -40,3 +40,51 @@ def test_checking_a_long_list_costs_no_more_than_parsing_it():
     finally:
         tracemalloc.stop()
     assert peak < 6 * len(body), peak / len(body)
+
+
+@pytest.mark.parametrize("raw,where", [
+    (b'{"p": ["ok", "fine", "\\ud800"]}', "p.2"),
+    (b'{"p": [1, 2.5, -1e400]}', "p.2"),
+    (b'[1, "\\udfff"]', "1"),
+])
+def test_a_list_of_scalars_checked_in_bulk_still_names_the_element(raw, where):
+    with pytest.raises(APIError) as exc:
+        parse_json_body(raw)
+    assert exc.value.status == 400 and exc.value.param == where
+
+
+def test_lists_of_scalars_that_pass():
+    big = 10 ** 400  # an int past float's range is a valid JSON number
+    assert parse_json_body(f'{{"p": [1, true, null, 2.5, {big}]}}'.encode())["p"][-1] == big
+    assert parse_json_body(b'{"p": ["a", "b", "\\u00e9"]}') == {"p": ["a", "b", "\u00e9"]}
+    assert parse_json_body(b'[1, 2, 3]') == [1, 2, 3]
+
+
+def test_large_bodies_are_parsed_one_at_a_time(monkeypatch):
+    """json.loads holds the GIL for a whole body: two at once would keep the event loop (and
+    /health) waiting behind both in turn. Small bodies do not queue behind a large one."""
+    import asyncio
+    import threading
+
+    from raypaged.serve import json_body
+
+    running, most, gate = [0], [0], threading.Event()
+
+    def parse(body):
+        if len(body) <= 10:  # a small one, on the loop: beside a large one, not behind it
+            return len(body)
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        gate.wait(0.05)  # long enough for the others to start, were they allowed to
+        running[0] -= 1
+        return len(body)
+
+    monkeypatch.setattr(json_body, "parse_json_body", parse)
+    bodies = json_body.LargeBodies(threshold=10)
+
+    async def main():
+        return await asyncio.gather(*(bodies.parse(b"x" * 11) for _ in range(4)),
+                                    bodies.parse(b"x" * 10))
+
+    assert asyncio.run(main()) == [11, 11, 11, 11, 10]
+    assert most[0] == 1
