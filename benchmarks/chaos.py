@@ -455,12 +455,16 @@ def main(argv=None) -> int:
                    help="faults to inject, in this order (default: all)")
     p.add_argument("--unresponsive-timeout-s", type=float, default=10.0,
                    help="the server's --worker-unresponsive-timeout-s (hang_worker)")
+    p.add_argument("--ingress", choices=("python", "haproxy"), default=None,
+                   help="the server's --ingress (default: its default, Serve's Python proxy)")
     p.add_argument("--name", default="chaos")
     ns = p.parse_args(argv)
     log = Path(tempfile.gettempdir()) / f"{ns.name}_serve.log"
     flags = ["--workers", str(ns.workers), "--kv-memory-mb", "64", "--max-model-len", "512",
              "--body-timeout-s", str(BODY_TIMEOUT_S),
              "--worker-unresponsive-timeout-s", str(ns.unresponsive_timeout_s)]
+    if ns.ingress is not None:
+        flags += ["--ingress", ns.ingress]
     proc, url = launch(flags, log)
     try:
         t0 = time.monotonic()
