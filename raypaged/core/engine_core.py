@@ -60,10 +60,7 @@ class EngineCore:
 
     def fail(self, request_id: str, why: str) -> list[RequestDelta]:
         """Finish the request and its samples with finish_reason "error", `why` as the reason."""
-        return [RequestDelta(r.request_id, (), finish_reason=ERROR, stop_reason=why,
-                             parent_id=r.parent_id, sample_index=r.sample_index,
-                             num_cached_tokens=r.num_cached_tokens)
-                for r in self.scheduler.abort(request_id, ERROR)]
+        return self.abort(request_id, ERROR, stop_reason=why)
 
     def step(self) -> list[RequestDelta]:
         if self.executor is not None:
@@ -136,20 +133,17 @@ class EngineCore:
                        culprits, exc_info=exc)
         deltas = []
         for request_id, why in culprits.items():
-            deltas += [RequestDelta(r.request_id, (), finish_reason=ERROR,
-                                    stop_reason=f"the request failed in the engine: {why}",
-                                    parent_id=r.parent_id, sample_index=r.sample_index,
-                                    num_cached_tokens=r.num_cached_tokens)
-                       for r in self.scheduler.abort(request_id, ERROR)]
+            deltas += self.fail(request_id, f"the request failed in the engine: {why}")
         self.num_steps += 1
         # update() skips the requests aborted above, as it does for any abort during a step.
         return deltas + self.scheduler.update(batch, StepResult(sampled, logprobs))
 
-    def abort(self, request_id: str, reason: str = "abort", with_samples: bool = True
-              ) -> list[RequestDelta]:
+    def abort(self, request_id: str, reason: str = "abort", with_samples: bool = True,
+              stop_reason: str | None = None) -> list[RequestDelta]:
         """Finish the request (and its forked samples) in any state, freeing their blocks."""
-        return [RequestDelta(r.request_id, (), finish_reason=reason, parent_id=r.parent_id,
-                             sample_index=r.sample_index, num_cached_tokens=r.num_cached_tokens)
+        return [RequestDelta(r.request_id, (), finish_reason=reason, stop_reason=stop_reason,
+                             parent_id=r.parent_id, sample_index=r.sample_index,
+                             num_cached_tokens=r.num_cached_tokens)
                 for r in self.scheduler.abort(request_id, reason, with_samples)]
 
     def has_unfinished(self) -> bool:
