@@ -69,6 +69,7 @@ class OpenAIRouter:
                               created=int(time.time()))
         dispatcher = Dispatcher(self.fleet, Router(self.config, stats.block_size),
                                 self.metrics)
+        self.fleet.poison = dispatcher.poison  # shared with the other replicas (poison.py)
         self.frontend = OpenAIFrontend(dispatcher, tokenizer, self.info,
                                        limits=RequestLimits.of(self.config),
                                        request_timeout_s=self.config.request_timeout_s,

@@ -17,7 +17,8 @@ calling a worker itself. With `cache_sample` N > 1 the mirrors keep only the key
 published depths (cache_summary.published: every N-th block and the power-of-two ones): ~N x
 fewer bytes to every router, hits at N-block grain, short prefixes still seen.
 
-Routers push their request metrics here so /metrics on any replica shows the whole fleet.
+Routers push their request metrics here so /metrics on any replica shows the whole fleet, and
+with them the suspected poison requests they refused, which every router then refuses too.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from raypaged.core.ttft_slo import DrainRate
 from raypaged.serve.fleet import (DEAD, READY, STARTING, UNRESPONSIVE, FleetSnapshot,
                                   WorkerView)
 from raypaged.serve.lifecycle import overdue
+from raypaged.serve.poison import PoisonMemory
 from raypaged.serve.messages import WorkerStats
 
 logger = logging.getLogger(__name__)
@@ -70,6 +72,7 @@ class Controller:
         self._kill = kill  # kill(handle): end the worker's process so that Ray starts a new one
         self.unresponsive_timeout_s = unresponsive_timeout_s
         self._drain = {wid: DrainRate() for wid, _ in workers}  # per worker, for TTFT shedding
+        self.poison = PoisonMemory()  # every router's suspected poison requests (poison.py)
 
     async def snapshot(self) -> FleetSnapshot:
         self._ensure_polling()
@@ -85,9 +88,14 @@ class Controller:
                 for wid, summary in self._caches.items()
                 if summary.version != versions.get(wid, -1)}
 
-    async def report_router_metrics(self, replica_id: str, metrics: dict) -> None:
+    async def report_router_metrics(self, replica_id: str, metrics: dict,
+                                    poison: list = ()) -> list:
+        """A router's metrics and the suspected poison requests it remembers; returns what
+        every router has reported of those, for it to refuse too (poison.py)."""
         self._ensure_polling()
         self._router_metrics[replica_id] = metrics
+        self.poison.learn(poison)
+        return self.poison.shared()
 
     async def poll_once(self) -> None:
         views = list(self._views.values())

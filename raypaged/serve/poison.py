@@ -5,6 +5,10 @@ do with it); if the second worker dies too it is refused, and the same request s
 this router replica within REMEMBER_S is refused at once, before it reaches a worker: a client
 that retries on error (the OpenAI SDK retries 5xx twice) cannot take the fleet down a worker at
 a time. "The same request" is the same prompt tokens, sampling parameters and cache salt.
+
+Every router replica shares what it remembers through the controller (`shared` / `learn`, with
+each router's metrics push, ray_fleet.py): with R replicas the same request sent to each in turn
+would otherwise take up to 2R workers down before every replica had refused it once.
 """
 from __future__ import annotations
 
@@ -39,6 +43,30 @@ class PoisonMemory:
         self._until[key] = (now + self.remember_s, reason)
         while len(self._until) > self.most:
             self._until.popitem(last=False)
+
+    def shared(self, now: float | None = None) -> list[tuple[bytes, str, float]]:
+        """(key, reason, seconds left) of every request remembered: seconds left, not
+        deadlines, because another process's monotonic clock says nothing about ours."""
+        now = time.monotonic() if now is None else now
+        return [(k, reason, until - now) for k, (until, reason) in self._until.items()
+                if until > now]
+
+    def learn(self, entries, now: float | None = None) -> None:
+        """Remember what another memory shared (`shared()`'s entries); a key already known
+        keeps the later of the two deadlines."""
+        now = time.monotonic() if now is None else now
+        changed = False
+        for key, reason, left in entries:
+            until = now + left
+            known = self._until.get(key)
+            if left > 0 and (known is None or known[0] < until):
+                self._until[key] = (until, reason)
+                changed = True
+        if changed:  # keep insertion order = expiry order (refused() relies on it)
+            self._until = collections.OrderedDict(sorted(self._until.items(),
+                                                         key=lambda item: item[1][0]))
+            while len(self._until) > self.most:
+                self._until.popitem(last=False)
 
     def refused(self, key: bytes, now: float | None = None) -> str | None:
         """Why the request is refused, or None."""

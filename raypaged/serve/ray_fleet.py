@@ -21,6 +21,7 @@ from ray.exceptions import RayActorError
 from raypaged.core.cache_index import CacheIndex, IndexedCacheView
 from raypaged.serve.fleet import FleetSnapshot, WorkerView
 from raypaged.serve.metrics import RequestMetrics
+from raypaged.serve.poison import PoisonMemory
 from raypaged.serve.worker_link import RayWorkerLink
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class RayFleetClient:
         self._caches: dict[str, IndexedCacheView] = {}
         self._task: asyncio.Task | None = None
         self._links: dict[str, RayWorkerLink] = {}  # worker id -> its live link
+        self.poison: PoisonMemory | None = None  # the Dispatcher's, shared through the controller
 
     def snapshot(self) -> FleetSnapshot:
         return self._snapshot
@@ -87,14 +89,23 @@ class RayFleetClient:
                 view.version = -1
             raise
 
+    async def _push(self) -> None:
+        """This replica's request metrics and suspected poison requests to the controller;
+        back, the poison requests every replica has reported (a replica refuses them as its
+        own within a push of another refusing one)."""
+        mine = self.poison.shared() if self.poison is not None else []
+        shared = await self._controller.report_router_metrics.remote(
+            self.replica_id, self.metrics.snapshot(), mine)
+        if self.poison is not None and shared:
+            self.poison.learn(shared)
+
     async def _refresh_forever(self) -> None:
         last_push, failing = 0.0, False
         while True:
             try:
                 await self._refresh()
                 if time.monotonic() - last_push >= self.push_metrics_s:
-                    await self._controller.report_router_metrics.remote(
-                        self.replica_id, self.metrics.snapshot())
+                    await self._push()
                     last_push = time.monotonic()
                 if failing:
                     logger.info("fleet refresh works again")
