@@ -83,7 +83,10 @@ class Controllers:
         return self.handle
 
     def kill(self) -> None:
+        """The controller and every engine: the job is over."""
         ray.kill(self.handle)
+        for _, worker in self.workers:
+            ray.kill(worker, no_restart=True)
 
 
 @dataclass
@@ -108,7 +111,7 @@ class EnginePool:
             snap = await _all_ready(fleet, options.workers)
         except RuntimeError as exc:  # every worker failed to start: the engine's own reason
             await fleet.stop()
-            _kill(controllers)
+            controllers.kill()
             raise FleetFailed(str(exc)) from None
         worker = snap.ready()[0]
         tokenizer = await worker.handle.get_tokenizer.remote()
@@ -127,13 +130,7 @@ class EnginePool:
 
     async def stop(self) -> None:
         await self.fleet.stop()
-        _kill(self.controllers)
-
-
-def _kill(controllers: Controllers) -> None:
-    controllers.kill()
-    for _, worker in controllers.workers:
-        ray.kill(worker, no_restart=True)
+        self.controllers.kill()
 
 
 async def _all_ready(fleet: RayFleetClient, workers: int):
