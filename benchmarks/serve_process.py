@@ -45,23 +45,25 @@ def launch(flags: list[str], log: Path, env: dict[str, str] | None = None):
 
 
 def launch_command(cmd: list[str], url: str, log: Path, env: dict | None = None,
-                   health: str = "/health"):
-    """Start any OpenAI server (its own session: stop() reaches its children) and wait until
-    `url` + `health` answers 200."""
+                   health: str = "/health", cwd: Path | None = None, timeout_s: float = 600):
+    """Start any server (its own session: stop() reaches its children) and wait until `url` +
+    `health` answers 200 (600 s: a loaded shared machine took > 300 s to start raypaged)."""
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True, env=env)
-    deadline = time.monotonic() + 600
+                            start_new_session=True, env=env, cwd=cwd)
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{cmd[0]} server exited ({proc.returncode}); see {log}")
+            raise RuntimeError(f"{cmd[0]} exited ({proc.returncode}); {log} ends:\n"
+                               f"{log.read_text()[-3000:]}")
         try:
             if httpx.get(f"{url}{health}", timeout=2).status_code == 200:
                 return proc, url
         except httpx.HTTPError:
             pass
-        time.sleep(1)
+        time.sleep(0.5)
     stop(proc)
-    raise TimeoutError(f"server not healthy after 600 s; see {log}")
+    raise TimeoutError(f"{url}{health} not up after {timeout_s} s; {log} ends:\n"
+                       f"{log.read_text()[-3000:]}")
 
 
 def stop(proc) -> None:

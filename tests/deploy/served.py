@@ -2,33 +2,16 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import yaml
 
 from deploy_tools import ROOT, tool
 
 sys.path.insert(0, str(ROOT))  # benchmarks/ is not installed: it runs from the checkout
-from benchmarks.serve_process import free_port, stop  # noqa: E402
-
-
-def _wait(url: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"{url} not up after {timeout_s} s:\n{log.read_text()[-3000:]}")
+from benchmarks.serve_process import free_port, launch_command, stop  # noqa: E402
 
 
 @contextmanager
@@ -45,11 +28,8 @@ def raypaged_serve(tmp: Path, *flags: str):
            "--workers", "1", "--max-workers", "2", "--cpus-per-worker", "1",
            "--kv-memory-mb", "16",
            "--max-model-len", "512", *flags]
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
-                            cwd=tmp, start_new_session=True)
+    proc, url = launch_command(cmd, f"http://127.0.0.1:{port}", log, env, cwd=tmp)
     try:
-        url = f"http://127.0.0.1:{port}"
-        _wait(f"{url}/health", proc, log, timeout_s=600)  # a loaded shared machine took > 300 s
         yield url
     finally:
         stop(proc)
@@ -67,13 +47,11 @@ def prometheus(tmp: Path, target: str, scrape_interval: str = "1s"):
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     log = tmp / "prometheus.log"
-    proc = subprocess.Popen(
+    proc, url = launch_command(
         ["timeout", "900", tool("prometheus"), f"--config.file={tmp / 'prometheus.yml'}",
          f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+        f"http://127.0.0.1:{port}", log, health="/-/ready", timeout_s=60)
     try:
-        url = f"http://127.0.0.1:{port}"
-        _wait(f"{url}/-/ready", proc, log, timeout_s=60)
         yield url
     finally:
         stop(proc)
