@@ -33,23 +33,16 @@ if _os.path.isfile(_os.path.join(_KernelsFromCheckout.directory, "__init__.py"))
     # First: the kernels beside this very raypaged/, even where an editable install of another
     # checkout is on the path too.
     _sys.meta_path.insert(0, _KernelsFromCheckout)
-__all__ = ["LLM", "SamplingParams", "EngineArgs", "RequestOutput", "CompletionOutput", "run_batch"]
+
+# name -> the module it lives in, imported on first use (as vLLM's MODULE_ATTRS)
+_LAZY = {"LLM": "raypaged.llm", "SamplingParams": "raypaged.core.sampling_params",
+         "EngineArgs": "raypaged.config", "RequestOutput": "raypaged.outputs",
+         "CompletionOutput": "raypaged.outputs", "run_batch": "raypaged.batch.api"}
+__all__ = list(_LAZY)
 
 
 def __getattr__(name: str):
-    if name == "LLM":
-        from raypaged.llm import LLM
-        return LLM
-    if name == "SamplingParams":
-        from raypaged.core.sampling_params import SamplingParams
-        return SamplingParams
-    if name == "EngineArgs":
-        from raypaged.config import EngineArgs
-        return EngineArgs
-    if name == "run_batch":
-        from raypaged.batch.api import run_batch
-        return run_batch
-    if name in ("RequestOutput", "CompletionOutput"):
-        from raypaged import outputs
-        return getattr(outputs, name)
-    raise AttributeError(f"module 'raypaged' has no attribute {name!r}")
+    if name not in _LAZY:
+        raise AttributeError(f"module 'raypaged' has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module(_LAZY[name]), name)

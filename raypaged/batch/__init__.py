@@ -7,17 +7,13 @@ Imports are lazy: `raypaged batch --help` starts neither torch nor ray.
 """
 from __future__ import annotations
 
-__all__ = ["run_batch", "BatchOptions", "BatchSummary"]
+_LAZY = {"run_batch": "raypaged.batch.api", "BatchOptions": "raypaged.batch.options",
+         "BatchSummary": "raypaged.batch.progress"}  # name -> its module, imported on first use
+__all__ = list(_LAZY)
 
 
 def __getattr__(name: str):
-    if name == "run_batch":
-        from raypaged.batch.api import run_batch
-        return run_batch
-    if name == "BatchOptions":
-        from raypaged.batch.options import BatchOptions
-        return BatchOptions
-    if name == "BatchSummary":
-        from raypaged.batch.progress import BatchSummary
-        return BatchSummary
-    raise AttributeError(f"module 'raypaged.batch' has no attribute {name!r}")
+    if name not in _LAZY:
+        raise AttributeError(f"module 'raypaged.batch' has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module(_LAZY[name]), name)
