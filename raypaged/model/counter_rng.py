@@ -7,7 +7,13 @@ per row per step); the [rows, vocab] noise is integer tensor ops on the logits' 
 
     key[i]   = splitmix64(seed, sample index, output position)           host
     x[i, v]  = mix32(mix32(vocab_hash[v] ^ key_lo[i]) ^ key_hi[i])       device, [N, V]
-    u[i, v]  = ((x >> 8) + 0.5) / 2^24                                   in (0, 1), float32
+    u[i, v]  = ((x >> 9) + 0.5) / 2^23                                   in (0, 1), float32
+
+23 bits, not 24: (2^24 - 1 + 0.5) is no float32 (integers past 2^23 have no halves) and rounds
+to 2^24, so the top 24-bit value gave u = 1.0 exactly, q = -log u = 0, and p / q = 0 / 0 = NaN
+for every p = 0 entry, which argmax takes: about once in 340 rows at a 49k vocabulary, a token
+the grammar mask (or top-k/top-p) had removed was drawn. With 23 bits every value is exact and
+u <= 1 - 2^-24.
 
 Every product is a value < 2^32 times a constant < 2^31, so int64 arithmetic never overflows and
 any device computes the same bits.
@@ -58,7 +64,12 @@ def uniforms(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     hi = ((keys >> 32) & _M32).unsqueeze(1)                # [N, 1]
     x = _hashed_vocab(vocab, keys.device).unsqueeze(0) ^ lo  # [N, V] int64
     x = _mix32(_mix32(x) ^ hi)
-    return ((x >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return unit_interval(x)
+
+
+def unit_interval(x: torch.Tensor) -> torch.Tensor:
+    """32-bit ints (in int64) -> float32 strictly inside (0, 1): see the module's docstring."""
+    return ((x >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
 
 def as_signed(key: int) -> int:

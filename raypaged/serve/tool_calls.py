@@ -59,12 +59,41 @@ def tool_constraint(tools: list[dict], mode: str, name: str | None
         return StructuredOutputsParams(json=params(next(
             t for t in tools if t["function"]["name"] == name)))
     if mode == "required":
-        return StructuredOutputsParams(json={
-            "type": "array", "minItems": 1, "items": {"type": "object", "anyOf": [
-                {"properties": {"name": {"type": "string", "enum": [t["function"]["name"]]},
-                                "parameters": params(t)},
-                 "required": ["name", "parameters"]} for t in tools]}})
+        defs: dict = {}
+        items = [{"properties": {"name": {"type": "string", "enum": [t["function"]["name"]]},
+                                 "parameters": _hoisted(params(t), k, defs)},
+                  "required": ["name", "parameters"]} for k, t in enumerate(tools)]
+        schema = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": items}}
+        return StructuredOutputsParams(json={**schema, "$defs": defs} if defs else schema)
     return None
+
+
+def _hoisted(schema: dict, k: int, defs: dict) -> dict:
+    """A tool's parameters without their `$defs` (or `definitions`), which go to `defs`, the
+    root of the call list's schema, where their "#/$defs/..." references point (pydantic puts
+    nested models and enums there: OpenAI's pydantic_function_tool). A name another tool
+    already defines differently becomes "t{k}_name", its references rewritten."""
+    renames: dict[str, str] = {}
+    for key in ("$defs", "definitions"):
+        for def_name, body in (schema.get(key) or {}).items():
+            new = def_name if defs.get(def_name, body) == body else f"t{k}_{def_name}"
+            renames[f"#/{key}/{def_name}"] = f"#/$defs/{new}"
+            defs[new] = body
+    if not renames:
+        return schema
+    own = {key: v for key, v in schema.items() if key not in ("$defs", "definitions")}
+    for new in {r.rsplit("/", 1)[1] for r in renames.values()}:
+        defs[new] = _renamed(defs[new], renames)
+    return _renamed(own, renames)
+
+
+def _renamed(node, renames: dict[str, str]):
+    if isinstance(node, dict):
+        return {key: (renames.get(v, v) if key == "$ref" and isinstance(v, str)
+                      else _renamed(v, renames)) for key, v in node.items()}
+    if isinstance(node, list):
+        return [_renamed(v, renames) for v in node]
+    return node
 
 
 def parse_calls(text: str, mode: str, name: str | None) -> list[dict] | None:
