@@ -1,0 +1,189 @@
+"""The setting stream_path: "fast" (Generation.stream + sse_stream.py, the default) sends what
+"legacy" (Generation.batches + OpenAIFrontend._events) sends, byte for byte, except that
+outputs that queued up while the router was busy go out as one chunk; failover, deadlines and
+the abort accounting hold on both."""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from local_fleet import MID_STREAM, LocalFleet, client_for, local_app
+from raypaged.core.sampling_params import SamplingParams
+from raypaged.outputs import SequenceOutput
+from raypaged.serve.config import ServeArgs, ServeOptions
+from raypaged.serve.errors import APIError
+from raypaged.serve.fleet import READY
+from raypaged.serve.frontend import CHAT, COMPLETIONS
+from raypaged.serve.generation import Generation
+from raypaged.serve.leg import Leg
+from raypaged.serve.metrics import RequestMetrics
+from raypaged.serve.responses import Choice, Shapes, sse_data
+from raypaged.serve.sse_stream import Frame, sse_events
+
+PROMPT = "a prompt long enough for a block or two of bytes"
+COMPLETION = {"model": "fake-model", "prompt": PROMPT, "max_tokens": 8, "ignore_eos": True,
+              "temperature": 0}
+CHAT_BODY = {"model": "fake-model", "messages": [{"role": "user", "content": PROMPT}],
+             "max_tokens": 8, "ignore_eos": True, "temperature": 0}
+
+
+def served(stream_path: str, path: str, body: dict, failing: dict | None = None):
+    """(response, metrics) of one request on a fresh 2-worker in-process fleet; `failing`:
+    worker id -> how it fails (local_fleet's modes)."""
+    fleet = LocalFleet(step_delay_s=0.02)  # one step at a time reaches the router: no coalescing
+    fleet.failing.update(failing or {})
+    app, metrics = local_app(fleet, options=ServeOptions(stream_path=stream_path))
+
+    async def main():
+        async with client_for(app) as client:
+            return await client.post(path, json=body)
+    try:
+        return asyncio.run(main()), metrics
+    finally:
+        fleet.shutdown()
+
+
+def events(r) -> list[str]:
+    """The response's SSE data, with the per-request id and time taken out."""
+    text = re.sub(r'"id": "[a-z]+-[0-9a-f]+"', '"id": ID', r.text)
+    return [e for e in re.sub(r'"created": \d+', '"created": T', text).split("\n\n") if e]
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", COMPLETION),
+    ("/v1/chat/completions", CHAT_BODY),
+    ("/v1/completions", {**COMPLETION, "n": 2, "logprobs": 1}),  # not plain: the dict path
+], ids=["completions", "chat", "n2_logprobs"])
+def test_fast_and_legacy_stream_the_same_events(path, body):
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    fast, _ = served("fast", path, body)
+    legacy, _ = served("legacy", path, body)
+    assert fast.status_code == legacy.status_code == 200
+    assert events(fast) == events(legacy)
+    assert events(fast)[-1] == "data: [DONE]"
+    usage = json.loads(events(fast)[-2][len("data: "):].replace("ID", '"x"').replace(": T", ": 0"))
+    assert usage["usage"]["completion_tokens"] == 8 * body.get("n", 1)
+
+
+@pytest.mark.parametrize("stream_path", ["fast", "legacy"])
+def test_a_stream_fails_over_mid_stream_with_the_same_text_on_both_paths(stream_path):
+    whole, _ = served("legacy", "/v1/completions", COMPLETION)
+    home = whole.headers["x-raypaged-worker"]  # routing is deterministic: the same one again
+    r, metrics = served(stream_path, "/v1/completions", {**COMPLETION, "stream": True},
+                        failing={home: MID_STREAM})
+    chunks = [json.loads(e[len("data: "):]) for e in r.text.split("\n\n")
+              if e.startswith("data: {")]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole.json()["choices"][0]["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert metrics.counters["request_retries"] == {"": 1.0}
+
+
+@pytest.mark.parametrize("stream_path", ["fast", "legacy"])
+def test_non_streamed_answers_are_the_same_on_both_paths(stream_path):
+    r, _ = served(stream_path, "/v1/completions", COMPLETION)
+    legacy, _ = served("legacy", "/v1/completions", COMPLETION)
+    assert r.json()["choices"] == legacy.json()["choices"]
+    assert r.json()["usage"]["completion_tokens"] == 8
+
+
+@pytest.mark.parametrize("text", ["", "plain", 'quote " and \\ backslash', "line\nbreak\t",
+                                  "héllo ✓ 日本", "\u2028\x00"])
+@pytest.mark.parametrize("route", [COMPLETIONS, CHAT], ids=["completions", "chat"])
+def test_a_frame_is_byte_for_byte_the_chunk_sse_data_makes(route, text):
+    shapes = Shapes(tokenizer=None)
+    chunk = (shapes.completion_choice if route is COMPLETIONS else shapes.chat_choice)
+    head = {"id": "cmpl-1", "object": route.chunk_object, "created": 7, "model": 'm "x"'}
+    c = Choice()
+    c.text.append(text)
+    expected = sse_data({**head, "choices": [chunk(False, 0, c)]})
+    assert Frame(head, lambda i, c: chunk(False, i, c))(text) == expected
+
+
+# -- Generation.stream and sse_events, fed by hand -------------------------------------------
+class _Fleet:
+    """Its one worker stays ready: the fleet watch (every WATCH_S) finds nothing to fail over."""
+
+    def snapshot(self):
+        class Snap:
+            def worker(self, worker_id):
+                return SimpleNamespace(state=READY, stats=None)
+        return Snap()
+
+
+class _Dispatcher:
+    def __init__(self):
+        self.metrics = RequestMetrics()
+        self.fleet = _Fleet()
+        self.closed_workers: list[str] = []
+
+    def closed(self, worker_id: str) -> None:
+        self.closed_workers.append(worker_id)
+
+
+def _out(text: str, finish: str | None = None) -> list[SequenceOutput]:
+    return [SequenceOutput("r", 0, (1,), text, finish_reason=finish)]
+
+
+def _generation(steps: list[list[SequenceOutput]]) -> Generation:
+    """A generation with an open leg whose first outputs were taken and whose next `steps`
+    messages are already queued: the router was busy while the worker ran those steps."""
+    g = Generation(_Dispatcher(), "r", [5, 6, 7], SamplingParams(max_tokens=4), None, 0.0)
+    leg = Leg("worker-0", None, (0,), False)
+    g._legs.append(leg)
+    for outs in steps:
+        g._queue.put_nowait((leg, outs))
+    return g
+
+
+async def _read(agen) -> list:
+    return [item async for item in agen]
+
+
+def test_outputs_queued_while_the_router_was_busy_go_out_as_one_chunk():
+    steps = [_out("a"), _out("b"), _out("c"), _out("d", "length")]
+    fast = asyncio.run(_read(_generation(steps).stream()))
+    legacy = asyncio.run(_read(_generation(steps).batches()))
+    assert [[o.new_text for o in b] for b in fast] == [["a", "b", "c", "d"]]
+    assert [[o.new_text for o in b] for b in legacy] == [["a"], ["b"], ["c"], ["d"]]
+
+    shapes = Shapes(tokenizer=None)
+    head = {"id": "cmpl-1", "object": "text_completion", "created": 7, "model": "m"}
+    async def first_event():
+        events = sse_events(_generation(steps[:3]), 1,
+                            lambda i, c: shapes.completion_choice(False, i, c), head, None, True,
+                            False, False, None, None)
+        try:
+            return await anext(events)
+        finally:
+            await events.aclose()
+    assert asyncio.run(first_event()) == sse_data({**head, "choices": [{
+        "index": 0, "text": "abc", "logprobs": None, "finish_reason": None, "stop_reason": None}]})
+
+
+def test_a_fast_stream_past_its_deadline_ends_with_a_timeout_event_and_counts_an_abort():
+    g = _generation([_out("a")])  # then nothing more comes
+    timed_out = APIError(504, "too slow", code="request_timeout")
+    shapes = Shapes(tokenizer=None)
+    head = {"id": "cmpl-1", "object": "text_completion", "created": 7, "model": "m"}
+
+    async def main():
+        deadline = asyncio.get_running_loop().time() + 0.05
+        return await _read(sse_events(g, 1, lambda i, c: shapes.completion_choice(False, i, c),
+                                      head, None, True, False, False, deadline,
+                                      lambda: timed_out))
+    sent = asyncio.run(main())
+    assert len(sent) == 3 and '"text": "a"' in sent[0]
+    assert sent[1] == timed_out.sse() and sent[2] == "data: [DONE]\n\n"
+    assert g.d.metrics.counters["request_success"] == {"abort": 1.0}
+    assert g.d.closed_workers == ["worker-0"]
+
+
+def test_stream_path_is_a_setting_with_two_choices():
+    assert ServeOptions().stream_path == "fast"
+    assert ServeArgs(stream_path="legacy").split()[0].stream_path == "legacy"
+    with pytest.raises(ValueError, match="stream_path"):
+        ServeArgs(stream_path="quick")
