@@ -47,10 +47,39 @@ def served(stream_path: str, path: str, body: dict, failing: dict | None = None)
         fleet.shutdown()
 
 
-def events(r) -> list[str]:
-    """The response's SSE data, with the per-request id and time taken out."""
-    text = re.sub(r'"id": "[a-z]+-[0-9a-f]+"', '"id": ID', r.text)
-    return [e for e in re.sub(r'"created": \d+', '"created": T', text).split("\n\n") if e]
+def events(r) -> list:
+    """The response's SSE events as JSON (the per-request id and time taken out), with runs of
+    text-only chunks of one choice merged: the engine steps in its own thread, and on a loaded
+    machine the fast path may rightly send two steps' text as one chunk. Byte-for-byte equality
+    of a chunk is test_a_frame_is_byte_for_byte_the_chunk_sse_data_makes's."""
+    out: list = []
+    for e in r.text.split("\n\n"):
+        if not e:
+            continue
+        if e == "data: [DONE]":
+            out.append(e)
+            continue
+        event = json.loads(e[len("data: "):])
+        event.pop("id"), event.pop("created")
+        prev = out[-1] if out else None
+        if _text_only(event) and isinstance(prev, dict) and _text_only(prev) and \
+                prev["choices"][0]["index"] == event["choices"][0]["index"]:
+            before, now = prev["choices"][0], event["choices"][0]
+            if "text" in now:
+                before["text"] += now["text"]
+            else:
+                before["delta"]["content"] += now["delta"]["content"]
+            continue
+        out.append(event)
+    return out
+
+
+def _text_only(event: dict) -> bool:
+    if "usage" in event or len(event["choices"]) != 1:
+        return False
+    c = event["choices"][0]
+    return (c["finish_reason"] is None and c["logprobs"] is None
+            and ("text" in c or set(c.get("delta", {})) == {"content"}))
 
 
 @pytest.mark.parametrize("path,body", [
@@ -65,8 +94,7 @@ def test_fast_and_legacy_stream_the_same_events(path, body):
     assert fast.status_code == legacy.status_code == 200
     assert events(fast) == events(legacy)
     assert events(fast)[-1] == "data: [DONE]"
-    usage = json.loads(events(fast)[-2][len("data: "):].replace("ID", '"x"').replace(": T", ": 0"))
-    assert usage["usage"]["completion_tokens"] == 8 * body.get("n", 1)
+    assert events(fast)[-2]["usage"]["completion_tokens"] == 8 * body.get("n", 1)
 
 
 @pytest.mark.parametrize("stream_path", ["fast", "legacy"])
