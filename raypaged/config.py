@@ -5,6 +5,7 @@ Values discovered at run time (the number of KV blocks, the model's max length) 
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from raypaged.settings import setting, validate
@@ -14,6 +15,11 @@ KV_DTYPES = ("auto", "fp8_e4m3")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 CPU_DEFAULT_KV_MB = 2048         # a modest fixed budget: a CPU has no "free device memory" to share
 GPU_DEFAULT_KV_FRACTION = 0.9    # of device memory left after weights
+
+
+def absolute_model_path(path: str | None) -> str | None:
+    """Workers may run in another directory, or on another node: name a model folder absolutely."""
+    return os.path.abspath(os.path.expanduser(path)) if path else path
 
 
 ENGINE = "model and KV cache"

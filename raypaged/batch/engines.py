@@ -15,7 +15,6 @@ starts the last snapshot routes new rows (RayFleetClient).
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from dataclasses import dataclass
 
@@ -23,7 +22,7 @@ import ray
 from ray.exceptions import ActorDiedError
 
 from raypaged.batch.options import BatchOptions
-from raypaged.config import EngineArgs
+from raypaged.config import EngineArgs, absolute_model_path
 from raypaged.serve.actors import ControllerActor, create_workers
 from raypaged.serve.config import MAX_N, ServeArgs, ServeOptions
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
@@ -42,8 +41,8 @@ def fleet_args(engine: EngineArgs, options: BatchOptions) -> ServeArgs:
     """The serving application's arguments for this job's engines and routing."""
     values = {f.name: getattr(engine, f.name) for f in settings_of(EngineArgs)
               if f.metadata["serve"] and getattr(engine, f.name) is not None}
-    if values.get("model"):  # engines may run in another directory, or on another node
-        values["model"] = os.path.abspath(os.path.expanduser(values["model"]))
+    if values.get("model"):
+        values["model"] = absolute_model_path(values["model"])
     return ServeArgs(
         app_name="raypaged-batch", workers=options.workers,
         cpus_per_worker=options.cpus_per_worker, gpus_per_worker=options.gpus_per_worker,
@@ -116,8 +115,7 @@ class EnginePool:
         worker = snap.ready()[0]
         tokenizer = await worker.handle.get_tokenizer.remote()
         stats = worker.stats
-        info = ModelInfo(name=stats.model_name, max_model_len=stats.max_model_len,
-                         vocab_size=len(tokenizer), created=int(time.time()))
+        info = ModelInfo.of(stats, tokenizer)
         dispatcher = Dispatcher(fleet, Router(options, stats.block_size), fleet.metrics)
         return cls(controllers, fleet, OpenAIFrontend(dispatcher, tokenizer, info, MAX_N),
                    stats.block_size)

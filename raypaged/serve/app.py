@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 from ray import serve
 from ray.serve.config import BackpressureConfig, DeploymentActorConfig
@@ -64,9 +63,7 @@ class OpenAIRouter:
         worker = snapshot.ready()[0]
         tokenizer = await worker.handle.get_tokenizer.remote()
         stats = worker.stats
-        self.info = ModelInfo(name=self.config.served_model_name or stats.model_name,
-                              max_model_len=stats.max_model_len, vocab_size=len(tokenizer),
-                              created=int(time.time()))
+        self.info = ModelInfo.of(stats, tokenizer, self.config.served_model_name)
         dispatcher = Dispatcher(self.fleet, Router(self.config, stats.block_size),
                                 self.metrics)
         self.fleet.poison = dispatcher.poison  # shared with the other replicas (poison.py)

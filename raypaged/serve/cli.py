@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 
-from raypaged.config import EngineArgs
+from raypaged.config import EngineArgs, absolute_model_path
 from raypaged.serve.api_key import resolve_api_key
 from raypaged.serve.config import ServeArgs, ServeOptions
 from raypaged.serve.ingress import (DEFAULT_INGRESS, IngressUnavailable, exposure_note,
@@ -45,8 +45,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
 
 def serve_args_from(ns: argparse.Namespace) -> ServeArgs:
     values = {name: getattr(ns, name) for name in ServeArgs.model_fields if hasattr(ns, name)}
-    if values.get("model"):  # workers may run in another directory, or on another node
-        values["model"] = os.path.abspath(os.path.expanduser(values["model"]))
+    values["model"] = absolute_model_path(values.get("model"))
     values["api_key"] = resolve_api_key(values.get("api_key"))  # refuses an empty key
     return ServeArgs(**values)
 

@@ -65,6 +65,12 @@ class ModelInfo:
     vocab_size: int
     created: int
 
+    @classmethod
+    def of(cls, stats, tokenizer, name: str | None = None) -> ModelInfo:
+        """What clients see of the model a worker loaded (its stats and tokenizer)."""
+        return cls(name=name or stats.model_name, max_model_len=stats.max_model_len,
+                   vocab_size=len(tokenizer), created=int(time.time()))
+
 
 def parse(model, body) -> object:
     if not isinstance(body, dict):
