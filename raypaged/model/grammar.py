@@ -109,7 +109,6 @@ class GrammarCache:
         self._entries: OrderedDict[tuple, Compile] = OrderedDict()
         self._lock = threading.Lock()       # the step thread vs an edge checking in-process
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
-        self.num_compiles = 0
 
     def prepare(self, spec: StructuredOutputsParams, grammar=None) -> Compile:
         """The compile of `spec`'s grammar, started now unless it already was (once per key).
@@ -155,7 +154,6 @@ class GrammarCache:
             except RuntimeError as exc:
                 raise ValueError(f"structured_outputs.{spec.kind} cannot be compiled: "
                                  f"{_reason(exc)}") from None
-            self.num_compiles += 1
             entry.future.set_result(compiled)
         except BaseException as exc:  # noqa: BLE001 - the request waiting for it reports it
             entry.future.set_exception(exc)

@@ -28,13 +28,13 @@ since is still counted (that request gets fewer hits than predicted). Both cost 
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from raypaged.core.block_hash import hash_block_tokens
 from raypaged.core.cache_summary import CacheView, block_key
-from raypaged.serve.fleet_loads import FleetLoads, Ranking, WorkerLoad
+from raypaged.serve.fleet_loads import FleetLoads
 
 CACHED, COLD = "cache_hit", "cold_prefix"
 
@@ -46,25 +46,6 @@ def prompt_block_keys(token_ids: Sequence[int], block_size: int,
     n = (len(token_ids) - 1) // block_size
     return [block_key(h) for h in hash_block_tokens(token_ids, block_size, cache_salt,
                                                     max_blocks=n)]
-
-
-def rank_by_cost(num_tokens: int, keys: Sequence[int], block_size: int,
-                 workers: Mapping[str, WorkerLoad], rendezvous: Sequence[str],
-                 concurrency_factor: float,
-                 blocks_at: Sequence[int] | None = None) -> tuple[list[str], str]:
-    """(workers in the order to try, CACHED or COLD); `rendezvous` orders the same workers.
-    The per-request form of `cheapest` (tests and callers holding a dict of WorkerLoads).
-
-    `blocks_at[j]`: the leading prompt blocks a view holding the first j of `keys` is known to
-    hold (sampled views: `keys` are the prompt's sampled keys; None: every key, blocks_at[j] = j).
-    """
-    loads = FleetLoads.of(workers)
-    priority = np.zeros(len(loads.worker_ids), np.uint64)      # earlier in rendezvous: higher
-    for rank, worker_id in enumerate(rendezvous):
-        priority[loads.at[worker_id]] = len(rendezvous) - rank
-    best, cached = cheapest(num_tokens, keys, block_size, loads, priority, concurrency_factor,
-                            blocks_at)
-    return list(Ranking(loads, priority, best)), CACHED if cached else COLD
 
 
 def cheapest(num_tokens: int, keys: Sequence[int], block_size: int, loads: FleetLoads,

@@ -38,11 +38,6 @@ class WorkerView:
         return self.state == READY and self.draining_since is None
 
     @property
-    def streaming(self) -> bool:
-        """Serves the streams it has (a draining worker does until it leaves the fleet)."""
-        return self.state == READY
-
-    @property
     def load(self) -> int:
         return self.stats.num_active if self.stats is not None else 0
 

@@ -14,7 +14,6 @@ from raypaged.serve.errors import APIError, bad_request
 
 # Deeper than any OpenAI request needs (chat content parts are ~5 levels; tool schemas ~20).
 MAX_JSON_DEPTH = 64
-JSON_TYPES = ("application/json", "application/*+json")
 
 
 def check_content_type(content_type: str | None) -> None:

@@ -97,7 +97,7 @@ def test_scales_out_under_a_queue_then_drains_the_idle_worker_back_to_one():
     # the idlest worker drains: out of the ready set; nothing left on it, it leaves at the next
     # round, and its actor is retired DRAIN_GRACE_S later
     assert [w.worker_id for w in snap.ready()] == ["worker-0"]
-    assert snap.worker("worker-1").draining_since == 15.0 and snap.worker("worker-1").streaming
+    assert snap.worker("worker-1").draining_since == 15.0 and snap.worker("worker-1").state == READY
     snap = fleet.tick()
     assert [w.worker_id for w in snap.workers] == ["worker-0"]
     assert snap.scaling["drains"] == {"count": 1, "seconds_sum": 1.0, "last_s": 1.0,

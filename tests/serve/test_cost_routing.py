@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from raypaged.core.cache_summary import CacheView, SummaryDelta
-from raypaged.serve.cost_routing import COLD, CACHED, WorkerLoad, prompt_block_keys, rank_by_cost
+from cost_ranking import rank_by_cost
+from raypaged.serve.cost_routing import COLD, CACHED, prompt_block_keys
+from raypaged.serve.fleet_loads import WorkerLoad
 
 BS = 16
 PROMPT = list(range(1000, 1065))           # 65 tokens: 4 blocks can hit (never the last token)

@@ -5,7 +5,7 @@ import collections
 
 from raypaged.core.block_hash import hash_block_tokens
 from raypaged.serve.config import ServeOptions
-from raypaged.serve.cost_routing import WorkerLoad
+from raypaged.serve.fleet_loads import WorkerLoad
 from raypaged.serve.routing import (AFFINITY, LOAD_BOUND, ROUND_ROBIN, Router, bounded_choice,
                                     rendezvous_order, routing_key)
 
