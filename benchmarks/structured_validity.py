@@ -155,7 +155,8 @@ async def one(client: openai.AsyncOpenAI, model: type[pydantic.BaseModel], promp
                 max_tokens=args.max_tokens, temperature=args.temperature, seed=seed,
                 extra_headers={"x-bench-id": str(seed)})
     if way.startswith("tools"):
-        body.update(tools=[openai.pydantic_function_tool(model)], tool_choice="required")
+        body.update(tools=[openai.pydantic_function_tool(model)], tool_choice="required",
+                    parallel_tool_calls=args.parallel_tool_calls)
     else:
         body.update(response_format=model)
     out = {"schema": model.__name__, "way": way, "seed": seed, "chunks": 0}
@@ -342,6 +343,8 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--request-timeout-s", type=float, default=900)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--no-parallel-tool-calls", dest="parallel_tool_calls", action="store_false",
+                    help="send parallel_tool_calls=false: one call per tools request")
     ap.add_argument("--name", default="structured_validity")
     args = ap.parse_args()
 

@@ -153,7 +153,7 @@ class OpenAIFrontend:
         req: ChatCompletionRequest = self._parse(ChatCompletionRequest, body)
         chunk = functools.partial(self.shapes.chat_choice, req.logprobs)
         mode, name = tool_mode(req.tool_dicts(), req.tool_choice)
-        forced = tool_constraint(req.tool_dicts(), mode, name)
+        forced = tool_constraint(req.tool_dicts(), mode, name, req.parallel_tool_calls)
         if forced is not None and req.constraint() is not None:
             raise bad_request(f"tool_choice {req.tool_choice!r} constrains the output itself: "
                               "leave out response_format / structured_outputs", "tool_choice")

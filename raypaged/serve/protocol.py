@@ -211,6 +211,7 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: StrictInt | None = None
     tools: list[Tool] | None = None
     tool_choice: StrictStr | dict | None = None
+    parallel_tool_calls: StrictBool = True  # False: at most one call (enforced for "required")
     add_generation_prompt: StrictBool = True
 
     def check(self, max_n: int, max_logprobs: int = MAX_LOGPROBS) -> None:

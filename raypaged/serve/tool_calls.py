@@ -51,8 +51,10 @@ def tool_mode(tools: list[dict] | None, tool_choice) -> tuple[str, str | None]:
     return "named", name
 
 
-def tool_constraint(tools: list[dict], mode: str, name: str | None
+def tool_constraint(tools: list[dict], mode: str, name: str | None, parallel: bool = True
                     ) -> StructuredOutputsParams | None:
+    """The schema a forced tool choice decodes under: a named function's parameters, or for
+    "required" a list of calls (one at most unless `parallel`, OpenAI's parallel_tool_calls)."""
     def params(tool: dict) -> dict:
         return tool["function"].get("parameters") or _NO_PARAMETERS
     if mode == "named":
@@ -64,6 +66,8 @@ def tool_constraint(tools: list[dict], mode: str, name: str | None
                                  "parameters": _hoisted(params(t), k, defs)},
                   "required": ["name", "parameters"]} for k, t in enumerate(tools)]
         schema = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": items}}
+        if not parallel:
+            schema["maxItems"] = 1
         return StructuredOutputsParams(json={**schema, "$defs": defs} if defs else schema)
     return None
 

@@ -40,8 +40,8 @@ GOOD = [{"name": "Forecast", "parameters": {"items": [{"city": "Oslo", "unit": "
         {"name": "Basket", "parameters": {"items": [{"sku": "A1", "quantity": 2}]}}]
 
 
-def schema() -> dict:
-    return json.loads(tool_constraint(TOOLS, "required", None).json)
+def schema(parallel: bool = True) -> dict:
+    return json.loads(tool_constraint(TOOLS, "required", None, parallel).json)
 
 
 def test_the_tools_defs_move_to_the_root_and_a_clashing_name_is_renamed():
@@ -62,3 +62,11 @@ def test_the_call_list_schema_accepts_right_calls_and_refuses_wrong_ones():
     grammar = xgrammar.Grammar.from_json_schema(json.dumps(schema()))  # was: no $defs found
     assert _is_grammar_accept_string(grammar, json.dumps(GOOD))
     assert not _is_grammar_accept_string(grammar, json.dumps(wrong))
+
+
+def test_parallel_tool_calls_false_allows_exactly_one_call():
+    one, two = json.dumps(GOOD[:1]), json.dumps(GOOD)
+    single = xgrammar.Grammar.from_json_schema(json.dumps(schema(parallel=False)))
+    assert _is_grammar_accept_string(single, one)
+    assert not _is_grammar_accept_string(single, two)
+    assert _is_grammar_accept_string(xgrammar.Grammar.from_json_schema(json.dumps(schema())), two)
