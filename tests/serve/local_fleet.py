@@ -104,3 +104,17 @@ def local_app(fleet: LocalFleet, api_key: str | None = None, max_request_bytes: 
 def client_for(app) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://local",
                              timeout=30)
+
+
+def post_once(fleet: LocalFleet, body: dict, path: str = "/v1/completions",
+              options: ServeOptions = ServeOptions()):
+    """(response, metrics) of one POST to a local app over `fleet`, which is shut down after."""
+    app, metrics = local_app(fleet, options=options)
+
+    async def main():
+        async with client_for(app) as client:
+            return await client.post(path, json=body)
+    try:
+        return asyncio.run(main()), metrics
+    finally:
+        fleet.shutdown()

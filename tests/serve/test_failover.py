@@ -3,13 +3,12 @@ another worker from the tokens already sent, and the client gets exactly what an
 run gives (fake engines, no Ray: the failures are staged on cue)."""
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 
 import pytest
 
-from local_fleet import FROZEN, FROZEN_MID_STREAM, MID_STREAM, LocalFleet, client_for, local_app
+from local_fleet import FROZEN, FROZEN_MID_STREAM, MID_STREAM, LocalFleet, post_once
 
 GREEDY = {"model": "fake-model", "prompt": "a prompt long enough for a block or two of bytes",
           "max_tokens": 12, "ignore_eos": True, "temperature": 0}
@@ -17,15 +16,7 @@ SEEDED_N3 = {**GREEDY, "temperature": 1.0, "seed": 7, "n": 3}
 
 
 def run(fleet: LocalFleet, body: dict, path: str = "/v1/completions"):
-    app, metrics = local_app(fleet)
-
-    async def main():
-        async with client_for(app) as client:
-            return await client.post(path, json=body)
-    try:
-        return asyncio.run(main()), metrics
-    finally:
-        fleet.shutdown()
+    return post_once(fleet, body, path)
 
 
 def stream_text(r) -> dict[int, str]:

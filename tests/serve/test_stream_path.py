@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from local_fleet import MID_STREAM, LocalFleet, client_for, local_app
+from local_fleet import MID_STREAM, LocalFleet, post_once
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.outputs import SequenceOutput
 from raypaged.serve.config import ServeArgs, ServeOptions
@@ -35,15 +35,7 @@ def served(stream_path: str, path: str, body: dict, failing: dict | None = None)
     worker id -> how it fails (local_fleet's modes)."""
     fleet = LocalFleet(step_delay_s=0.02)  # one step at a time reaches the router: no coalescing
     fleet.failing.update(failing or {})
-    app, metrics = local_app(fleet, options=ServeOptions(stream_path=stream_path))
-
-    async def main():
-        async with client_for(app) as client:
-            return await client.post(path, json=body)
-    try:
-        return asyncio.run(main()), metrics
-    finally:
-        fleet.shutdown()
+    return post_once(fleet, body, path, ServeOptions(stream_path=stream_path))
 
 
 def events(r) -> tuple[dict, list]:
