@@ -185,7 +185,7 @@ class OpenAIFrontend:
             continuous_usage = bool(opts and opts.continuous_usage_stats)
             if self.fast and len(gens) == 1:
                 events = sse_events(gens[0], params.n, chunk, self._head(gens, route),
-                                    route.first_delta, self._plain(chunk), include_usage,
+                                    route.first_delta, self._plain(chunk, logprobs), include_usage,
                                     continuous_usage, deadline, self._timed_out)
             else:
                 events = self._events(gens, params.n, chunk, route, include_usage=include_usage,
@@ -309,11 +309,11 @@ class OpenAIFrontend:
         return {"id": gens[0].request_id, "object": route.chunk_object,
                 "created": int(time.time()), "model": self.info.name}
 
-    def _plain(self, chunk: Callable) -> bool:
+    @staticmethod
+    def _plain(chunk: Callable, logprobs: int | None) -> bool:
         """A chunk made by Shapes without logprobs (nor tool-call parsing around it): its
         choice is text and finish fields only, so sse_stream may splice the text in."""
-        return (isinstance(chunk, functools.partial) and not chunk.args[0]
-                and chunk.func in (self.shapes.completion_choice, self.shapes.chat_choice))
+        return logprobs is None and not isinstance(chunk, ToolCallChoices)
 
     async def _events(self, gens: list[Generation], n: int, chunk: Callable, route: Route,
                       include_usage: bool, continuous_usage: bool,
