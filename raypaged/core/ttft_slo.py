@@ -100,33 +100,43 @@ def _predicted(queued: int, prompt_tokens: int, rate: float) -> float:
     return (queued + prompt_tokens) / rate if rate > 0 else math.inf  # 0: nothing drains
 
 
-def best_worker(prompt_tokens: int, workers: Sequence[WorkerQueue]
-                ) -> tuple[int, float] | None:
-    """(index, predicted TTFT in seconds) of the worker that would start this prompt soonest;
-    None when no worker's rate is measured (nothing to predict with)."""
-    rates = _rates(workers)
-    if rates is None:
-        return None
+def _best(prompt_tokens: int, workers: Sequence[WorkerQueue], rates: Sequence[float]
+          ) -> tuple[int, float]:
     predicted = [_predicted(w.queued_tokens, prompt_tokens, r) for w, r in zip(workers, rates)]
     # ties (two workers measured at 0 drain) go to the shorter queue
     i = min(range(len(workers)), key=lambda k: (predicted[k], workers[k].queued_tokens))
     return i, predicted[i]
 
 
-def shed(slo_s: float, prompt_tokens: int, workers: Sequence[WorkerQueue]) -> Shed | None:
-    """A Shed if this prompt is predicted to start later than `slo_s` on every worker because of
-    the work queued there; None to admit it."""
-    found = best_worker(prompt_tokens, workers)
-    if found is None:
+def best_worker(prompt_tokens: int, workers: Sequence[WorkerQueue]
+                ) -> tuple[int, float] | None:
+    """(index, predicted TTFT in seconds) of the worker that would start this prompt soonest;
+    None when no worker's rate is measured (nothing to predict with)."""
+    rates = _rates(workers)
+    return None if rates is None else _best(prompt_tokens, workers, rates)
+
+
+def decide(slo_s: float, prompt_tokens: int, workers: Sequence[WorkerQueue]
+           ) -> tuple[int, Shed | None] | None:
+    """(the worker that would start this prompt soonest, a Shed if even it is predicted to start
+    later than `slo_s` because of the work queued there, else None to admit); None when no
+    worker's rate is measured."""
+    rates = _rates(workers)
+    if rates is None:
         return None
-    i, predicted = found
-    queued = workers[i].queued_tokens
+    i, predicted = _best(prompt_tokens, workers, rates)
+    queued, rate = workers[i].queued_tokens, rates[i]
     if predicted <= slo_s or queued <= 0:
-        return None
-    rate = _rates(workers)[i]
+        return i, None
     if rate <= 0:
-        return Shed(predicted, RETRY_AFTER_MAX_S, i)
+        return i, Shed(predicted, RETRY_AFTER_MAX_S, i)
     # the queue may hold this much when the prompt arrives and still start within the SLO
     room = max(0.0, slo_s * rate - prompt_tokens)
     wait = (queued - room) / rate
-    return Shed(predicted, max(1, min(RETRY_AFTER_MAX_S, math.ceil(wait))), i)
+    return i, Shed(predicted, max(1, min(RETRY_AFTER_MAX_S, math.ceil(wait))), i)
+
+
+def shed(slo_s: float, prompt_tokens: int, workers: Sequence[WorkerQueue]) -> Shed | None:
+    """decide()'s Shed alone: None to admit."""
+    decision = decide(slo_s, prompt_tokens, workers)
+    return None if decision is None else decision[1]

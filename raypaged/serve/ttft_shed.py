@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from raypaged.core.ttft_slo import WorkerQueue, best_worker, shed
+from raypaged.core.ttft_slo import WorkerQueue, decide
 from raypaged.serve.errors import APIError
 from raypaged.serve.fleet import FleetSnapshot
 from raypaged.serve.metrics import RequestMetrics
@@ -38,7 +38,10 @@ class TTFTShedder:
         ready = [w for w in snap.ready() if w.stats is not None]
         queues = [WorkerQueue(w.stats.engine.num_queued_tokens + self._admitted.get(w.worker_id, 0),
                               w.drain_tokens_per_s) for w in ready]
-        refusal = shed(self.slo_s, prompt_tokens, queues)
+        decision = decide(self.slo_s, prompt_tokens, queues)
+        if decision is None:  # no drain rate measured yet: nothing to predict with
+            return
+        best, refusal = decision
         if refusal is not None:
             self.metrics.inc("shed_requests", TTFT_SLO)
             raise APIError(
@@ -47,7 +50,5 @@ class TTFTShedder:
                      f"the server's TTFT objective of {self.slo_s:g} s (the setting ttft_slo_s, "
                      f"--ttft-slo-s); retry after {refusal.retry_after_s} s",
                 code="ttft_slo_exceeded", retry_after=refusal.retry_after_s)
-        found = best_worker(prompt_tokens, queues)
-        if found is not None:
-            wid = ready[found[0]].worker_id
-            self._admitted[wid] = self._admitted.get(wid, 0) + prompt_tokens
+        wid = ready[best].worker_id
+        self._admitted[wid] = self._admitted.get(wid, 0) + prompt_tokens
