@@ -4,19 +4,24 @@
    this machine, benchmarks/results/forward_step.json (`default` variant: SmolLM2-135M, the
    engine's CPU defaults, 1 thread = one serving worker's CPU; decode of 1/4/16/64 sequences
    and a prefill, at one context length, so the per-KV-token term is not fitted).
-2. Serving overhead: what a served step costs beyond the forward (scheduling, sampling,
-   streaming through Ray and HTTP, two workers, a router and a proxy sharing the cores), per
-   step, fitted so that the simulated mean time per output token equals the real fleet's in
-   ONE run (`--fit-on`, default round robin at load 0.5: no routing in it) and held out
-   everywhere else (TTFT and e2e are never fitted).
+2. The serving path, measured (benchmarks/fleet_sim_probe.py, `--probe`: one request at a
+   time on an idle real `raypaged serve --workers 2`): per step, what a served step costs
+   beyond the forward (scheduling, sampling, streaming through Ray and HTTP); per attended
+   pair, what a served prefill costs beyond the forward fit's per-token term; per request,
+   the path outside any step (HTTP, routing, the submit, the first SSE frame). Solved from
+   the probe's TTFTs and TPOTs (calibration.probe_terms); nothing is fitted to the runs
+   checked below. With `--fit-on mode:load` the per-step term is instead fitted so that the
+   simulated mean time per output token equals the real fleet's in that ONE run (the earlier
+   method), the probe's other terms kept.
 3. Check: the simulator, with that model, at 2 workers, replays the workload of a real routing
    benchmark (`--real`, a serve_bench.py JSON: its seeded prefix_repetition dataset, its Poisson
    arrivals, its engine settings) for every routing mode and load measured there, and prints
    simulated vs measured mean TTFT and e2e (target: within +-25%), with the forward-only
    model's errors beside them.
 
-    python benchmarks/fleet_sim_calibrate.py [--real benchmarks/results/serve_bench_routing.json]
-        [--route-cache-sample 1]
+    python benchmarks/fleet_sim_calibrate.py
+        [--real benchmarks/results/serve_bench_calibration_quiet.json]
+        [--probe benchmarks/results/fleet_sim_probe.json] [--route-cache-sample 1]
         [--fit-on round_robin:0.5] [--name fleet_sim_calibration]
 """
 from __future__ import annotations
@@ -35,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
 from benchmarks.serve_datasets import make_dataset  # noqa: E402
 from raypaged.sim.calibration import (fit_linear, fit_serving_overhead,  # noqa: E402
-                                      forward_step_points)
+                                      forward_step_points, probe_terms)
 from raypaged.sim.cost_model import CPU_SMOLLM2_135M  # noqa: E402
 from raypaged.sim.experiment import simulate  # noqa: E402
 from raypaged.sim.trace import from_prompts  # noqa: E402
@@ -107,7 +112,8 @@ def serving_fit(real_path: Path, forward, fit_on: str, cache_sample: int | None 
     if not runs:
         sys.exit(f"--fit-on {fit_on}: {real_path} has no prefix_repetition run of mode {mode} "
                  f"at load {load}")
-    named = dataclasses.replace(forward, name=forward.name.replace("(fitted)", "(fitted, served)"))
+    named = dataclasses.replace(forward, name=forward.name.replace("(fitted)", "(fitted, served)"),
+                                per_step_serving=0.0)
     return fit_serving_overhead(
         named, lambda cost: replay(real, runs[0], cost, cache_sample)["mean_tpot_s"],
         runs[0]["mean_tpot_ms"] / 1000)
@@ -116,9 +122,12 @@ def serving_fit(real_path: Path, forward, fit_on: str, cache_sample: int | None 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--forward-step", default=str(RESULTS / "forward_step.json"))
-    p.add_argument("--real", default=str(RESULTS / "serve_bench_routing.json"))
-    p.add_argument("--fit-on", default="round_robin:0.5",
-                   help="mode:load of the one real run the per-step serving overhead is fitted on")
+    p.add_argument("--real", default=str(RESULTS / "serve_bench_calibration_quiet.json"))
+    p.add_argument("--probe", default=str(RESULTS / "fleet_sim_probe.json"),
+                   help="benchmarks/fleet_sim_probe.py's measurement of the serving path")
+    p.add_argument("--fit-on", default="",
+                   help="mode:load of one real run to fit the per-step serving overhead on "
+                        "instead of taking it from the probe (default: not fitted)")
     p.add_argument("--route-cache-sample", type=int, default=None,
                    help="the real server's --route-cache-sample (default: today's default; "
                         "serve_bench_routing.json's run of 2026-11-22 had 1)")
@@ -130,9 +139,17 @@ def main(argv=None) -> int:
     if fitted != CPU_SMOLLM2_135M:
         print(f"note: raypaged/sim/cost_model.py's CPU_SMOLLM2_135M is {CPU_SMOLLM2_135M}: "
               "paste the fit there to use it")
-    served = serving_fit(Path(ns.real), fitted, ns.fit_on, ns.route_cache_sample)
-    print(f"serving overhead fitted on {ns.fit_on}: {1000 * served.per_step_serving:.2f} ms "
-          "per step")
+    probe = json.loads(Path(ns.probe).read_text())
+    served = probe_terms(fitted, probe)
+    served = dataclasses.replace(served, name=served.name.replace("(fitted)", "(fitted, probed)"))
+    print(f"measured by the probe ({ns.probe}, load average {probe['load_average']}): "
+          f"{1000 * served.per_step_serving:.2f} ms per step, "
+          f"{1e6 * served.per_pair:.3f} us per attended pair, "
+          f"{1000 * served.path_s:.1f} ms per request")
+    if ns.fit_on:
+        served = serving_fit(Path(ns.real), served, ns.fit_on, ns.route_cache_sample)
+        print(f"per-step serving overhead fitted on {ns.fit_on} instead: "
+              f"{1000 * served.per_step_serving:.2f} ms per step")
     forward_rows = check(Path(ns.real), fitted, ns.route_cache_sample)
     rows = check(Path(ns.real), served, ns.route_cache_sample)
     cols = ["mode", "load", "real_mean_ttft_ms", "sim_mean_ttft_ms", "ttft_error",
@@ -140,19 +157,29 @@ def main(argv=None) -> int:
             "sim_mean_tpot_ms", "real_hit_rate", "sim_hit_rate", "within_25pct"]
     print("forward only (no serving overhead):")
     print(table(forward_rows, cols))
-    print(f"with the serving overhead (fitted on {ns.fit_on}; the other rows are held out):")
+    source = f"fitted on {ns.fit_on}" if ns.fit_on else "all measured by the probe"
+    print(f"with the serving path ({source}; every other row is held out):")
     print(table(rows, cols))
     held_out = [r for r in rows if f"{r['mode']}:{r['load']}" != ns.fit_on]
     met = all(r["within_25pct"] for r in rows)
     print(f"calibration within +-25% on mean TTFT and e2e in every run: {'met' if met else 'missed'}"
           f" ({sum(r['within_25pct'] for r in held_out)} of {len(held_out)} held-out runs within)")
+    within = {"ttft": sum(abs(r["ttft_error"]) <= TOLERANCE for r in rows),
+              "e2e": sum(abs(r["e2e_error"]) <= TOLERANCE for r in rows)}
+    print(f"mean TTFT within +-25% in {within['ttft']} of {len(rows)} runs, mean e2e in "
+          f"{within['e2e']} of {len(rows)}")
     real = json.loads(Path(ns.real).read_text())
     fs_time = json.loads(Path(ns.forward_step).read_text())["time"]
     out = write(ns.name, {
         "fit": {k: getattr(served, k) for k in ("per_step", "per_token", "per_seq", "per_kv",
-                                                 "per_step_serving")},
+                                                 "per_step_serving", "per_pair", "path_s")},
         "fit_source": {"file": Path(ns.forward_step).name, "time": fs_time},
-        "serving_overhead_fit_on": ns.fit_on, "route_cache_sample": ns.route_cache_sample,
+        "probe_source": {"file": Path(ns.probe).name, "time": probe["time"],
+                         "load_average": probe["load_average"]},
+        "serving_overhead_fit_on": ns.fit_on or None,
+        "route_cache_sample": ns.route_cache_sample,
+        "held_out_within_25pct": sum(r["within_25pct"] for r in held_out),
+        "held_out_runs": len(held_out), "runs_within_25pct": within,
         "real_source": {"file": Path(ns.real).name, "time": real["time"],
                         "load_average": real.get("load_average")},
         "load_average_here": {"before": load_before, "after": os.getloadavg()},

@@ -31,17 +31,22 @@ def fit_linear(name: str, points: Sequence[tuple[float, float, float, float]],
     if len(points) < len(terms):
         raise ValueError(f"{len(points)} measured steps cannot fit {len(terms)} coefficients: "
                          f"measure more step shapes or fit fewer terms")
+    coef = _least_squares([_row(p, terms) for p in points], [p[3] for p in points], terms)
+    return LinearCost(name, **{t: coef.get(t, 0.0) for t in TERMS})
+
+
+def _least_squares(rows: Sequence[Sequence[float]], ys: Sequence[float],
+                   terms: Sequence[str]) -> dict[str, float]:
+    """The coefficients (named by `terms`) minimising sum (row . coef - y)^2: normal equations."""
     k = len(terms)
     a = [[0.0] * k for _ in range(k)]
     b = [0.0] * k
-    for p in points:
-        x = _row(p, terms)
+    for x, y in zip(rows, ys):
         for i in range(k):
-            b[i] += x[i] * p[3]
+            b[i] += x[i] * y
             for j in range(k):
                 a[i][j] += x[i] * x[j]
-    coef = _solve(a, b, terms)
-    return LinearCost(name, **{t: coef.get(t, 0.0) for t in TERMS})
+    return _solve(a, b, terms)
 
 
 def _solve(a: list[list[float]], b: list[float], terms: Sequence[str]) -> dict[str, float]:
@@ -95,3 +100,34 @@ def fit_serving_overhead(cost: LinearCost, simulated_tpot: Callable[[LinearCost]
             break
         x0, x1, f0 = x1, max(0.0, x1 - f1 * (x1 - x0) / (f1 - f0)), f1
     return dataclasses.replace(cost, per_step_serving=x1)
+
+
+def probe_terms(forward: LinearCost, probe: dict) -> LinearCost:
+    """`forward` with the serving path's terms measured by benchmarks/fleet_sim_probe.py (one
+    request at a time on an idle real fleet: no queueing, no batching), none of them fitted to
+    the runs the calibration is checked on. Per probe request of P prompt tokens and T output
+    tokens, on an idle worker:
+
+        TTFT = path_s + serving + forward(P new tokens, 1 sequence) + per_pair x P(P+1)/2
+        TPOT = serving + forward(1 new token, 1 sequence) + per_pair x (P + T/2)
+               (a decode step of one token attends its whole context: P + T/2 on average)
+
+    solved together by least squares for path_s (per request), serving (per step,
+    `per_step_serving`) and per_pair (per attended pair: what a longer chunk costs beyond the
+    forward fit's per-token term). A negative solution is refused by name: the probe was too
+    noisy (a loaded machine) to tell the term, so rerun it quiet."""
+    rows, ys = [], []
+    for r in probe["requests"]:
+        p, t = r["prompt_tokens"], r["output_tokens"]
+        rows.append([1.0, 1.0, p * (p + 1) / 2])
+        ys.append(r["ttft_ms"] / 1000 - forward.per_step - forward.per_token * p
+                  - forward.per_seq - forward.per_kv * p)
+        rows.append([0.0, 1.0, p + t / 2])
+        ys.append(r["tpot_ms"] / 1000 - forward.per_step - forward.per_token - forward.per_seq
+                  - forward.per_kv * (p + t / 2))
+    coef = _least_squares(rows, ys, ("path_s", "per_step_serving", "per_pair"))
+    negative = sorted(k for k, v in coef.items() if v < 0)
+    if negative:
+        raise ValueError(f"the probe gives negative {', '.join(negative)} ({coef}): too noisy "
+                         "to measure them; rerun benchmarks/fleet_sim_probe.py on a quiet machine")
+    return dataclasses.replace(forward, **coef)

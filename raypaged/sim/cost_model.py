@@ -60,10 +60,19 @@ class LinearCost:
     # see it; it is fitted to a real fleet's time per output token
     # (calibration.fit_serving_overhead).
     per_step_serving: float = 0.0
+    # Measured on the real serving path (benchmarks/fleet_sim_probe.py: one request at a time
+    # on an idle 2-worker fleet), beyond the forward-step fit: a served prefill costs more per
+    # token the longer the chunk's context (attention over every earlier position, which the
+    # forward benchmark's one 256-token prefill cannot separate from its per-token cost), and
+    # each request spends `path_s` on the way in and out (HTTP, routing, the submit to the
+    # worker, the first SSE frame) outside any step.
+    per_pair: float = 0.0     # per attended (query, key) pair of the step's new tokens
+    path_s: float = 0.0       # per request, before its first token reaches the client
 
     def seconds(self, s: StepShape) -> float:
         return (self.per_step + self.per_step_serving + self.per_token * s.new_tokens
-                + self.per_seq * s.sequences + self.per_kv * s.kv_read)
+                + self.per_seq * s.sequences + self.per_kv * s.kv_read
+                + self.per_pair * s.attended_pairs)
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,7 @@ class RooflineCost:
     mbu: float                # achievable fraction of peak bandwidth (an assumption, stated)
     overhead_s: float         # per step: launch, scheduling, sampling (an assumption, stated)
     kv_budget_bytes: float    # memory left for the KV cache
+    path_s: float = 0.0       # per request outside any step (HTTP, routing): not modelled
 
     def seconds(self, s: StepShape) -> float:
         flops = (2 * self.body_params * s.new_tokens + 2 * self.head_params * s.sampled

@@ -7,6 +7,8 @@ Events, in simulated time, ordered (time, kind, sequence):
                  - requests in flight per worker: counted exactly (one router replica counts
                    its own requests, as raypaged.serve.generation.Dispatcher does)
                  - queued prompt tokens and the prefix-cache view: as of the last snapshot
+    deliver    the request reaches its worker's engine `path_s` after the decision (the cost
+               model's per-request serving path: HTTP, routing, the submit; 0 = at once)
     snapshot   every `snapshot_interval_s` the router's view catches up with every worker
                (stats + the cache summary's delta since the last one, as /fleet carries them;
                with `cache_sample` N > 1 only the keys at the depths cache_summary.published
@@ -38,7 +40,7 @@ from raypaged.sim.policies import Policy
 from raypaged.sim.trace import SimRequest
 from raypaged.sim.worker import SimWorker
 
-STEP_END, ARRIVAL, SNAPSHOT, JOIN, KICK = 0, 1, 2, 3, 4
+STEP_END, ARRIVAL, DELIVER, SNAPSHOT, JOIN, KICK = 0, 1, 2, 3, 4, 5
 
 
 @dataclass
@@ -189,13 +191,22 @@ class Fleet:
                 wid = self.policy.choose(tokens, loads)
                 decisions.append(time.perf_counter() - t0)
                 rid = f"r{what}"
-                self.workers[wid].add(rid, tokens, req.output_len)
                 owner[rid], rec.worker = what, wid
                 self.inflight[wid] += 1
                 self.sent_since[wid] += len(tokens)
                 i = loads.at[wid]
                 loads.requests[i] += 1
                 loads.queued[i] += len(tokens)
+                path_s = self.workers[wid].cost.path_s
+                if path_s:
+                    push(now + path_s, DELIVER, (wid, rid, tokens, req.output_len))
+                else:
+                    self.workers[wid].add(rid, tokens, req.output_len)
+                    kicked.add(wid)
+                    push(now, KICK)
+            elif kind == DELIVER:
+                wid, rid, tokens, output_len = what
+                self.workers[wid].add(rid, tokens, output_len)
                 kicked.add(wid)
                 push(now, KICK)
             elif kind == SNAPSHOT:

@@ -1,4 +1,5 @@
 """The cost models: step shapes from real batches, the roofline's regimes, the CPU fit."""
+import dataclasses
 import json
 from pathlib import Path
 
@@ -67,3 +68,35 @@ def test_the_serving_overhead_is_what_makes_the_simulated_tpot_the_measured_one(
     assert served.seconds(StepShape(3, 1, 0, 0, 1)) == pytest.approx(0.01 + 0.03 + 0.003)
     # a fleet already slower in the simulator than measured: no negative overhead
     assert fit_serving_overhead(forward, tpot, real_tpot_s=0.005).per_step_serving == 0.0
+
+
+def test_a_step_costs_its_attended_pairs_and_the_probe_terms_are_what_the_probe_measured():
+    from raypaged.sim.calibration import probe_terms
+    from raypaged.sim.cost_model import StepShape
+    forward = LinearCost("t", per_step=0.01, per_token=0.001, per_seq=0.0005, per_kv=0.0)
+    truth = dataclasses.replace(forward, per_step_serving=0.004, per_pair=2e-6, path_s=0.015)
+    # a 100-token prefill attends 100 x 101 / 2 = 5,050 pairs: 10 + 4 + 100 + 0.5 + 10.1 ms
+    assert truth.seconds(StepShape(100, 1, 100, 5050, 1)) == pytest.approx(0.1246)
+    # an idle fleet measured exactly as the model says: the probe gives the terms back
+    requests = []
+    for p in (16, 64, 256, 432):
+        ttft = truth.path_s + truth.seconds(StepShape(p, 1, p, p * (p + 1) // 2, 1))
+        tpot = truth.seconds(StepShape(1, 1, p + 8, p + 8, 1))   # 16 output tokens: context p + 8
+        requests.append({"prompt_tokens": p, "output_tokens": 16, "ttft_ms": 1000 * ttft,
+                         "tpot_ms": 1000 * tpot})
+    got = probe_terms(forward, {"requests": requests})
+    assert (got.per_step, got.per_token, got.per_seq) == (0.01, 0.001, 0.0005)
+    assert got.per_step_serving == pytest.approx(0.004)
+    assert got.per_pair == pytest.approx(2e-6)
+    assert got.path_s == pytest.approx(0.015)
+    # a probe faster than the forward fit cannot be explained by positive terms: refused by name
+    fast = [{**r, "ttft_ms": r["ttft_ms"] / 3} for r in requests]
+    with pytest.raises(ValueError, match="rerun benchmarks/fleet_sim_probe.py on a quiet machine"):
+        probe_terms(forward, {"requests": fast})
+
+
+def test_the_committed_probe_gives_positive_terms():
+    from raypaged.sim.calibration import probe_terms
+    probe = json.loads((ROOT / "benchmarks/results/fleet_sim_probe.json").read_text())
+    got = probe_terms(CPU_SMOLLM2_135M, probe)
+    assert got.per_step_serving > 0 and got.per_pair > 0 and got.path_s > 0

@@ -93,3 +93,15 @@ def test_with_a_cache_sample_the_router_sees_and_pays_for_only_the_sampled_keys(
             assert fleet.views[wid].keys == {k for k in depth if published(depth[k], every)}
         runs[every] = run
     assert runs[4].snapshot_bytes < runs[1].snapshot_bytes
+
+
+def test_the_serving_path_delays_a_requests_arrival_at_its_worker_by_path_s():
+    import dataclasses
+    slow = dataclasses.replace(COST, path_s=0.25)
+    fleet = build_fleet(2, SHAPE, slow, "round_robin")
+    run = fleet.run([req(0.0, [7] * 100), req(0.1, [8] * 100)])
+    # the prefill starts 0.25 s after the decision and takes 1.1 s; e2e adds the same 0.25 s
+    assert [r.first_token_s - r.arrival_s for r in run.records] == pytest.approx([1.35, 1.35])
+    assert run.records[0].finish_s == pytest.approx(0.25 + 1.1 + 1.001)
+    # the router counted each request at its decision, before it reached the worker
+    assert [r.worker for r in run.records] == ["w0000", "w0001"]
