@@ -24,6 +24,14 @@ between them:
                        stream must end as a suspected poison request, and the same request sent
                        again must be refused at once with no worker touched (with 2 workers both
                        are then down for a model reload: load requests fail meanwhile)
+    mass_disconnect    400 streams opened at once (max_tokens 256: most queue behind the KV
+                       budget), every connection reset at the same moment: seconds until every
+                       dropped stream is aborted on its worker (the fleet's load back to the load
+                       clients' own) and a small request is answered within 3x of idle
+Throughout, a small probe request (4 tokens, streamed) is sent every 0.5 s; its TTFT and total
+are reported per phase as multiples of the same probe's p50 on the idle service, measured before
+the load starts (issue 24: within 3x of idle during each attack). The phases themselves live in
+benchmarks/chaos_phases.py.
 and prints and writes (benchmarks/results/chaos.json, .png): requests sent, completed, failed by
 status, lost (a 200 with fewer tokens than asked, or a stream without [DONE]), hung (no answer
 in 120 s), per phase the load requests in the air that completed and that failed, collateral
@@ -53,29 +61,16 @@ import httpx  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
-from benchmarks.limits_probe import ATTACKS, slow_body  # noqa: E402
-from benchmarks.serve_process import descendants, launch, stop  # noqa: E402
+from benchmarks.chaos_phases import (BODY_TIMEOUT_S, CLIENT_TIMEOUT_S,  # noqa: E402
+                                     Probe, busiest, controller_pids, crash_twice, fleet,
+                                     hang_worker, mass_disconnect, new_controller, send_big_bodies,
+                                     ratios, send_expensive, send_raw, send_slow_bodies,
+                                     wait_all_ready)
+from benchmarks.serve_process import launch, stop  # noqa: E402
 
 MAX_TOKENS = 24
 PHASES = ("kill_worker", "freeze_worker", "poison", "expensive", "big_bodies", "slow_bodies",
-          "kill_controller", "hang_worker", "crash_twice")
-BODY_TIMEOUT_S = 5
-CLIENT_TIMEOUT_S = 120
-POISON = [
-    {"prompt": "hi", "max_tokens": 2, "min_tokens": 1, "stop_token_ids": [99999999]},
-    {"prompt": "hi", "max_tokens": 2, "top_k": 100000000000000000000},
-    {"prompt": "hi", "max_tokens": 2, "top_k": 2 ** 63},
-]
-MALFORMED = [
-    "{not json", "[]", "null", '{"prompt": 5}', '{"prompt": "hi", "max_tokens": -1}',
-    '{"prompt": "hi", "temperature": NaN}', '{"prompt": "hi", "temperature": Infinity}',
-    '{"prompt": "hi", "temperature": 1e400}', '{"prompt": "hi", "n": 0}',
-    '{"prompt": "hi", "top_p": 2}', '{"prompt": [[-1]]}', '{"prompt": "\\ud800"}',
-    '{"prompt": "hi", "stop_token_ids": [-5]}', '{"prompt": "hi", "repetition_penalty": 1e400}',
-    '{"prompt": "hi", "logprobs": 99}', '{"model": "nope", "prompt": "hi"}',
-    '{"prompt": "hi", "max_tokens": 100000000}', '{"prompt": "hi", "stream": "yes"}',
-    "[" * 100000 + "]" * 100000,
-]
+          "kill_controller", "hang_worker", "crash_twice", "mass_disconnect")
 
 
 @dataclass
@@ -142,13 +137,6 @@ class Load:
         self._stop.set()
 
 
-def fleet(url: str) -> list[dict]:
-    try:
-        return httpx.get(f"{url}/fleet", timeout=5).json()["workers"]
-    except (httpx.HTTPError, ValueError, KeyError):
-        return []
-
-
 def preemptions(url: str) -> float:
     try:
         text = httpx.get(f"{url}/metrics", timeout=5).text
@@ -158,67 +146,20 @@ def preemptions(url: str) -> float:
                if f.name == "raypaged:num_preemptions" for s in f.samples)
 
 
-async def wait_all_ready(url: str, n: int, since: float, limit_s: float) -> float | None:
-    """Seconds from `since` until n workers are ready again, after the fleet has noticed the
-    fault (None: not within limit_s). A fault the fleet never notices within 10 s counts as
-    recovered when noticed-or-not is decided: at 10 s."""
-    while time.monotonic() - since < 10:
-        if sum(w["state"] == "ready" for w in await asyncio.to_thread(fleet, url)) < n:
-            break
-        await asyncio.sleep(0.1)
-    while time.monotonic() - since < limit_s:
-        if sum(w["state"] == "ready" for w in await asyncio.to_thread(fleet, url)) >= n:
-            return time.monotonic() - since
-        await asyncio.sleep(0.25)
-    return None
-
-
-def controller_pids(root: int) -> list[int]:
-    # comm is cut at 15 characters: "ray::ControllerActor" reads "ray::Controller"
-    return [p for p, n in descendants(root).items() if n.startswith("ray::Controller")]
-
-
-async def new_controller(root: int, killed: list[int], since: float,
-                         limit_s: float) -> float | None:
-    """Seconds from `since` until a controller process other than the killed ones runs."""
-    while time.monotonic() - since < limit_s:
-        if set(await asyncio.to_thread(controller_pids, root)) - set(killed):
-            return time.monotonic() - since
-        await asyncio.sleep(0.25)
-    return None
-
-
-def busiest(url: str) -> dict:
-    return max(fleet(url), key=lambda w: w.get("load", 0))
-
-
-async def send_raw(url: str) -> dict:
-    """Malformed and poison requests; status code -> count for each kind."""
-    counts: dict[str, dict[str, int]] = {"malformed": {}, "poison": {}}
-    async with httpx.AsyncClient(timeout=60) as client:
-        for raw in MALFORMED:
-            r = await client.post(f"{url}/v1/completions", content=raw.encode(),
-                                  headers={"content-type": "application/json"})
-            counts["malformed"][str(r.status_code)] = counts["malformed"].get(str(r.status_code), 0) + 1
-        for body in POISON * 3:
-            r = await client.post(f"{url}/v1/completions", json=body)
-            counts["poison"][str(r.status_code)] = counts["poison"].get(str(r.status_code), 0) + 1
-    return counts
-
-
-async def health_max(url: str, work) -> tuple[object, float]:
-    """(what `work` returns, the slowest /health answer while it ran)."""
+async def health_max(url: str, work, samples: list | None = None) -> tuple[object, float]:
+    """(what `work` returns, the slowest /health answer while it ran); each answer's
+    (sent at, seconds) is appended to `samples` if given."""
     stop_polling = asyncio.Event()
+    samples = [] if samples is None else samples
 
     async def poll() -> float:
-        worst = 0.0
         async with httpx.AsyncClient(timeout=60) as client:
             while not stop_polling.is_set():
                 t = time.monotonic()
                 await client.get(f"{url}/health")
-                worst = max(worst, time.monotonic() - t)
+                samples.append((t, time.monotonic() - t))
                 await asyncio.sleep(0.1)
-        return worst
+        return max((s for _, s in samples), default=0.0)
 
     poller = asyncio.create_task(poll())
     try:
@@ -228,116 +169,15 @@ async def health_max(url: str, work) -> tuple[object, float]:
     return result, await poller
 
 
-async def send_expensive(url: str) -> dict:
-    """Each over-limit request once: its status and seconds."""
-    out = {}
-    async with httpx.AsyncClient(timeout=60) as client:
-        for name, (path, body) in ATTACKS.items():
-            t = time.monotonic()
-            r = await client.post(f"{url}/v1/{path}", content=json.dumps(body).encode(),
-                                  headers={"content-type": "application/json"})
-            out[name] = {"status": r.status_code, "seconds": round(time.monotonic() - t, 3)}
-    return out
-
-
-async def send_big_bodies(url: str, n: int = 8) -> dict:
-    big = b'{"prompt":[' + b"1," * (4 * 2**20 - 16) + b"1]}"
-    t = time.monotonic()
-    async with httpx.AsyncClient(timeout=120) as client:
-        rs = await asyncio.gather(*(client.post(f"{url}/v1/completions", content=big,
-                                                headers={"content-type": "application/json"})
-                                    for _ in range(n)))
-    return {"bodies": n, "statuses": sorted({r.status_code for r in rs}),
-            "seconds": round(time.monotonic() - t, 2)}
-
-
-async def send_slow_bodies(url: str, n: int = 200) -> dict:
-    port = int(url.rsplit(":", 1)[1])
-    t = time.monotonic()
-    codes = await asyncio.gather(*(slow_body(port) for _ in range(n)))
-    return {"connections": n, "got_408": sum(c == 408 for c in codes),
-            "closed_within_s": round(time.monotonic() - t, 2), "body_timeout_s": BODY_TIMEOUT_S}
-
-
-async def hang_worker(url: str, limit_s: float) -> tuple[str, dict]:
-    """SIGSTOP the busiest worker for good; when the fleet saw it unresponsive, killed and
-    replaced (seconds after the SIGSTOP)."""
-    victim = busiest(url)
-    wid, pid = victim["worker_id"], victim["pid"]
-    os.kill(pid, signal.SIGSTOP)
-    t, seen = time.monotonic(), {}
-    try:
-        while time.monotonic() - t < limit_s and "replaced_s" not in seen:
-            w = next((w for w in await asyncio.to_thread(fleet, url) if w["worker_id"] == wid),
-                     {})
-            now = round(time.monotonic() - t, 2)
-            if w.get("state") == "unresponsive":
-                seen.setdefault("unresponsive_s", now)
-            if w.get("kills", 0) > victim.get("kills", 0):
-                seen.setdefault("killed_s", now)
-            if w.get("state") == "ready" and w.get("pid") not in (None, pid):
-                seen["replaced_s"] = now
-            await asyncio.sleep(0.1)
-    finally:
-        if os.path.exists(f"/proc/{pid}"):
-            os.kill(pid, signal.SIGCONT)
-    if "unresponsive_s" in seen and "killed_s" in seen:
-        seen["unresponsive_for_s"] = round(seen["killed_s"] - seen["unresponsive_s"], 2)
-    return wid, seen
-
-
-async def crash_twice(url: str, n: int, limit_s: float) -> tuple[str, dict]:
-    """A stream whose two workers are killed in turn, then the same request again."""
-    out: dict = {"all_ready_before_s": await wait_all_ready(url, n, time.monotonic(), limit_s)}
-    body = {"prompt": "Chaos: a request that crashes workers. Tell a long story.",
-            "max_tokens": 440, "ignore_eos": True, "temperature": 0, "stream": True}
-    events: list[dict] = []
-    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S * 3) as client:
-        async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
-            first = r.headers.get("x-raypaged-worker")
-
-            async def read():
-                async for line in r.aiter_lines():
-                    if line.startswith("data: {"):
-                        events.append(json.loads(line[6:]))
-
-            reader = asyncio.create_task(read())
-            t = time.monotonic()
-            while len(events) < 3 and not reader.done():
-                await asyncio.sleep(0.05)
-            pids = {w["worker_id"]: w.get("pid") for w in await asyncio.to_thread(fleet, url)}
-            os.kill(pids[first], signal.SIGKILL)
-            at_kill = len(events)
-            # a model reload takes longer than the stream: the second worker goes as soon as
-            # the stream goes on there
-            while len(events) < at_kill + 3 and not reader.done():
-                await asyncio.sleep(0.05)
-            out["tokens_after_first_kill"] = len(events) - at_kill
-            if reader.done():
-                out["second_kill"] = "the stream ended first"
-            else:
-                second = max((w for w in await asyncio.to_thread(fleet, url)
-                              if w["worker_id"] != first and w.get("state") == "ready"),
-                             key=lambda w: w.get("load", 0))
-                os.kill(second["pid"], signal.SIGKILL)
-                out["second_kill"] = second["worker_id"]
-            await asyncio.wait_for(reader, CLIENT_TIMEOUT_S)
-        errors = [e["error"] for e in events if "error" in e]
-        out["stream_tokens"] = sum(len(c.get("text", "")) > 0 for e in events
-                                   for c in e.get("choices", []))
-        out["stream_error"] = errors[-1]["code"] if errors else None
-        t = time.monotonic()
-        again = await client.post(f"{url}/v1/completions", json={**body, "stream": False})
-        out["again"] = {"status": again.status_code, "seconds": round(time.monotonic() - t, 3),
-                        "code": again.json().get("error", {}).get("code")}
-    return first, out
-
-
 async def scenario(proc, url: str, ns) -> dict:
+    probe = Probe(url)
+    probe_idle = await probe.idle()  # nothing else running yet
     load = Load(url, ns.concurrency)
     runner = asyncio.create_task(load.run())
+    prober = asyncio.create_task(probe.run())
     phases, raw_counts = [], {}
     first_preemptions = await asyncio.to_thread(preemptions, url)
+    load_alone_at = time.monotonic()
     # /health over the load alone: what the attacks' /health figures compare with
     _, baseline_health_s = await health_max(url, asyncio.sleep(ns.phase_s))
     for name in ns.phases:
@@ -363,6 +203,18 @@ async def scenario(proc, url: str, ns) -> dict:
             (detail, extra), health_s = await health_max(url, crash_twice(
                 url, ns.workers, ns.recovery_limit_s))
             extra["health_max_s"] = health_s
+        elif name == "mass_disconnect":
+            health: list[tuple[float, float]] = []
+            extra["answers"], extra["health_max_s"] = await health_max(url, mass_disconnect(
+                url, probe_idle, ns.concurrency, limit_s=ns.recovery_limit_s), health)
+            # the flood (400 streams queued, before the drop) apart from the drop and after
+            dropped = extra["answers"].pop("dropped_at")
+            extra["health_max_flood_s"] = max((s for t, s in health if t < dropped), default=None)
+            extra["health_max_after_drop_s"] = max((s for t, s in health if t >= dropped),
+                                                   default=None)
+            extra["probe_flood"] = ratios(probe.samples, probe_idle, at, dropped)
+            extra["probe_after_drop"] = ratios(probe.samples, probe_idle, dropped,
+                                               dropped + ns.phase_s)
         elif name in ("expensive", "big_bodies", "slow_bodies"):
             send = {"expensive": send_expensive, "big_bodies": send_big_bodies,
                     "slow_bodies": send_slow_bodies}[name]
@@ -388,9 +240,12 @@ async def scenario(proc, url: str, ns) -> dict:
                        "first_ok_request_s": min((o.ended - at for o in after), default=None),
                        **extra})
     load.stop()
+    probe.stop()
     await asyncio.wait_for(runner, CLIENT_TIMEOUT_S + 30)
+    await asyncio.wait_for(prober, CLIENT_TIMEOUT_S + 30)
     return {"outcomes": load.outcomes, "phases": phases, "raw": raw_counts,
-            "baseline_health_max_s": baseline_health_s,
+            "baseline_health_max_s": baseline_health_s, "probe_idle": probe_idle,
+            "probes": probe.samples, "load_alone_at": load_alone_at,
             "preemptions": await asyncio.to_thread(preemptions, url) - first_preemptions}
 
 
@@ -413,13 +268,19 @@ def summarize(res: dict, t0: float) -> dict:
         # load requests that were in the air during this phase and failed
         p["failed"] = sum(not o.ok for o in outs if o.ended >= start and o.started < end)
         p["completed"] = sum(o.ok for o in outs if o.ended >= start and o.started < end)
+        p.update(ratios(res["probes"], res["probe_idle"], start, end))
+    first_at = res["phases"][0]["at"] if res["phases"] else float("inf")
     return {
         "sent": len(outs), "completed": sum(o.ok for o in outs), "failed_by_status": failed,
         "lost": sum(o.status == "200" and not o.ok for o in outs),
         "hung": sum(o.status == "hung" for o in outs),
         "collateral_poison_failures": len(collateral) if poison is not None else None,
         "preemptions": res["preemptions"], "phases": phases, "raw_requests": res["raw"],
-        "baseline_health_max_s": res["baseline_health_max_s"]}
+        "baseline_health_max_s": res["baseline_health_max_s"],
+        "probe_idle": res["probe_idle"],
+        "probe_load_alone": ratios(res["probes"], res["probe_idle"], res["load_alone_at"],
+                                   first_at),
+        "load_average_at_end": os.getloadavg()}
 
 
 def plot(res: dict, t0: float, summary: dict, path: Path) -> None:
@@ -457,6 +318,8 @@ def main(argv=None) -> int:
                    help="the server's --worker-unresponsive-timeout-s (hang_worker)")
     p.add_argument("--ingress", choices=("python", "haproxy"), default=None,
                    help="the server's --ingress (default: its default, Serve's Python proxy)")
+    p.add_argument("--router-replicas", type=int, default=None,
+                   help="the server's --router-replicas (default: its default, 1)")
     p.add_argument("--name", default="chaos")
     ns = p.parse_args(argv)
     log = Path(tempfile.gettempdir()) / f"{ns.name}_serve.log"
@@ -465,6 +328,9 @@ def main(argv=None) -> int:
              "--worker-unresponsive-timeout-s", str(ns.unresponsive_timeout_s)]
     if ns.ingress is not None:
         flags += ["--ingress", ns.ingress]
+    if ns.router_replicas is not None:
+        flags += ["--router-replicas", str(ns.router_replicas)]
+    load_at_start = os.getloadavg()
     proc, url = launch(flags, log)
     try:
         t0 = time.monotonic()
@@ -478,17 +344,30 @@ def main(argv=None) -> int:
     print(table(summary["phases"], ["phase", "target", "at_s", "completed", "failed",
                                     "fleet_ready_s", "first_ok_request_s", "controller_back_s",
                                     "worker_pids_unchanged"]))
+    idle = summary["probe_idle"]
+    print(f"small probe request (4 tokens, streamed) idle: TTFT p50 {idle['ttft_p50_s']:.3f} s, "
+          f"total p50 {idle['total_p50_s']:.3f} s; per phase as multiples of idle "
+          "(target: max within 3x):")
+    probe_cols = ["probes", "probes_failed", "probe_ttft_p50_x", "probe_ttft_max_x",
+                  "probe_total_p50_x", "probe_total_max_x", "probe_total_max_s"]
+    print(table([{"phase": "load alone", **summary["probe_load_alone"]}, *summary["phases"]],
+                ["phase", *probe_cols]))
     print("malformed / poison replies by status:", json.dumps(summary["raw_requests"]))
     print(f"/health max over the load alone (before the first phase): "
           f"{summary['baseline_health_max_s']:.2f} s")
     for ph in summary["phases"]:
+        if ph["phase"] == "mass_disconnect":
+            print("mass_disconnect:", json.dumps({k: ph[k] for k in (
+                "health_max_flood_s", "health_max_after_drop_s", "probe_flood",
+                "probe_after_drop")}))
         if ph["phase"] in ("hang_worker", "crash_twice"):
             print(f"{ph['phase']}:", json.dumps({k: v for k, v in ph.items() if k not in (
                 "phase", "target", "at_s", "completed", "failed")}))
         if "answers" in ph:
             print(f"{ph['phase']}: /health max {ph['health_max_s']:.2f} s;",
                   json.dumps(ph["answers"]))
-    path = write(ns.name, {"workload": vars(ns), **summary})
+    path = write(ns.name, {"workload": vars(ns), "load_average_at_start": load_at_start,
+                           **summary})
     plot(res, t0, summary, plot_path(ns.name))
     print(f"wrote {path} and {plot_path(ns.name)}")
     return 0

@@ -123,8 +123,14 @@ async def probe(url: str, pid: int, slow_bodies: int) -> dict:
         stop = asyncio.Event()
         poller = asyncio.create_task(health_poller(client, url, stop))
         t = time.perf_counter()
-        rs = await asyncio.gather(*(client.post(url + "/v1/completions", content=big, headers={
-            "Content-Type": "application/json"}) for _ in range(8)))
+
+        async def send_big() -> tuple[httpx.Response, float]:
+            r = await client.post(url + "/v1/completions", content=big,
+                                  headers={"Content-Type": "application/json"})
+            return r, time.perf_counter() - t
+
+        answers = await asyncio.gather(*(send_big() for _ in range(8)))
+        rs = [r for r, _ in answers]
         bodies_s = time.perf_counter() - t
         small_during = await small(client, url)
         stop.set()
@@ -132,7 +138,8 @@ async def probe(url: str, pid: int, slow_bodies: int) -> dict:
         peak = rss_mib(pid, "VmHWM")
         bodies = {"bodies": 8, "body_mib": len(big) / 2**20, "statuses": sorted({r.status_code
                                                                                 for r in rs}),
-                  "seconds": bodies_s, "rss_before_mib": before, "rss_peak_mib": peak,
+                  "seconds": bodies_s, "each_answered_s": sorted(round(s, 3) for _, s in answers),
+                  "rss_before_mib": before, "rss_peak_mib": peak,
                   "rss_growth_mib": peak - before, "health_max_s": max(health),
                   "small_request_s": small_during}
         # slow bodies: connections that send headers and a few bytes, then nothing
