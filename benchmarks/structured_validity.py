@@ -311,7 +311,8 @@ async def run_all(url: str, args) -> dict:
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", http_client=http,
                                 max_retries=0)
     t0 = time.monotonic()
-    jobs = [one(client, model, prompt, way, seed=1000 * r + 10 * i + k, args=args)
+    jobs = [one(client, model, prompt, way, seed=args.seed_base + 1000 * r + 10 * i + k,
+                args=args)
             for r in range(args.rounds) for i, (model, prompt) in enumerate(SCHEMAS)
             for k, way in enumerate(WAYS)]
     steady = await gather_limited(jobs, args.concurrency)
@@ -320,7 +321,7 @@ async def run_all(url: str, args) -> dict:
     steady_s = time.monotonic() - t0
     print(f"steady: {len(steady)} requests in {steady_s:.0f} s", flush=True)
     t1 = time.monotonic()
-    killed = await kill_phase(client, url, args, workers, base_seed=100_000) \
+    killed = await kill_phase(client, url, args, workers, base_seed=args.seed_base + 100_000) \
         if args.kill_streams else {"kill": None, "results": []}
     for r in killed["results"]:
         r["phase"] = "kill"
@@ -345,6 +346,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--no-parallel-tool-calls", dest="parallel_tool_calls", action="store_false",
                     help="send parallel_tool_calls=false: one call per tools request")
+    ap.add_argument("--seed-base", type=int, default=0,
+                    help="added to every request's seed: another sample of the same workload")
     ap.add_argument("--name", default="structured_validity")
     args = ap.parse_args()
 

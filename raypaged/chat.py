@@ -21,3 +21,30 @@ def encode_chat(tokenizer, text: str) -> list[int]:
 def chat_token_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
                    tools: list[dict] | None = None) -> list[int]:
     return encode_chat(tokenizer, render_chat(tokenizer, messages, add_generation_prompt, tools))
+
+
+def tool_call_format(tokenizer) -> str:
+    """The tool-call parser for the model family, read from its chat template (and vocabulary):
+    the template shows the model how to write calls, so it names the format. Hermes when
+    nothing tells (a template without tools, such as SmolLM2's)."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if isinstance(template, dict):  # named templates ("default", "tool_use")
+        template = "\n".join(str(t) for t in template.values())
+    elif not isinstance(template, str):  # a list of {"name", "template"}
+        template = "\n".join(str(t.get("template", "")) for t in template)
+    if "<tool_call>" in template:  # Qwen2.5, Hermes 2/3, SmolLM3
+        return "hermes"
+    vocab = _added_tokens(tokenizer)
+    if "[TOOL_CALLS]" in template or "[TOOL_CALLS]" in vocab:  # Mistral
+        return "mistral"
+    # Llama 3.1-3.3: tool results come back in the "ipython" role; <|python_tag|> opens a call
+    if "<|python_tag|>" in template or "ipython" in template or "<|python_tag|>" in vocab:
+        return "llama3_json"
+    return "hermes"
+
+
+def _added_tokens(tokenizer) -> set[str]:
+    try:
+        return set(tokenizer.get_added_vocab())
+    except Exception:  # noqa: BLE001 - a tokenizer without an added vocabulary
+        return set()

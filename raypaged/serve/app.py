@@ -70,7 +70,9 @@ class OpenAIRouter:
         self.frontend = OpenAIFrontend(dispatcher, tokenizer, self.info,
                                        limits=RequestLimits.of(self.config),
                                        request_timeout_s=self.config.request_timeout_s,
-                                       stream_path=self.config.stream_path)
+                                       stream_path=self.config.stream_path,
+                                       tool_call_parser=self.config.tool_call_parser,
+                                       max_tool_calls=self.config.max_tool_calls)
         if self.config.ttft_slo_s is not None:
             self.frontend.shedder = TTFTShedder(self.config.ttft_slo_s, self.fleet.snapshot,
                                                 self.metrics)

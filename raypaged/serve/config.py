@@ -162,6 +162,15 @@ class ServeOptions:
         65536, "characters of one request's JSON schema / regex / grammar / choices "
         "(structured outputs, tool schemas)", group=LIMITS, ge=1)
     max_logit_bias: int = setting(300, "logit_bias entries per request", group=LIMITS, ge=0)
+    max_tool_calls: int = setting(
+        8, "calls in one tool_choice=required answer: the call list's maxItems, so a model "
+        "that keeps repeating a call must close the list (parallel_tool_calls=false: 1)",
+        group=LIMITS, ge=1)
+    tool_call_parser: str | None = setting(
+        None, "how tool_choice=auto reads the model's calls: hermes (<tool_call>{...}"
+        "</tool_call>), llama3_json ({\"name\", \"parameters\"}, after <|python_tag|> or "
+        "not) or mistral ([TOOL_CALLS][{...}]); default: chosen from the chat template",
+        group=SERVER, choices=("hermes", "llama3_json", "mistral"))
 
     def __post_init__(self) -> None:
         validate(self)

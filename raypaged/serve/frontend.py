@@ -25,7 +25,7 @@ from typing import AsyncIterator, Callable
 from pydantic import ValidationError
 from starlette.responses import JSONResponse, StreamingResponse
 
-from raypaged.chat import encode_chat, render_chat
+from raypaged.chat import encode_chat, render_chat, tool_call_format
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.outputs import SequenceOutput
 from raypaged.serve.config import MAX_N
@@ -37,7 +37,7 @@ from raypaged.serve.prompt_bound import max_token_bytes
 from raypaged.serve.sse_stream import sse_events
 from raypaged.serve.protocol import ChatCompletionRequest, CompletionRequest
 from raypaged.serve.structured import check_constraint
-from raypaged.serve.tool_calls import ToolCallChoices, tool_constraint, tool_mode
+from raypaged.serve.tool_calls import MAX_TOOL_CALLS, ToolCallChoices, tool_constraint, tool_mode
 from raypaged.serve.ttft_shed import TTFTShedder
 from raypaged.serve.responses import (WORKER_HEADER, Choice, Shapes, sse_data, sse_response,
                                       usage, workers_header)
@@ -87,7 +87,8 @@ class OpenAIFrontend:
 
     def __init__(self, dispatcher: Dispatcher, tokenizer, info: ModelInfo, max_n: int = MAX_N, *,
                  limits: RequestLimits | None = None, request_timeout_s: float | None = None,
-                 stream_path: str = "fast"):
+                 stream_path: str = "fast", tool_call_parser: str | None = None,
+                 max_tool_calls: int = MAX_TOOL_CALLS):
         self.dispatcher = dispatcher
         self.fast = stream_path == "fast"  # the setting stream_path: sse_stream.py or _events
         self.tokenizer = tokenizer
@@ -97,6 +98,9 @@ class OpenAIFrontend:
         self.max_n = self.limits.max_n
         self.request_timeout_s = request_timeout_s  # None: no deadline
         self.max_token_bytes = max_token_bytes(tokenizer)  # None: no bound, tokenize everything
+        # tool_choice "auto": the model family's call format, from its chat template unless set
+        self.tool_parser = tool_call_parser or tool_call_format(tokenizer)
+        self.max_tool_calls = max_tool_calls
 
     # -- endpoints -------------------------------------------------------------------------
     def models(self) -> dict:
@@ -153,12 +157,13 @@ class OpenAIFrontend:
         req: ChatCompletionRequest = self._parse(ChatCompletionRequest, body)
         chunk = functools.partial(self.shapes.chat_choice, req.logprobs)
         mode, name = tool_mode(req.tool_dicts(), req.tool_choice)
-        forced = tool_constraint(req.tool_dicts(), mode, name, req.parallel_tool_calls)
+        forced = tool_constraint(req.tool_dicts(), mode, name, req.parallel_tool_calls,
+                                 self.max_tool_calls)
         if forced is not None and req.constraint() is not None:
             raise bad_request(f"tool_choice {req.tool_choice!r} constrains the output itself: "
                               "leave out response_format / structured_outputs", "tool_choice")
         if mode != "none":
-            chunk = ToolCallChoices(chunk, mode, name)
+            chunk = ToolCallChoices(chunk, mode, name, self.tool_parser)
         return await self._respond(CHAT, req, [await self._chat_tokens(req)],
                                    req.requested_max_tokens(), req.requested_logprobs(), chunk,
                                    arrival, deadline, forced)

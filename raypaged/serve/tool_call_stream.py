@@ -13,8 +13,8 @@ A character scanner follows strings, escapes and nesting; it needs no lookahead,
 of text is handed on in the step it arrives. Arguments seen before their call's name (a key
 order the grammar does not produce) wait for the name. A named tool_choice's whole output is
 its arguments, so it needs no scanner. tool_choice "auto" reuses it for the Hermes format
-(hermes_stream.py): each <tool_call> object is one more entry of a list whose "[" it feeds
-once, and the arguments sit under "arguments".
+and the other model formats (tool_parsers/): each call object is one more entry of a list whose
+"[" the parser feeds once, and the arguments sit under "arguments" (or "parameters": Llama).
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ def call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def header(index: int, name: str) -> dict:
-    return {"index": index, "id": call_id(), "type": "function",
+def header(index: int, name: str, new_id=call_id) -> dict:
+    return {"index": index, "id": new_id(), "type": "function",
             "function": {"name": name, "arguments": ""}}
 
 
@@ -39,8 +39,9 @@ class CallListScanner:
     """Feeds on the text of a `required` output; `feed` returns the tool_calls deltas it makes
     complete; `calls` holds (name, raw arguments text) per call for the whole message."""
 
-    def __init__(self, args_key: str = "parameters") -> None:
-        self.args_key = args_key        # the call's key whose value is its arguments
+    def __init__(self, args_keys: tuple[str, ...] = ("parameters",), new_id=call_id) -> None:
+        self.args_keys = args_keys      # the call's keys whose value is its arguments
+        self.new_id = new_id            # the model family's tool-call id (Mistral's differ)
         self.calls: list[list] = []     # [name | None, arguments text] per call
         self._depth = 0
         self._in_str = self._escape = False
@@ -97,7 +98,7 @@ class CallListScanner:
                 self._flush_previous(out)
                 self.calls.append([None, ""])
                 self._expect_key, self._key = True, None
-            elif self._depth == 3 and self._key == self.args_key:
+            elif self._depth == 3 and self._key in self.args_keys:
                 self._in_args = True
                 self.calls[-1][1] = ch
         elif ch in "}]":
@@ -117,7 +118,7 @@ class CallListScanner:
         if self._key == "name":
             k = len(self.calls) - 1
             self.calls[k][0] = value
-            out.append(header(k, value))
+            out.append(header(k, value, self.new_id))
             self._sent = 0
             self._key = None
 
@@ -138,3 +139,15 @@ def merged(deltas: list[dict]) -> list[dict]:
         else:
             out.append(d)
     return out
+
+
+def marker_tail(buf: str, marker: str, trim: bool) -> int:
+    """How many characters at the end of streamed content to hold back: a possible start of
+    `marker`, and when `trim`, the whitespace before it (the space before a call is not
+    content)."""
+    keep = next((k for k in range(min(len(marker) - 1, len(buf)), 0, -1)
+                 if marker.startswith(buf[-k:])), 0)
+    if trim:
+        head = buf[:len(buf) - keep]
+        keep += len(head) - len(head.rstrip())
+    return keep

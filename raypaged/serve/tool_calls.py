@@ -3,14 +3,13 @@
     tool_choice "required"   the output is constrained to a JSON list of {"name", "parameters"}
                              (vLLM's schema), one entry per call, names from `tools`
     tool_choice {function}   the output is constrained to that function's parameters schema
-    tool_choice "auto"       unconstrained; calls the model writes in the Hermes format
-                             (<tool_call>{"name": ..., "arguments": ...}</tool_call>, used by the
-                             chat templates of Qwen2.5, Hermes and SmolLM3) become tool_calls
+    tool_choice "auto"       unconstrained; calls the model writes in its family's format
+                             (tool_parsers/: hermes, llama3_json, mistral) become tool_calls
     tool_choice "none"       unconstrained, text only
 
 Streaming: as OpenAI streams, one `delta.tool_calls` entry per call with its id and name as
 soon as the name is known, then its `arguments` text in pieces as tokens arrive
-(tool_call_stream.py; for `auto`, hermes_stream.py: text before the first <tool_call> is
+(tool_call_stream.py; for `auto`, tool_parsers/: text before the calls start is
 `delta.content`); the last chunk has finish_reason "tool_calls". A client that accumulates
 deltas (the OpenAI SDK) gets the message the non-streamed answer has.
 """
@@ -19,12 +18,14 @@ from __future__ import annotations
 import json
 
 from raypaged.core.structured_outputs import StructuredOutputsParams
+from raypaged.serve.config import ServeOptions
 from raypaged.serve.errors import bad_request
-from raypaged.serve.hermes_stream import HermesStream, parse_hermes
 from raypaged.serve.responses import Choice
 from raypaged.serve.tool_call_stream import CallListScanner, arguments, call_id, header
+from raypaged.serve.tool_parsers import PARSERS, parse_whole
 
 _NO_PARAMETERS = {"type": "object", "properties": {}}
+MAX_TOOL_CALLS = ServeOptions.max_tool_calls  # the setting's default
 
 
 def tool_mode(tools: list[dict] | None, tool_choice) -> tuple[str, str | None]:
@@ -51,10 +52,18 @@ def tool_mode(tools: list[dict] | None, tool_choice) -> tuple[str, str | None]:
     return "named", name
 
 
-def tool_constraint(tools: list[dict], mode: str, name: str | None, parallel: bool = True
-                    ) -> StructuredOutputsParams | None:
+def tool_constraint(tools: list[dict], mode: str, name: str | None, parallel: bool = True,
+                    max_calls: int = MAX_TOOL_CALLS) -> StructuredOutputsParams | None:
     """The schema a forced tool choice decodes under: a named function's parameters, or for
-    "required" a list of calls (one at most unless `parallel`, OpenAI's parallel_tool_calls)."""
+    "required" a list of at most `max_calls` calls (1 unless `parallel`, OpenAI's
+    parallel_tool_calls), written compact.
+
+    Why both bounds on the list: sampled, a small model extends the list with near-identical
+    calls, each padded with runs of newlines, until max_tokens cuts the JSON (3 of 88 requests
+    in benchmarks/structured_validity.py at max_tokens 900, docs/structured_outputs.md). maxItems
+    makes the list end; without free whitespace (json.dumps' ", " and ": ", as OpenAI's own
+    arguments come) a call costs its content alone. The list's layout is never seen by the
+    client (each call's arguments are), so neither bound changes what a call can say."""
     def params(tool: dict) -> dict:
         return tool["function"].get("parameters") or _NO_PARAMETERS
     if mode == "named":
@@ -65,10 +74,10 @@ def tool_constraint(tools: list[dict], mode: str, name: str | None, parallel: bo
         items = [{"properties": {"name": {"type": "string", "enum": [t["function"]["name"]]},
                                  "parameters": _hoisted(params(t), k, defs)},
                   "required": ["name", "parameters"]} for k, t in enumerate(tools)]
-        schema = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": items}}
-        if not parallel:
-            schema["maxItems"] = 1
-        return StructuredOutputsParams(json={**schema, "$defs": defs} if defs else schema)
+        schema = {"type": "array", "minItems": 1, "maxItems": max_calls if parallel else 1,
+                  "items": {"type": "object", "anyOf": items}}
+        return StructuredOutputsParams(json={**schema, "$defs": defs} if defs else schema,
+                                       disable_any_whitespace=True)
     return None
 
 
@@ -101,9 +110,8 @@ def _renamed(node, renames: dict[str, str]):
 
 
 def parse_calls(text: str, mode: str, name: str | None) -> list[dict] | None:
-    """OpenAI tool_calls from a finished sample's text, or None when it holds no call."""
-    if mode == "auto":
-        return _calls(parse_hermes(text)[1])
+    """OpenAI tool_calls from a forced ("required", "named") sample's finished text, or None
+    when it holds no call."""
     try:
         if mode == "named":
             json.loads(text)
@@ -119,22 +127,19 @@ def parse_calls(text: str, mode: str, name: str | None) -> list[dict] | None:
     return None
 
 
-def _calls(found: list[tuple[str, str]] | None) -> list[dict] | None:
-    return None if found is None else [_call(n, a) for n, a in found]
-
-
-def _call(name: str, args: str) -> dict:
-    return {"id": call_id(), "type": "function", "function": {"name": name, "arguments": args}}
+def _call(name: str, args: str, new_id=call_id) -> dict:
+    return {"id": new_id(), "type": "function", "function": {"name": name, "arguments": args}}
 
 
 class ToolCallChoices:
     """Wraps Shapes.chat_choice for one request with tools: whole messages get `tool_calls`,
     streams send `delta.tool_calls` as the calls' text arrives."""
 
-    def __init__(self, chat_choice, mode: str, name: str | None):
+    def __init__(self, chat_choice, mode: str, name: str | None, parser: str = "hermes"):
         self.chat_choice = chat_choice      # Shapes.chat_choice with want_logprobs bound
         self.mode, self.name = mode, name
-        self._hermes: dict[int, HermesStream] = {}       # stream (auto), per choice
+        self.parser = parser                # auto: the model family's format (tool_parsers/)
+        self._auto: dict[int, object] = {}              # stream (auto), per choice
         self._scanners: dict[int, CallListScanner] = {}  # stream (required), per choice
         self._texts: dict[int, str] = {}    # stream (required, named): the text so far
 
@@ -143,8 +148,9 @@ class ToolCallChoices:
             out = self.chat_choice(index, c, whole=True)
             text = "".join(c.text)
             if self.mode == "auto":
-                content, found = parse_hermes(text)
-                calls = _calls(found)
+                content, found = parse_whole(self.parser, text)
+                new_id = PARSERS[self.parser].new_id
+                calls = None if found is None else [_call(n, a, new_id) for n, a in found]
             else:
                 content, calls = None, parse_calls(text, self.mode, self.name)
             if calls is not None and c.finish_reason == "stop":
@@ -156,8 +162,8 @@ class ToolCallChoices:
         return self._streamed_auto(index, c)
 
     def _streamed_auto(self, index: int, c: Choice) -> dict:
-        """Content until a <tool_call> begins, then the calls piece by piece."""
-        stream = self._hermes.setdefault(index, HermesStream())
+        """Content until the calls begin, then the calls piece by piece."""
+        stream = self._auto.get(index) or self._auto.setdefault(index, PARSERS[self.parser]())
         content, deltas = stream.feed("".join(c.text))
         finish = c.finish_reason
         if finish is not None:

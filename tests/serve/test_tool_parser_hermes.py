@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from raypaged.serve.hermes_stream import HermesStream, parse_hermes
+from raypaged.serve.tool_parsers import parse_whole
+from raypaged.serve.tool_parsers.hermes import HermesStream
+
+
+def parse_hermes(text: str):
+    return parse_whole("hermes", text)
 
 TWO = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": '
        '"Paris </tool_call>"}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": '

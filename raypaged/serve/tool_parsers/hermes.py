@@ -1,4 +1,4 @@
-"""tool_choice "auto": calls the model writes in the Hermes format, found as its text streams.
+"""The Hermes tool-call format (Qwen2.5, Hermes 2/3, SmolLM3 templates), read as the text streams.
 
     Let me check.\\n<tool_call>\\n{"name": "get_weather", "arguments": {"city": "Paris"}}\\n</tool_call>
     ^^^^^^^^^^^^^ content  ^ a call begins: from here on nothing is content
@@ -13,7 +13,7 @@ once the object is closed (a "</tool_call>" inside a string is text). Text outsi
 after the first call is dropped, as vLLM's Hermes parser does. If no tag yields a named call,
 everything from the first tag on is content after all, sent when the sample ends.
 
-The whole message runs the same machine over the whole text (`parse_hermes`), so a client that
+The whole message runs the same machine over the whole text (`parse_whole`), so a client that
 accumulates the stream's deltas (the OpenAI SDK) ends with the whole message's content and
 calls, whatever pieces the text came in.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 
-from raypaged.serve.tool_call_stream import CallListScanner, merged
+from raypaged.serve.tool_call_stream import CallListScanner, call_id, marker_tail, merged
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -30,8 +30,10 @@ class HermesStream:
     """`feed` each piece of one sample's text, then `finish` once: each returns
     (content text, tool_calls deltas)."""
 
+    new_id = staticmethod(call_id)
+
     def __init__(self) -> None:
-        self.scanner = CallListScanner(args_key="arguments")
+        self.scanner = CallListScanner(args_keys=("arguments",))
         self.scanner.feed("[")          # each tag's object is one entry of this list
         self.tags: list[str] = []       # the text inside each tag, for the whole message
         self._buf = ""                  # text not handed on yet
@@ -54,7 +56,8 @@ class HermesStream:
                 continue
             at = self._buf.find(OPEN)
             if at < 0:
-                out = self._buf[:len(self._buf) - self._held_back()]
+                out = self._buf[:len(self._buf) - marker_tail(self._buf, OPEN,
+                                                              not self._calling)]
                 self._pass(out, content)
                 self._buf = self._buf[len(out):]
                 break
@@ -99,17 +102,6 @@ class HermesStream:
         else:
             content.append(text)
 
-    def _held_back(self) -> int:
-        """How many characters at the buffer's end to keep: a possible start of <tool_call>,
-        and, before any call, the whitespace before it."""
-        buf = self._buf
-        keep = next((k for k in range(min(len(OPEN) - 1, len(buf)), 0, -1)
-                     if OPEN.startswith(buf[-k:])), 0)
-        if not self._calling:
-            head = buf[:len(buf) - keep]
-            keep += len(head) - len(head.rstrip())
-        return keep
-
     def _tag_body(self, deltas: list[dict]) -> bool:
         """Feed the tag's text to the scanner up to </tool_call>; False when the buffer ends
         in a possible start of it."""
@@ -152,13 +144,3 @@ class HermesStream:
         calls[-1][1] = json.dumps(value, ensure_ascii=False)
         self.scanner.pending(deltas)
 
-
-def parse_hermes(text: str) -> tuple[str | None, list[tuple[str, str]] | None]:
-    """A finished sample's (content, calls) as its stream sends them; calls None: no call."""
-    stream = HermesStream()
-    head, _ = stream.feed(text)
-    tail, _ = stream.finish()
-    calls = stream.calls()
-    if calls is None:
-        return text, None
-    return (head + tail) or None, calls

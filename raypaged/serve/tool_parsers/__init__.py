@@ -1,0 +1,30 @@
+"""tool_choice "auto": the model's own tool-call format, read as its text streams, one parser per
+model family (chosen from the chat template by raypaged.chat.tool_call_format, or by the setting
+tool_call_parser, vLLM's --tool-call-parser names):
+
+    hermes       <tool_call>{"name", "arguments"}</tool_call>    Qwen2.5, Hermes 2/3, SmolLM3
+    llama3_json  <|python_tag|>{"name", "parameters"}; {...}     Llama 3.1-3.3
+    mistral      [TOOL_CALLS][{"name", "arguments"}, ...]        Mistral v0.3 / Nemo / Small
+
+Each is a stream with `feed(text) -> (content, deltas)`, `finish() -> (content, deltas)` and
+`calls()`; the whole message runs the same stream over the whole text (`parse_whole`), so the
+OpenAI SDK's accumulation of a stream is the non-streamed message however the text was split.
+"""
+from __future__ import annotations
+
+from raypaged.serve.tool_parsers.hermes import HermesStream
+from raypaged.serve.tool_parsers.llama3_json import Llama3JsonStream
+from raypaged.serve.tool_parsers.mistral import MistralStream
+
+PARSERS = {"hermes": HermesStream, "llama3_json": Llama3JsonStream, "mistral": MistralStream}
+
+
+def parse_whole(parser: str, text: str) -> tuple[str | None, list[tuple[str, str]] | None]:
+    """A finished sample's (content, calls) as its stream sends them; calls None: no call."""
+    stream = PARSERS[parser]()
+    head, _ = stream.feed(text)
+    tail, _ = stream.finish()
+    calls = stream.calls()
+    if calls is None:
+        return text, None
+    return (head + tail) or None, calls

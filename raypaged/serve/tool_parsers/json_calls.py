@@ -1,0 +1,125 @@
+"""The machine shared by formats whose calls are bare JSON objects after a start the parser
+recognizes (Llama 3's, Mistral's); llama3_json.py and mistral.py say where the calls start and
+what may stand between two of them.
+
+    Sure.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, {...}]
+    ^^^^^ content    ^ the calls start: from here on nothing is content
+                                  ^ name known -> header delta (index, id, type, name)
+                                                      ^..............^ arguments, in the
+                                                      pieces they arrive in
+
+Before the start, text streams as `content`, held back only while its tail could still begin
+the start (and whitespace, trimmed before a call). Each call object goes through
+CallListScanner as one more entry of a list whose "[" is fed once. Between objects only
+whitespace and the separator may come: anything else ends the calls and, with what follows, is
+dropped (as text after Hermes tags is). If no object holds a call (a JSON object with a string
+"name"), everything from the start on is content after all, sent when the sample ends.
+"""
+from __future__ import annotations
+
+import json
+
+from raypaged.serve.tool_call_stream import CallListScanner, call_id, merged
+
+OBJECT, SKIP, END = "object", "skip", "end"  # what a character between two objects is
+
+
+class JsonCallsStream:
+    """`feed` each piece of one sample's text, then `finish` once: each returns
+    (content text, tool_calls deltas); `calls()` the finished message's calls."""
+
+    args_keys: tuple[str, ...] = ("arguments",)
+    separator = ","
+    new_id = staticmethod(call_id)
+
+    def __init__(self) -> None:
+        self.scanner = CallListScanner(self.args_keys, self.new_id)
+        self.scanner.feed("[")          # each call object is one entry of this list
+        self.objects: list[str] = []    # each call object's text, for the whole message
+        self._buf = ""                  # text not handed on yet
+        self._after = ""                # everything from the start on: content if no call
+        self._calling = False           # the calls started: no more content
+        self._done = False              # the calls ended: the rest is dropped
+
+    def start(self, buf: str) -> tuple[int | None, int]:
+        """(where the calls start in `buf`, how long their marker is) or (None, how much of
+        `buf` can go out as content now)."""
+        raise NotImplementedError
+
+    def between(self, ch: str) -> str:
+        """What a character outside any call object is, once the calls started."""
+        if ch == "{":
+            return OBJECT
+        return SKIP if ch.isspace() or ch == self.separator else END
+
+    def feed(self, text: str) -> tuple[str, list[dict]]:
+        self._buf += text
+        content, deltas = "", []
+        if not self._calling:
+            at, n = self.start(self._buf)
+            if at is None:
+                content, self._buf = self._buf[:n], self._buf[n:]
+                return content, []
+            content = self._buf[:at].rstrip()  # the space before the calls is not content
+            self._after = self._buf[len(content):at + n]
+            self._buf = self._buf[at + n:]
+            self._calling = True
+        self._body(deltas)
+        return content, merged(deltas)
+
+    def finish(self) -> tuple[str, list[dict]]:
+        rest, self._buf = self._buf, ""
+        if not self._calling:
+            return rest, []
+        if any(name is not None for name, _ in self.scanner.calls):
+            return "", []
+        return self._after + rest, []  # no call after all: all of it is content
+
+    def calls(self) -> list[tuple[str, str]] | None:
+        """(name, arguments text) per call once finished, or None unless every object is a
+        complete call: a JSON object with a string "name"."""
+        if not self.objects or len(self.scanner.calls) != len(self.objects):
+            return None
+        for text in self.objects:
+            try:
+                call = json.loads(text)
+            except ValueError:
+                return None
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                return None
+        return [(name, args) for name, args in self.scanner.calls]
+
+    def _body(self, deltas: list[dict]) -> None:
+        buf, self._buf = self._buf, ""
+        for i, ch in enumerate(buf):
+            if self._done:
+                self._after += buf[i:]
+                break
+            self._after += ch
+            if self.scanner.at_top:  # between two objects
+                kind = self.between(ch)
+                if kind == END:
+                    self._done = True
+                    continue
+                if kind == SKIP:
+                    continue
+                self.objects.append("")
+            self.scanner.step(ch, deltas)
+            self.objects[-1] += ch
+            if self.scanner.at_top:
+                self._close_object(deltas)
+        self.scanner.pending(deltas)
+
+    def _close_object(self, deltas: list[dict]) -> None:
+        """A call whose arguments were no object or list (or absent) gets them when its object
+        closes: a string as it is, anything else as JSON ({} when absent)."""
+        calls = self.scanner.calls
+        if len(calls) != len(self.objects) or calls[-1][0] is None or calls[-1][1]:
+            return
+        try:
+            call = json.loads(self.objects[-1])
+        except ValueError:
+            return
+        value = next((call[k] for k in self.args_keys if k in call), {})
+        calls[-1][1] = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        self.scanner.pending(deltas)
