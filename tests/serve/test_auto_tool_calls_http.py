@@ -1,6 +1,6 @@
-"""tool_choice "auto" over HTTP: a worker whose model writes a fixed answer in the Hermes format
-(a fake engine that emits the answer's bytes one token a step), streamed and whole, through the
-official OpenAI client."""
+"""tool_choice "auto" over HTTP: a worker whose model writes a fixed answer in its family's format
+(Hermes; Mistral's, chosen from the chat template), a fake engine that emits the answer's bytes
+one token a step, streamed and whole, through the official OpenAI client."""
 from __future__ import annotations
 
 import asyncio
@@ -36,9 +36,10 @@ class ScriptRunner:
             for sr in batch.requests if sr.num_samples})
 
 
-def run(script: str, test):
+def run(script: str, test, chat_template: str | None = None):
     engine = FakeEngine()
     engine.core.runner = ScriptRunner(script)
+    engine.tokenizer.chat_template = chat_template  # the router reads the call format there
     fleet = LocalFleet(n=0)
     fleet.workers = {"worker-0": Worker(engine, "worker-0")}
     app, _ = local_app(fleet)
@@ -53,7 +54,7 @@ def run(script: str, test):
         fleet.shutdown()
 
 
-def whole_and_streamed(script: str):
+def whole_and_streamed(script: str, chat_template: str | None = None):
     body = dict(model="fake-model", messages=ASK, tools=[WEATHER], max_tokens=200,
                 temperature=0)
 
@@ -65,7 +66,7 @@ def whole_and_streamed(script: str):
             chunks.append(chunk)
             state.handle_chunk(chunk)
         return whole.choices[0], chunks, state.get_final_completion().choices[0]
-    return run(script, test)
+    return run(script, test, chat_template)
 
 
 def test_auto_streams_the_text_before_a_call_as_content_then_each_call_piece_by_piece():
@@ -108,3 +109,20 @@ def test_auto_without_a_call_is_plain_content_streamed_as_it_comes():
     assert not any(c.choices[0].delta.tool_calls for c in chunks)
     assert final.message.content == text and final.finish_reason == "stop"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+
+
+def test_a_mistral_template_reads_tool_calls_lists_with_mistral_ids():
+    template = '{{- "[TOOL_CALLS] [" }}{%- for tool_call in message.tool_calls %}'
+    script = ('Checking both.[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": '
+              '"Paris"}}, {"name": "get_weather", "arguments": {"city": "Lyon"}}]')
+    whole, chunks, final = whole_and_streamed(script, template)
+    calls = [("get_weather", '{"city": "Paris"}'), ("get_weather", '{"city": "Lyon"}')]
+    assert (whole.finish_reason, whole.message.content) == ("tool_calls", "Checking both.")
+    assert [(c.function.name, c.function.arguments) for c in whole.message.tool_calls] == calls
+    ids = [tc.id for c in chunks for tc in c.choices[0].delta.tool_calls or () if tc.id]
+    assert len(ids) == 2 and all(len(i) == 9 and i.isalnum() for i in ids)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Checking both."
+    # the SDK's accumulation of the stream is the whole message
+    assert (final.finish_reason, final.message.content) == ("tool_calls", "Checking both.")
+    assert [(c.id, c.function.name, c.function.arguments) for c in final.message.tool_calls] == [
+        (i, n, a) for i, (n, a) in zip(ids, calls)]
