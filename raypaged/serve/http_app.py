@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 from typing import Callable
@@ -21,7 +22,8 @@ from raypaged.serve.api_key import check_api_key
 from raypaged.serve.errors import APIError, bad_request
 from raypaged.serve.fleet import FleetSnapshot
 from raypaged.serve.frontend import OpenAIFrontend
-from raypaged.serve.json_body import LargeBodies, check_content_type
+from raypaged.serve.body_parser import BodyParsers
+from raypaged.serve.json_body import check_content_type
 from raypaged.serve.metrics import RequestMetrics
 
 logger = logging.getLogger(__name__)
@@ -36,7 +38,12 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
     check_api_key(api_key, "api_key")  # None: no auth; "" is a mistake, not a wish
     app = FastAPI(title="raypaged", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(DisconnectAsMessage)
-    large_bodies = LargeBodies(LARGE_BODY_BYTES)  # parsed off the loop, one at a time
+    large_bodies = BodyParsers(LARGE_BODY_BYTES)  # parsed in child processes
+    # each route's limits, checked where a large body is parsed: refused there, its parsed
+    # value never reaches this process (the frontend checks every body again: cheap)
+    prechecks = {frontend.completions: functools.partial(
+        frontend.limits.check_completion, max_model_len=frontend.info.max_model_len),
+        frontend.chat_completions: frontend.limits.check_chat}
 
     def authorize(request: Request) -> None:
         if api_key is None:
@@ -46,7 +53,7 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
             raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key")
 
-    async def read_json(request: Request):
+    async def read_json(request: Request, precheck=None):
         check_content_type(request.headers.get("content-type"))
         declared = request.headers.get("content-length")
         if declared is not None:
@@ -72,12 +79,12 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
                                 "s: send it at once (the limit is the setting body_timeout_s, "
                                 "--body-timeout-s)", code="body_timeout",
                            headers={"Connection": "close"}) from None
-        return await large_bodies.parse(bytes(body))
+        return await large_bodies.parse(bytes(body), precheck)
 
     async def answer(request: Request, handler) -> Response:
         try:
             authorize(request)
-            return await handler(await read_json(request))
+            return await handler(await read_json(request, prechecks.get(handler)))
         except APIError as exc:
             metrics.inc("request_errors", str(exc.status))
             return exc.response()

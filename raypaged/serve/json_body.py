@@ -38,7 +38,9 @@ class LargeBodies:
     json.loads holds the GIL for its whole run (~0.4 s for 8 MiB of `[1,1,...]`): with eight
     such bodies parsing in eight threads, the event loop waited behind several of them in turn
     for each piece of work, and /health took seconds. One at a time, it waits behind one at
-    most; the others queue here, costing nothing. Smaller bodies are parsed on the loop."""
+    most; the others queue here, costing nothing. Smaller bodies are parsed on the loop.
+    The router parses large bodies in child processes (body_parser.py); this is what it falls
+    back to when a child cannot be had."""
 
     def __init__(self, threshold: int) -> None:
         self.threshold = threshold

@@ -1,0 +1,107 @@
+"""Large request bodies parsed in child processes, so that no parse holds the router's GIL.
+
+json.loads holds the GIL for its whole run (~0.13 s for 8 MiB of `[1,1,...]` on an idle core,
+~0.5-1.4 s on a loaded one) and the element check after it more: parsed in a thread, one body
+kept the router's event loop from reading the other bodies (they ran into body_timeout_s),
+from answering /health and from streaming tokens; parsed one at a time, eight maximum bodies
+sent at once were refused one after another, the last 2.5 s after they were sent (quiet
+machine, docs/limits.md). In a child the parse costs the router nothing, and `processes`
+children refuse that many bodies at once.
+
+A child parses, checks (json_body.parse_json_body) and runs the route's own limit check
+(serve/limits.py) on what it parsed: a body refused there crosses back as a few bytes, never as
+its parsed value. A body that passes crosses back pickled (pickle.loads of 4M ints is ~3x
+cheaper than json.loads of their JSON). A child that dies or cannot be started is replaced by
+the in-process parse (json_body.LargeBodies), slower, never wrong.
+
+Protocol on the child's stdin / stdout: 8-byte little-endian length, then a pickle;
+in: (body, precheck or None); out: ("ok", value) or ("refused", (status, message, param, code)).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+import struct
+import sys
+
+from raypaged.serve.errors import APIError
+from raypaged.serve.json_body import LargeBodies, parse_json_body
+
+logger = logging.getLogger(__name__)
+
+HEADER = struct.Struct("<Q")
+
+
+class BodyParsers:
+    """`processes` children, started on the first large body; each parses one body at a time."""
+
+    def __init__(self, threshold: int, processes: int = 2) -> None:
+        self.threshold, self.processes = threshold, processes
+        self.fallback = LargeBodies(threshold)  # in this process, one at a time
+        self._idle: asyncio.Queue | None = None  # children free to take a body (None: start one)
+
+    async def parse(self, body: bytes, precheck=None) -> object:
+        """The parsed, checked body. A large one's `precheck(value)` (picklable: the route's
+        RequestLimits check, which the frontend runs again on what comes back) runs on a dict
+        body in the child, so that a refused body's value never crosses back."""
+        if len(body) <= self.threshold:  # on the loop: cheaper than a trip to a child
+            return parse_json_body(body)
+        # shielded: a client gone mid-parse must not leave a child half-way through a reply
+        return await asyncio.shield(self._in_child(body, precheck))
+
+    async def _in_child(self, body: bytes, precheck) -> object:
+        if self._idle is None:
+            self._idle = asyncio.Queue()
+            for _ in range(self.processes):
+                self._idle.put_nowait(None)
+        child = await self._idle.get()
+        try:
+            if child is None or child.returncode is not None:
+                child = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "raypaged.serve.body_parser",
+                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+            payload = pickle.dumps((body, precheck), protocol=5)
+            child.stdin.write(HEADER.pack(len(payload)))
+            child.stdin.write(payload)
+            await child.stdin.drain()
+            size, = HEADER.unpack(await child.stdout.readexactly(HEADER.size))
+            kind, value = pickle.loads(await child.stdout.readexactly(size))
+        except (OSError, EOFError, asyncio.IncompleteReadError, pickle.PickleError) as exc:
+            logger.warning("body parser child failed (%s): parsing in the router instead", exc)
+            if child is not None and child.returncode is None:
+                child.kill()
+            child = None
+            return await self.fallback.parse(body)  # precheck: run by parse() after
+        finally:
+            self._idle.put_nowait(child)
+        if kind == "refused":
+            raise APIError(*value)
+        return value
+
+
+def _serve(stdin, stdout) -> None:
+    """The child: parse bodies until the router closes the pipe (it exited or was killed)."""
+    while header := stdin.read(HEADER.size):
+        size, = HEADER.unpack(header)
+        body, precheck = pickle.loads(stdin.read(size))
+        try:
+            out = ("ok", _parsed(body, precheck))
+        except APIError as exc:
+            out = ("refused", (exc.status, exc.message, exc.param, exc.code))
+        data = pickle.dumps(out, protocol=5)
+        del body, out  # before the next body is read: one parsed body held at a time
+        stdout.write(HEADER.pack(len(data)))
+        stdout.write(data)
+        stdout.flush()
+
+
+def _parsed(body: bytes, precheck) -> object:
+    value = parse_json_body(body)
+    if precheck is not None and isinstance(value, dict):
+        precheck(value)
+    return value
+
+
+if __name__ == "__main__":
+    _serve(sys.stdin.buffer, sys.stdout.buffer)

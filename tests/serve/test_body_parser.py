@@ -1,0 +1,94 @@
+"""Large bodies parsed in child processes (serve/body_parser.py): the same value or the same
+refusal as in the router, the route's limits applied there, and a dead child replaced by the
+in-process parse."""
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+
+import pytest
+
+from raypaged.serve import json_body
+from raypaged.serve.body_parser import BodyParsers
+from raypaged.serve.errors import APIError
+from raypaged.serve.limits import RequestLimits
+
+LIMITS = RequestLimits()
+COMPLETION = functools.partial(LIMITS.check_completion, max_model_len=512)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def refusal(exc: APIError) -> tuple:
+    return exc.status, exc.message, exc.param, exc.code
+
+
+def test_a_large_body_comes_back_parsed_from_a_child(monkeypatch):
+    body = json.dumps({"prompt": [1] * 300, "max_tokens": 3, "stop": ["\u00e9t\u00e9"]}).encode()
+    parsers = BodyParsers(threshold=100)
+
+    def not_here(_):
+        raise AssertionError("parsed in the router")
+
+    async def main():
+        first = await parsers.parse(body, COMPLETION)
+        monkeypatch.setattr(json_body, "parse_json_body", not_here)
+        return first, await parsers.parse(body, COMPLETION)  # the same child, started once
+
+    first, second = run(main())
+    assert first == second == {"prompt": [1] * 300, "max_tokens": 3, "stop": ["\u00e9t\u00e9"]}
+
+
+@pytest.mark.parametrize("body, precheck", [
+    (b'{"prompt": [' + b"1," * 5000 + b'1]}', COMPLETION),          # a limit: too long
+    (b'{"prompt": "hi", "stop": [' + b'"a",' * 40 + b'"a"]}', COMPLETION),  # max_stop_strings
+    (b'{"messages": [' + b'{"role": "user", "content": "x"},' * 3000
+     + b'{"role": "user", "content": "x"}]}', LIMITS.check_chat),  # max_messages
+    (b'{"prompt": "' + b"a" * 500 + b'", "temperature": 1e400}', None),  # the body check
+    (b'{"prompt": "' + b"a" * 500 + b'\\ud800"}', None),
+    (b'{"prompt": "' + b"a" * 500 + b'"' + b" " * 10, None),          # not JSON
+])
+def test_a_child_refuses_exactly_as_the_router_would(body, precheck):
+    with pytest.raises(APIError) as here:
+        value = json_body.parse_json_body(body)
+        precheck(value)
+    with pytest.raises(APIError) as there:
+        run(BodyParsers(threshold=100).parse(body, precheck))
+    assert refusal(there.value) == refusal(here.value)
+    assert there.value.status == 400
+
+
+@pytest.mark.parametrize("reaped", [True, False])
+def test_a_child_killed_between_bodies_costs_no_answer(reaped):
+    body = json.dumps({"prompt": "a" * 200}).encode()
+    parsers = BodyParsers(threshold=100, processes=1)
+
+    async def main():
+        assert await parsers.parse(body) == {"prompt": "a" * 200}
+        child = await parsers._idle.get()
+        child.kill()
+        if reaped:  # known dead: a new child; else the write or read fails: parsed here
+            await child.wait()
+        parsers._idle.put_nowait(child)
+        return await parsers.parse(body), await parsers.parse(body)
+
+    assert run(main()) == ({"prompt": "a" * 200}, {"prompt": "a" * 200})
+
+
+def test_a_child_that_cannot_start_leaves_the_parse_to_the_router(monkeypatch):
+    from raypaged.serve import body_parser
+
+    monkeypatch.setattr(body_parser.sys, "executable", "/nonexistent/python")
+    body = b'{"prompt": [' + b"1," * 5000 + b'1]}'
+    parsers = BodyParsers(threshold=100)
+    # parsed in the router (a thread); its limit is the frontend's to apply
+    assert run(parsers.parse(body, COMPLETION)) == {"prompt": [1] * 5001}
+
+
+def test_small_bodies_are_parsed_in_the_router_with_no_child():
+    parsers = BodyParsers(threshold=100)
+    assert run(parsers.parse(b'{"prompt": "hi"}', COMPLETION)) == {"prompt": "hi"}
+    assert parsers._idle is None
