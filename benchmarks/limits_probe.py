@@ -86,6 +86,14 @@ def rss_mib(pid: int, key: str = "VmRSS") -> float:
     raise KeyError(key)
 
 
+def children(pid: int) -> list[int]:
+    """The router's child processes (its body parsers, serve/body_parser.py)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
 async def health_poller(client: httpx.AsyncClient, url: str, stop: asyncio.Event) -> list[float]:
     times = []
     while not stop.is_set():
@@ -136,11 +144,14 @@ async def probe(url: str, pid: int, slow_bodies: int) -> dict:
         stop.set()
         health = await poller
         peak = rss_mib(pid, "VmHWM")
+        # each body parser's peak: how much of the bodies' cost moved out of the router
+        parser_peaks = [round(rss_mib(c, "VmHWM"), 1) for c in children(pid)]
         bodies = {"bodies": 8, "body_mib": len(big) / 2**20, "statuses": sorted({r.status_code
                                                                                 for r in rs}),
                   "seconds": bodies_s, "each_answered_s": sorted(round(s, 3) for _, s in answers),
                   "rss_before_mib": before, "rss_peak_mib": peak,
-                  "rss_growth_mib": peak - before, "health_max_s": max(health),
+                  "rss_growth_mib": peak - before, "body_parser_peak_rss_mib": parser_peaks,
+                  "health_max_s": max(health),
                   "small_request_s": small_during}
         # slow bodies: connections that send headers and a few bytes, then nothing
         stop = asyncio.Event()
@@ -195,7 +206,9 @@ def main() -> None:
     print(f"idle small request: {out['idle_small_request_s'] * 1000:.1f} ms")
     print(table(out["attacks"], ["request", "body_mib", "status", "seconds", "param"]))
     print(table([out["parallel_bodies"]], ["bodies", "body_mib", "statuses", "seconds",
-                                           "rss_growth_mib", "health_max_s", "small_request_s"]))
+                                           "rss_growth_mib", "body_parser_peak_rss_mib",
+                                           "health_max_s", "small_request_s"]))
+    print("each body answered after (s):", out["parallel_bodies"]["each_answered_s"])
     print(table([out["slow_bodies"]], ["connections", "got_408", "closed_within_s",
                                        "health_max_s", "small_request_s"]))
     path = write("limits_probe", {"command": "python benchmarks/limits_probe.py "
