@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
-from typing import Callable
+from typing import Callable, Sequence
 
 from raypaged.config import EngineArgs, KVPlan
 from raypaged.core.contracts import Continuation, EngineStats, RequestDelta
@@ -72,9 +72,12 @@ class Engine:
             self.stage = None
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    cache_salt: str | None = None, continuation: Continuation | None = None) -> None:
+                    cache_salt: str | None = None, continuation: Continuation | None = None,
+                    block_hashes: Sequence[bytes] = ()) -> None:
         """Queue a request; raises ValueError with the reason when it can never be served.
-        A continuation resumes one sample begun on another engine (serving's failover)."""
+        A continuation resumes one sample begun on another engine (serving's failover).
+        `block_hashes`: the router's hashes of the prompt's leading blocks (EngineCore checks
+        them), so that admission does not hash them again."""
         if not isinstance(request_id, str) or not request_id or "#" in request_id:
             raise ValueError(f"request_id must be a non-empty string without '#', got {request_id!r}")
         # With an output stage this reads the stage thread's map; a dict lookup is atomic, and
@@ -108,7 +111,8 @@ class Engine:
                 raise ValueError(str(compile_.future.exception()))  # a spec known to fail
         held = compile_ is not None and not compile_.future.done()
         prompt = list(prompt_token_ids)
-        self.core.add_request(request_id, prompt, params, eos, cache_salt, continuation, held)
+        self.core.add_request(request_id, prompt, params, eos, cache_salt, continuation, held,
+                              block_hashes)
         if held:
             self._compiling[request_id] = (compile_, params.structured_outputs)
         detok = self.outputs.detokenizer(prompt, params)

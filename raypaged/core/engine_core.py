@@ -8,8 +8,11 @@ dropped, never emitted. Tokens are the same either way.
 """
 from __future__ import annotations
 
+import itertools
 import logging
+from typing import Sequence
 
+from raypaged.core.block_hash import BlockHash, hash_block_tokens
 from raypaged.core.cache_summary import CacheSummary
 from raypaged.core.contracts import (Continuation, EngineStats, ModelRunner, RequestDelta,
                                      ScheduledBatch, StepResult)
@@ -35,9 +38,13 @@ class EngineCore:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                     eos_token_id: int | None = None, cache_salt: str | None = None,
-                    continuation: Continuation | None = None, held: bool = False) -> None:
+                    continuation: Continuation | None = None, held: bool = False,
+                    block_hashes: Sequence[BlockHash] = ()) -> None:
         """Queue a request; raises ValueError (nothing queued) if it can never be served.
         `held`: not scheduled until release(request_id) (its grammar is still compiling).
+        `block_hashes`: the router's hashes of the prompt's leading full blocks (with a
+        continuation: of prompt + outputs), so admission does not hash them again; used only
+        if they are a chain of this engine's block size and salt (see `_router_hashes`).
         With a continuation, one sample (n = 1) resumes after the outputs it already has.
         Token ids are the caller's to check against the vocabulary (Engine.add_request does)."""
         max_tokens = sampling.max_tokens or self.scheduler.max_model_len - len(prompt_token_ids)
@@ -45,9 +52,11 @@ class EngineCore:
         if continuation is not None:
             outputs, index = continuation.output_token_ids, continuation.sample_index
             _check_continuation(continuation, sampling, max_tokens)
+        hashes = _router_hashes(block_hashes, prompt_token_ids, outputs,
+                                self.scheduler.kv.block_size, cache_salt)
         self.scheduler.add(Request(request_id, prompt_token_ids, sampling, max_tokens,
                                    eos_token_id, cache_salt, sample_index=index,
-                                   output_token_ids=outputs), held)
+                                   output_token_ids=outputs, block_hashes=hashes), held)
 
     def release(self, request_id: str) -> None:
         """A held request may be scheduled from the next step on."""
@@ -174,3 +183,22 @@ def _check_continuation(c: Continuation, sampling: SamplingParams, max_tokens: i
     if len(c.output_token_ids) >= max_tokens:
         raise ValueError(f"the continuation already has {len(c.output_token_ids)} output tokens, "
                          f"max_tokens is {max_tokens}: nothing is left to generate")
+
+
+def _router_hashes(block_hashes: Sequence[BlockHash], prompt: Sequence[int],
+                   outputs: Sequence[int], block_size: int,
+                   cache_salt: str | None) -> Sequence[BlockHash]:
+    """The router's hashes, if they can be this engine's: no more than the full blocks of the
+    tokens, and the first one equal to this engine's hash of block 0 (one BLAKE2b), which a
+    router of another block size or salt cannot match; else none (the engine hashes the
+    prompt itself). A hash the engine trusts names a cached block it will reuse: the chain
+    is deterministic, so the router's hashes of the same tokens are the engine's own
+    (tests/core/test_router_hashes.py)."""
+    if not block_hashes:
+        return ()
+    tokens = list(itertools.islice(itertools.chain(prompt, outputs), block_size))
+    if (len(block_hashes) > (len(prompt) + len(outputs)) // block_size
+            or hash_block_tokens(tokens, block_size, cache_salt, max_blocks=1)[:1]
+            != [block_hashes[0]]):
+        return ()
+    return block_hashes

@@ -31,7 +31,12 @@ class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                  max_tokens: int, eos_token_id: int | None = None, cache_salt: str | None = None,
                  parent_id: str | None = None, sample_index: int = 0, arrival: int = 0,
-                 output_token_ids: Sequence[int] = ()) -> None:
+                 output_token_ids: Sequence[int] = (),
+                 block_hashes: Sequence[BlockHash] = ()) -> None:
+        """`block_hashes`: the chain's leading hashes over all_token_ids, already computed by
+        whoever routed the request (core's hash_block_tokens, this cache_salt, the engine's
+        block size: EngineCore.add_request checks them); update_block_hashes goes on from
+        there instead of hashing the prompt again."""
         if not prompt_token_ids:
             raise ValueError("the prompt is empty: give at least one token")
         self.request_id = request_id
@@ -57,7 +62,8 @@ class Request:
         self.forked = sampling.n == 1         # n > 1 forks once, when its prompt is done
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
-        self.block_hashes: list[BlockHash] = []  # hashes of the full blocks of all_token_ids
+        # hashes of the full blocks of all_token_ids (a leading part of the chain)
+        self.block_hashes: list[BlockHash] = list(block_hashes)
 
     @property
     def num_tokens(self) -> int:

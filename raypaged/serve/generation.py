@@ -97,7 +97,9 @@ class Generation:
             snap, loads = self.d.candidates(self._excluded)
             if not loads:
                 break
-            order, reason = self.d.router.rank(tokens, self.cache_salt, loads)
+            # rank() in two halves, to keep the prompt's hashes for the worker
+            keys = self.d.router.prompt_keys(tokens, self.cache_salt, loads)
+            order, reason = self.d.router.choose(keys, loads)
             if not self._routed:
                 self.d.metrics.inc("routing_decisions", reason)
                 self._routed = True
@@ -106,7 +108,7 @@ class Generation:
                 leg = Leg(worker_id, view.stats.incarnation if view.stats else None, indexes,
                           continuation is not None)
                 try:
-                    rejected = await self._submit(leg, view, params, continuation)
+                    rejected = await self._submit(leg, view, params, continuation, keys.hashes)
                 except WorkerUnavailable as lost:  # a worker can die of it before it replies
                     self._worker_lost(worker_id, lost.reached and self._in_fleet(worker_id))
                     break  # rank again without it
@@ -125,7 +127,7 @@ class Generation:
                           retry_after=1)
 
     async def _submit(self, leg: Leg, view: WorkerView, params: SamplingParams,
-                      continuation: Continuation | None) -> Rejected | None:
+                      continuation: Continuation | None, block_hashes=()) -> Rejected | None:
         self._opens += 1
         leg.request_id = (self.request_id if self._opens == 1
                           else f"{self.request_id}-{self._opens - 1}")
@@ -136,7 +138,7 @@ class Generation:
             leg.link = self.d.fleet.link(view)
             rejected = await self._watched(leg, leg.link.submit(
                 leg.request_id, self.token_ids, params, self.cache_salt, continuation,
-                leg.sink(self._queue)))
+                leg.sink(self._queue), block_hashes))
             if rejected is not None:
                 self._close_leg(leg)
                 return rejected

@@ -77,6 +77,9 @@ class PromptKeys:
     route_key: BlockHash | None = None            # rendezvous key (hash, cache_aware)
     block_keys: Sequence[int] | None = None       # the cache keys walked (cache_aware)
     blocks_at: Sequence[int] | None = None        # sampled views: blocks proved per key held
+    # the chain hashes computed on the way (the prompt's leading full blocks): handed to the
+    # worker with the request, whose admission then does not hash them again
+    hashes: Sequence[BlockHash] = ()
 
 
 class Router:
@@ -102,9 +105,10 @@ class Router:
         if self.config.routing == "round_robin":
             return PromptKeys(len(token_ids))
         if self.config.routing != "cache_aware":
-            key = routing_key(token_ids, self.block_size, self.config.route_prefix_blocks,
-                              cache_salt)
-            return PromptKeys(len(token_ids), key)
+            hashes = hash_block_tokens(token_ids, self.block_size, cache_salt,
+                                       max_blocks=self.config.route_prefix_blocks)
+            key = hashes[-1] if hashes else hash_block(None, token_ids, salt_key(cache_salt))
+            return PromptKeys(len(token_ids), key, hashes=hashes)  # routing_key's key
         # One pass of hashing gives both the rendezvous key (block d-1) and the cache keys
         # (full blocks before the last token): the prompt is hashed once per request.
         usable = (len(token_ids) - 1) // self.block_size
@@ -114,11 +118,11 @@ class Router:
         walked = hashes[:usable]
         every, blocks_at = self.config.route_cache_sample, None
         if every == 1:
-            return PromptKeys(len(token_ids), key, list(map(block_key, walked)))
+            return PromptKeys(len(token_ids), key, list(map(block_key, walked)), hashes=hashes)
         # the views hold sampled keys only (cache_summary.sampled): only those are looked up
         positions = sampled_positions(walked, every)
         keys = [block_key(walked[i]) for i in positions]
-        return PromptKeys(len(token_ids), key, keys, [0, *(i + 1 for i in positions)])
+        return PromptKeys(len(token_ids), key, keys, [0, *(i + 1 for i in positions)], hashes)
 
     def _cache_hashes(self, token_ids: Sequence[int], cache_salt: str | None, usable: int,
                       loads: FleetLoads | None) -> list[BlockHash]:

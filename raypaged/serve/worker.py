@@ -75,9 +75,11 @@ class Worker:
     # -- the transport -----------------------------------------------------------------------
     async def submit(self, router_id: str, request_id: str, prompt_token_ids: list[int],
                      params: SamplingParams, cache_salt: str | None = None,
-                     continuation: Continuation | None = None) -> Rejected | None:
+                     continuation: Continuation | None = None,
+                     block_hashes: tuple[bytes, ...] | list[bytes] = ()) -> Rejected | None:
         """Admit the request (None) or refuse it before any work (Rejected); its outputs go
-        out on `outputs(router_id)`."""
+        out on `outputs(router_id)`. `block_hashes`: the router's hashes of the prompt's
+        leading blocks, which the engine then does not compute again on its step thread."""
         loop = self._engine_loop()
         if request_id in self._requests:
             return Rejected(f"request id {request_id!r} is already in use")
@@ -95,8 +97,9 @@ class Worker:
         outbox.request_ids.add(request_id)
         self.bound.add(blocks)
         try:
+            hashes = {"block_hashes": block_hashes} if block_hashes else {}
             await loop.call(lambda e: e.add_request(request_id, list(prompt_token_ids), params,
-                                                    cache_salt, continuation))
+                                                    cache_salt, continuation, **hashes))
         except ValueError as exc:
             self._forget(request_id)
             return Rejected(str(exc))

@@ -44,14 +44,17 @@ class WorkerLink:
 
     # -- requests ----------------------------------------------------------------------------
     async def submit(self, request_id: str, token_ids, params, cache_salt, continuation,
-                     sink: Sink) -> Rejected | None:
-        """Send the request; its outputs go to `sink` from now on (they may beat the reply)."""
+                     sink: Sink, block_hashes=()) -> Rejected | None:
+        """Send the request; its outputs go to `sink` from now on (they may beat the reply).
+        `block_hashes`: the router's hashes of the tokens' leading full blocks (routing.
+        PromptKeys.hashes), sent along so that the worker does not hash them again."""
         if self.dead is not None:
             raise WorkerUnavailable(str(self.dead), reached=False)
         self._sinks[request_id] = sink
+        extra = (block_hashes,) if block_hashes else ()
         try:
             rejected = await self._submit(self.router_id, request_id, token_ids, params,
-                                          cache_salt, continuation)
+                                          cache_salt, continuation, *extra)
         except BaseException:  # cancelled, or the worker is gone: it may have accepted it
             self.leave(request_id)
             raise

@@ -109,11 +109,14 @@ class FakeEngine:
                                LetterRunner(self.step_delay_s))
         self._meta: dict[str, tuple[SamplingParams, int]] = {}
         self._text: dict[tuple[str, int], str] = {}
+        self.block_hashes_given: dict[str, list[bytes]] = {}  # request id -> the router's hashes
 
     def add_request(self, request_id, prompt_token_ids, params, cache_salt=None,
-                    continuation=None):
+                    continuation=None, block_hashes=()):
+        self.block_hashes_given[request_id] = list(block_hashes)
         self.core.add_request(request_id, prompt_token_ids, params, eos_token_id=EOS,
-                              cache_salt=cache_salt, continuation=continuation)
+                              cache_salt=cache_salt, continuation=continuation,
+                              block_hashes=block_hashes)
         self._meta[request_id] = (params, len(prompt_token_ids))
         if continuation is not None:  # the text the client has: bytes decode one to one
             key = (request_id, continuation.sample_index)
