@@ -22,9 +22,11 @@ run first in every round, and the others are reported as ratios to it.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -42,13 +44,48 @@ HZ = os.sysconf("SC_CLK_TCK")
 
 # Process name (comm, 15 characters) -> its part in serving. "ingress" is whatever takes HTTP
 # before the router replica: Serve's Python proxy, or HAProxy and the actor that manages it.
+# The rest is Ray's own: its C++ daemons, and Python daemons told apart by their command line.
 ROLES = {"ray::WorkerActo": "worker", "ray::ServeRepli": "router", "ray::ProxyActor": "ingress",
          "haproxy": "ingress", "ray::HAProxyMan": "ingress", "ray::ServeContr": "serve_controller",
-         "ray::Controller": "fleet_controller"}
+         "ray::Controller": "fleet_controller", "gcs_server": "gcs", "raylet": "raylet",
+         "ray::DashboardA": "dashboard", "ray::RuntimeEnv": "runtime_env_agent"}
+SCRIPTS = {"dashboard/dashboard.py": "dashboard", "dashboard/agent.py": "dashboard",
+           "log_monitor.py": "log_monitor", "autoscaler/_private/monitor.py": "autoscaler_monitor",
+           "runtime_env/agent/main.py": "runtime_env_agent"}
+# the serving path: what a token crosses between the worker and the client
+SERVING_PATH = ("router", "ingress")
 
 
-def role(name: str) -> str:
-    return ROLES.get(name, "ray_other")
+def role(name: str, cmdline: str = "") -> str:
+    if name in ROLES:
+        return ROLES[name]
+    return next((r for script, r in SCRIPTS.items() if script in cmdline), "ray_other")
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read(400).replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """tid -> CPU seconds of each thread of pid (the worker: its step thread, the output stage,
+    OpenMP's pool, Ray's I/O threads)."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[int(tid)] = (int(fields[11]) + int(fields[12])) / HZ
+        except OSError:
+            pass
+    return out
 
 
 def cpu_seconds(pid: int) -> float:
@@ -66,24 +103,57 @@ def generated_tokens(url: str) -> float:
                if line.startswith("raypaged:generation_tokens_total"))
 
 
+def engine_steps(url: str) -> int:
+    """Engine steps so far, over the fleet (/fleet: each worker's num_steps)."""
+    return sum(w.get("num_steps", 0) for w in httpx.get(f"{url}/fleet", timeout=10).json()["workers"])
+
+
+def idle_cpu(root: int, seconds: float) -> dict[str, float]:
+    """CPU ms per second of each role with no request in flight: the stack's standing cost
+    (polls, health checks, metrics pushes, Ray's daemons), which a loaded server pays too."""
+    pids = descendants(root)
+    before = {p: cpu_seconds(p) for p in pids}
+    time.sleep(seconds)
+    out: dict[str, float] = {}
+    for p, name in pids.items():
+        if os.path.exists(f"/proc/{p}"):
+            r = role(name, cmdline(p))
+            out[r] = out.get(r, 0.0) + 1000 * (cpu_seconds(p) - before[p]) / seconds
+    return {f"idle_{r}_ms_per_s": v for r, v in sorted(out.items())} | \
+        {"idle_total_ms_per_s": sum(out.values())}
+
+
 def measure(root: int, url: str, concurrency: int, args, model_dir: str) -> dict:
-    """One client run at `concurrency`: CPU ms per output token by role, and the client's
-    figures. Processes that appear during the run (HAProxy reloads) count from zero."""
+    """One client run at `concurrency`: CPU ms per output token by role, the worker's step
+    thread apart from its other threads, CPU per engine step, and the client's figures.
+    Processes that appear during the run (HAProxy reloads) count from zero."""
     load_before = os.getloadavg()[0]
     pids = descendants(root)
-    before, tokens_before, t0 = {p: cpu_seconds(p) for p in pids}, generated_tokens(url), \
-        time.monotonic()
+    workers = [p for p, n in pids.items() if role(n) == "worker"]
+    before, tokens_before, steps_before, t0 = {p: cpu_seconds(p) for p in pids}, \
+        generated_tokens(url), engine_steps(url), time.monotonic()
+    threads_before = {p: thread_cpu(p) for p in workers}
     num_prompts = max(8, args.prompts_per_client * concurrency)
     result = run_client(args.vllm_python or sys.executable, url, model_dir, concurrency,
                         num_prompts, args)
     time.sleep(1.5)  # routers push their request metrics every second
     pids.update(descendants(root))
     tokens = generated_tokens(url) - tokens_before
+    steps = engine_steps(url) - steps_before
     wall = time.monotonic() - t0
     by_role: dict[str, float] = {}
     for p, name in pids.items():
         if os.path.exists(f"/proc/{p}"):  # a process gone since (a HAProxy reload) is left out
-            by_role[role(name)] = by_role.get(role(name), 0.0) + cpu_seconds(p) - before.get(p, 0.0)
+            r = role(name, cmdline(p))
+            by_role[r] = by_role.get(r, 0.0) + cpu_seconds(p) - before.get(p, 0.0)
+    # The worker's busiest thread is the step thread (the model, with OpenMP's thread 0); the
+    # second is OpenMP's other thread or the output stage: a busy one while decode steps use one
+    # torch thread means spinning (OMP_WAIT_POLICY) or detokenizing.
+    busiest = [0.0, 0.0]
+    for p in workers:
+        after = thread_cpu(p)
+        used = sorted((after[t] - threads_before[p].get(t, 0.0) for t in after), reverse=True)
+        busiest = [a + b for a, b in zip(busiest, used + [0.0, 0.0])]
     ms = {r: 1000 * s / max(tokens, 1) for r, s in by_role.items()}
     return {"concurrency": concurrency, "prompts": num_prompts, "tokens": tokens, "wall_s": wall,
             "output_throughput": result["output_throughput"],
@@ -92,14 +162,25 @@ def measure(root: int, url: str, concurrency: int, args, model_dir: str) -> dict
             # the machine's load (1-min average) before and after: a shared machine's drift
             "load_avg_before": load_before, "load_avg_after": os.getloadavg()[0],
             **{f"{r}_ms_per_token": v for r, v in sorted(ms.items())},
-            "serving_path_ms_per_token": ms.get("router", 0.0) + ms.get("ingress", 0.0)}
+            "serving_path_ms_per_token": sum(ms.get(r, 0.0) for r in SERVING_PATH),
+            "stack_ms_per_token": sum(ms.values()),  # every process of the server
+            "engine_steps": steps, "tokens_per_step": tokens / max(steps, 1),
+            "worker_ms_per_step": 1000 * by_role.get("worker", 0.0) / max(steps, 1),
+            "step_thread_ms_per_step": 1000 * busiest[0] / max(steps, 1),
+            "worker_second_thread_ms_per_token": 1000 * busiest[1] / max(tokens, 1)}
+
+
+# compared with `default` of the same concurrency in the summary
+RATIOS = ("output_throughput", "mean_tpot_ms", "mean_ttft_ms", "serving_path_ms_per_token",
+          "stack_ms_per_token", "worker_ms_per_token", "step_thread_ms_per_step",
+          "idle_total_ms_per_s")
 
 
 def summarize(rows: list[dict]) -> list[dict]:
     """Median over rounds per (variant, concurrency), and ratios to `default` of the same
     concurrency (< 1 is less CPU / less latency; > 1 more throughput)."""
-    keys = ["output_throughput", "mean_tpot_ms", "mean_ttft_ms", "serving_path_ms_per_token",
-            "router_ms_per_token", "ingress_ms_per_token", "worker_ms_per_token"]
+    keys = sorted({k for r in rows for k, v in r.items()
+                   if isinstance(v, (int, float)) and k not in ("round", "concurrency")})
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["variant"], r["concurrency"]), []).append(r)
@@ -110,10 +191,30 @@ def summarize(rows: list[dict]) -> list[dict]:
     for s in out:
         b = base.get(s["concurrency"])
         if b and s["variant"] != "default":
-            for k in ("output_throughput", "mean_tpot_ms", "mean_ttft_ms",
-                      "serving_path_ms_per_token"):
-                if b[k]:
+            for k in RATIOS:
+                if b.get(k) and k in s:
                     s[f"{k}_vs_default"] = s[k] / b[k]
+    return out
+
+
+def offline_rows(args, dtype: str) -> list[dict]:
+    """The offline engine (its own process) at each concurrency: with a served worker's threads
+    on this machine (all CPUs, one fewer in decode-only steps: serve/actors.py worker_threads),
+    and with all of them in every step (the offline default)."""
+    threads = os.cpu_count()
+    out = []
+    for c in args.concurrency:
+        for decode in ([threads - 1, None] if threads >= 2 else [None]):
+            cmd = [sys.executable, str(Path(__file__).with_name("offline_batch.py")),
+                   "--concurrency", str(c), "--prompts", str(max(8, args.prompts_per_client * c)),
+                   "--input-len", str(args.input_len), "--output-len", str(args.output_len),
+                   "--dtype", dtype, "--num-threads", str(threads)]
+            cmd += ["--decode-threads", str(decode)] if decode else []
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            if res.returncode:
+                raise RuntimeError(f"offline_batch.py failed:\n{res.stderr[-3000:]}")
+            out.append({**json.loads(res.stdout.splitlines()[-1]),
+                        "load_avg": os.getloadavg()[0]})
     return out
 
 
@@ -147,6 +248,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     ap.add_argument("--name", default="serve_cpu")
+    ap.add_argument("--offline", action="store_true",
+                    help="after the servers: the offline engine at each concurrency, with the "
+                         "served worker's torch threads and with all threads in every step "
+                         "(benchmarks/offline_batch.py)")
+    ap.add_argument("--idle-s", type=float, default=10.0,
+                    help="seconds of the server's standing CPU, measured before its first client")
     ap.add_argument("serve_flags", nargs=argparse.REMAINDER,
                     help="after --: raypaged serve flags for every variant")
     args = ap.parse_args()
@@ -172,13 +279,16 @@ def main() -> None:
             proc, url = start_raypaged(model_dir, dtype, max_model_len(args), extra,
                                        logs / f"{name}.{k}.log")
             try:
+                idle = idle_cpu(proc.pid, args.idle_s) if args.idle_s > 0 else {}
                 for c in args.concurrency:
-                    row = {"variant": name, "round": k, **measure(proc.pid, url, c, args,
-                                                                   model_dir)}
+                    row = {"variant": name, "round": k, **idle, **measure(proc.pid, url, c, args,
+                                                                          model_dir)}
                     rows.append(row)
                     print(table([row], ["variant", "round", "concurrency", "output_throughput",
                                         "mean_tpot_ms", "serving_path_ms_per_token",
-                                        "worker_ms_per_token", "load_avg_before",
+                                        "stack_ms_per_token", "worker_ms_per_token",
+                                        "step_thread_ms_per_step", "tokens_per_step",
+                                        "idle_total_ms_per_s", "load_avg_before",
                                         "load_avg_after"]), flush=True)
             finally:
                 stop(proc)
@@ -188,17 +298,29 @@ def main() -> None:
           f"{args.rounds} round(s), logs in {logs}")
     print(table(summary, ["variant", "concurrency", "runs", "output_throughput", "mean_tpot_ms",
                           "mean_ttft_ms", "serving_path_ms_per_token", "router_ms_per_token",
-                          "ingress_ms_per_token", "worker_ms_per_token"]))
-    ratio_cols = [k for k in ("output_throughput_vs_default", "mean_tpot_ms_vs_default",
-                              "mean_ttft_ms_vs_default", "serving_path_ms_per_token_vs_default")
-                  if any(k in s for s in summary)]
+                          "ingress_ms_per_token", "stack_ms_per_token", "worker_ms_per_token",
+                          "step_thread_ms_per_step", "worker_second_thread_ms_per_token",
+                          "tokens_per_step"]))
+    roles = sorted({k for s in summary for k in s if k.startswith("idle_")})
+    print("\nstanding CPU with no request in flight, ms per second, by role")
+    print(table([s for s in summary if s["concurrency"] == args.concurrency[0]],
+                ["variant", *roles]))
+    ratio_cols = [f"{k}_vs_default" for k in RATIOS
+                  if any(f"{k}_vs_default" in s for s in summary)]
     if ratio_cols:
         print("\nvariant / default, same run")
         print(table([s for s in summary if s["variant"] != "default"],
                     ["variant", "concurrency", *ratio_cols]))
+    offline = offline_rows(args, dtype) if args.offline else []
+    if offline:
+        print("\nthe offline engine at the same shape (step thread CPU per step served vs "
+              "cpu_ms_per_step here)")
+        print(table(offline, ["concurrency", "num_threads", "decode_threads", "output_throughput",
+                              "wall_ms_per_step", "cpu_ms_per_step", "tokens_per_step",
+                              "load_avg"]))
     payload = {"args": vars(args), "dtype": dtype,
                "variants": {n: {"env": e, "flags": f} for n, (e, f) in variants.items()},
-               "rows": rows, "summary": summary}
+               "rows": rows, "summary": summary, "offline": offline}
     print(f"wrote {write(args.name, payload)}")
     plot(summary, args.name)
 

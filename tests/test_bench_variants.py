@@ -21,7 +21,17 @@ def test_flags_first_means_no_environment():
 def test_haproxy_and_the_python_proxy_both_count_as_the_ingress():
     assert [role(n) for n in ("ray::ProxyActor", "haproxy", "ray::HAProxyMan", "ray::ServeRepli",
                               "ray::WorkerActo", "raylet")] == \
-        ["ingress", "ingress", "ingress", "router", "worker", "ray_other"]
+        ["ingress", "ingress", "ingress", "router", "worker", "raylet"]
+
+
+def test_rays_python_daemons_are_told_apart_by_their_command_line():
+    py = "/venv/bin/python -u /venv/lib/python3.11/site-packages/ray/"
+    assert role("python", py + "_private/log_monitor.py --session-dir=/tmp/x") == "log_monitor"
+    assert role("python", py + "dashboard/dashboard.py --host=127.0.0.1") == "dashboard"
+    assert role("python", py + "autoscaler/_private/monitor.py --logs-dir=x") == \
+        "autoscaler_monitor"
+    assert role("ray::DashboardA") == "dashboard"
+    assert role("python", "/usr/bin/python something_else.py") == "ray_other"
 
 
 def test_summary_takes_the_median_of_rounds_and_ratios_to_default_of_the_same_concurrency():
