@@ -10,6 +10,10 @@ the fleet (every block hashed, the rule before hashing stopped where no view rea
 on the same requests in the same run. Times are the
 thread's CPU time (time.thread_time), so a machine shared with other jobs does not add its
 waits for a core to the percentiles.
+Worker admission (`worker_hash_*`, once per prompt): the hashing a worker's admission does
+(Request.update_block_hashes) on its own (`whole`) and given the router's hashes
+(PromptKeys.hashes, which serving sends with the request: `after_router`): what the worker's
+step thread no longer spends.
 Snapshot traffic: the pickled bytes per worker per second measured by the simulator
 (benchmarks/fleet_sim.py's JSON at --sim-json: its cache_aware row at load 0.8), times W: what
 one router receives. `--sample N=JSON` adds cache_aware rows with route_cache_sample N: the
@@ -20,11 +24,13 @@ prompt's sampled keys, and the traffic comes from that JSON (a fleet_sim run wit
     python benchmarks/router_cost.py [--workers 8,64,1000] [--requests 300] [--repeats 5]
                                      [--sim-json benchmarks/results/fleet_sim_16_depth_sample16.json]
                                      [--sample 1=benchmarks/results/fleet_sim_16_depth_sample1.json]
+                                     [--name router_cost]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -37,6 +43,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
 from raypaged.core.cache_index import CacheIndex  # noqa: E402
 from raypaged.core.cache_summary import SummaryDelta, sampled  # noqa: E402
+from raypaged.core.request import Request  # noqa: E402
+from raypaged.core.sampling_params import SamplingParams  # noqa: E402
 from raypaged.serve.config import ServeOptions  # noqa: E402
 from raypaged.serve.cost_routing import prompt_block_keys  # noqa: E402
 from raypaged.serve.fleet_loads import FleetLoads, WorkerLoad  # noqa: E402
@@ -95,6 +103,32 @@ def time_decisions(policy: str, prompts, loads, every: int = 1, repeats: int = 5
             "decision_whole_p99_us": us(total_whole, 0.99)}
 
 
+def time_worker_hashing(policy: str, prompts, loads, every: int = 1) -> dict:
+    """A worker's admission hashing per prompt, alone and after the router's hashes."""
+    router = RouterPolicy(policy, BLOCK, route_cache_sample=every).router
+    whole, rest, given = [], [], []
+    params = SamplingParams(max_tokens=1)
+    for p in prompts:
+        keys = router.prompt_keys(p, None, loads)
+        alone, helped = Request("a", p, params, 1), Request("b", p, params, 1,
+                                                            block_hashes=keys.hashes)
+        t0 = time.thread_time()
+        alone.update_block_hashes(BLOCK)
+        t1 = time.thread_time()
+        helped.update_block_hashes(BLOCK)
+        t2 = time.thread_time()
+        assert helped.block_hashes == alone.block_hashes  # the router's are the worker's own
+        whole.append(t1 - t0)
+        rest.append(t2 - t1)
+        given.append(len(keys.hashes) / max(1, len(alone.block_hashes)))
+    us = lambda xs, q: pct(xs, q) * 1e6  # noqa: E731
+    return {"worker_hash_whole_p50_us": us(whole, 0.5), "worker_hash_whole_p99_us": us(whole, 0.99),
+            "worker_hash_after_router_p50_us": us(rest, 0.5),
+            "worker_hash_after_router_p99_us": us(rest, 0.99),
+            "worker_hash_saved": 1 - sum(rest) / sum(whole),
+            "blocks_from_router_mean": statistics.fmean(given)}
+
+
 def bytes_per_worker_s(path: str) -> float | None:
     """cache_aware at load 0.8 (else the default policy's row) of a fleet_sim JSON, per worker."""
     file = Path(path) if Path(path).is_absolute() else ROOT / path
@@ -118,7 +152,9 @@ def main(argv=None) -> int:
                    help="traffic of the default route_cache_sample")
     p.add_argument("--sample", action="append", default=[], metavar="N=JSON",
                    help="also cache_aware with route_cache_sample N, traffic from JSON")
+    p.add_argument("--name", default="router_cost", help="results file name")
     ns = p.parse_args(argv)
+    load_before = os.getloadavg()
     path = find_trace(ROOT)
     if path is None:
         sys.exit("the Mooncake trace is not in shared/traces/ inside or beside the checkout")
@@ -138,6 +174,8 @@ def main(argv=None) -> int:
                     continue
                 row = {"workers": w, "policy": policy, "cache_sample": every,
                        **time_decisions(policy, prompts, loads, every, ns.repeats)}
+                if policy != "round_robin":
+                    row.update(time_worker_hashing(policy, prompts, loads, every))
                 if per_worker[sim_json] is not None:
                     row["snapshot_bytes_per_s"] = per_worker[sim_json] * w
                     row["snapshot_target"] = ("met" if row["snapshot_bytes_per_s"]
@@ -151,17 +189,20 @@ def main(argv=None) -> int:
     cols = ["workers", "policy", "cache_sample", "decision_p50_us", "decision_p99_us",
             "hashing_p99_us", "choice_p50_us", "choice_p99_us", "whole_hashing_p50_us",
             "whole_hashing_p99_us", "decision_whole_p99_us", "snapshot_bytes_per_s",
-            "decision_target", "choice_target", "snapshot_target"]
+            "decision_target", "choice_target", "snapshot_target", "worker_hash_whole_p50_us",
+            "worker_hash_after_router_p50_us", "worker_hash_saved"]
     print(table(rows, cols))
     mean_tokens = statistics.fmean(len(x) for x in prompts)
     print(f"prompts: {len(prompts)} Mooncake prompts, mean {mean_tokens:,.0f} tokens; "
           f"snapshot bytes per worker per second: {per_worker}")
-    out = write("router_cost", {"workload": {"requests": len(prompts), "repeats": ns.repeats,
+    load_after = os.getloadavg()
+    out = write(ns.name, {"workload": {"requests": len(prompts), "repeats": ns.repeats,
                                              "mean_prompt_tokens": mean_tokens,
                                              "prompts_per_worker": ns.prompts_per_worker,
                                              "snapshot_bytes_per_worker_s": per_worker,
                                              "targets": {"decision_p99_us": TARGET_DECISION_P99_US,
                                                          "snapshot_bytes_per_s": TARGET_SNAPSHOT_BYTES_S}},
+                                "load_average": {"before": load_before, "after": load_after},
                                 "rows": rows})
     print(f"wrote {out}")
     plt = pyplot()
@@ -181,7 +222,7 @@ def main(argv=None) -> int:
         ax.set_ylabel("decision p99 (us)")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(plot_path("router_cost"), dpi=90)
+        fig.savefig(plot_path(ns.name), dpi=90)
     return 0
 
 
