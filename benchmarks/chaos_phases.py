@@ -155,8 +155,11 @@ async def hang_worker(url: str, limit_s: float) -> tuple[str, dict]:
 async def crash_twice(url: str, n: int, limit_s: float) -> tuple[str, dict]:
     """A stream whose two workers are killed in turn, then the same request again."""
     out: dict = {"all_ready_before_s": await wait_all_ready(url, n, time.monotonic(), limit_s)}
-    body = {"prompt": "Chaos: a request that crashes workers. Tell a long story.",
-            "max_tokens": 440, "ignore_eos": True, "temperature": 0, "stream": True}
+    # a long prompt (~280 tokens): the worker the stream moves to is the one whose prefix
+    # cache is asked about that many more tokens (with 3+ workers it is not known otherwise)
+    prompt = "Chaos: a request that crashes workers. " + " ".join(f"bird {i}," for i in range(70))
+    body = {"prompt": prompt, "max_tokens": 150, "ignore_eos": True, "temperature": 0,
+            "stream": True}
     events: list[dict] = []
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S * 3) as client:
         async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
@@ -171,7 +174,9 @@ async def crash_twice(url: str, n: int, limit_s: float) -> tuple[str, dict]:
             t = time.monotonic()
             while len(events) < 3 and not reader.done():
                 await asyncio.sleep(0.05)
-            pids = {w["worker_id"]: w.get("pid") for w in await asyncio.to_thread(fleet, url)}
+            workers = await asyncio.to_thread(fleet, url)
+            pids = {w["worker_id"]: w.get("pid") for w in workers}
+            asked = {w["worker_id"]: w.get("memory", {}).get("prefix_queries", 0) for w in workers}
             os.kill(pids[first], signal.SIGKILL)
             at_kill = len(events)
             # a model reload takes longer than the stream: the second worker goes as soon as
@@ -182,11 +187,21 @@ async def crash_twice(url: str, n: int, limit_s: float) -> tuple[str, dict]:
             if reader.done():
                 out["second_kill"] = "the stream ended first"
             else:
-                second = max((w for w in await asyncio.to_thread(fleet, url)
-                              if w["worker_id"] != first and w.get("state") == "ready"),
-                             key=lambda w: w.get("load", 0))
+                def growth(w):
+                    return w.get("memory", {}).get("prefix_queries", 0) - asked.get(w["worker_id"], 0)
+
+                waited = time.monotonic()
+                while True:  # the fleet's stats lag a poll behind the stream
+                    others = [w for w in await asyncio.to_thread(fleet, url)
+                              if w["worker_id"] != first and w.get("state") == "ready"]
+                    second = max(others, key=growth)
+                    if growth(second) >= 250 or time.monotonic() - waited > 3:
+                        break
+                    await asyncio.sleep(0.1)
                 os.kill(second["pid"], signal.SIGKILL)
                 out["second_kill"] = second["worker_id"]
+                out["second_kill_prefix_tokens_asked"] = {w["worker_id"]: growth(w)
+                                                          for w in others}
             await asyncio.wait_for(reader, CLIENT_TIMEOUT_S)
         errors = [e["error"] for e in events if "error" in e]
         out["stream_tokens"] = sum(len(c.get("text", "")) > 0 for e in events
