@@ -163,9 +163,9 @@ class ServeOptions:
         "(structured outputs, tool schemas)", group=LIMITS, ge=1)
     max_logit_bias: int = setting(300, "logit_bias entries per request", group=LIMITS, ge=0)
     max_tool_calls: int = setting(
-        8, "calls in one tool_choice=required answer: the call list's maxItems, so a model "
-        "that keeps repeating a call must close the list (parallel_tool_calls=false: 1)",
-        group=LIMITS, ge=1)
+        4, "calls in one tool_choice=required answer: the call list's maxItems, so a model "
+        "that keeps repeating a call must close the list (parallel_tool_calls=false: 1; "
+        "docs/structured_outputs.md)", group=LIMITS, ge=1)
     tool_call_parser: str | None = setting(
         None, "how tool_choice=auto reads the model's calls: hermes (<tool_call>{...}"
         "</tool_call>), llama3_json ({\"name\", \"parameters\"}, after <|python_tag|> or "

@@ -78,4 +78,4 @@ def test_the_call_list_ends_after_max_tool_calls():
         tool_constraint(TOOLS, "required", None, max_calls=2).json)
     assert _is_grammar_accept_string(grammar, json.dumps(GOOD, indent=2))
     assert not _is_grammar_accept_string(grammar, json.dumps(GOOD + GOOD[:1]))  # a third call
-    assert json.loads(tool_constraint(TOOLS, "required", None).json)["maxItems"] == 8  # default
+    assert json.loads(tool_constraint(TOOLS, "required", None).json)["maxItems"] == 4  # default
