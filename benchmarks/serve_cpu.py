@@ -70,9 +70,8 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def thread_cpu(pid: int) -> dict[int, float]:
-    """tid -> CPU seconds of each thread of pid (the worker: its step thread, the output stage,
-    OpenMP's pool, Ray's I/O threads)."""
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """tid -> (kernel thread name, CPU seconds) of each thread of pid."""
     out = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -81,11 +80,25 @@ def thread_cpu(pid: int) -> dict[int, float]:
     for tid in tids:
         try:
             with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            out[int(tid)] = (int(fields[11]) + int(fields[12])) / HZ
+                stat = f.read()
+            fields = stat.rsplit(")", 1)[1].split()
+            out[int(tid)] = (stat[stat.index("(") + 1:stat.rindex(")")],
+                             (int(fields[11]) + int(fields[12])) / HZ)
         except OSError:
             pass
     return out
+
+
+def worker_threads_split(before: dict, after: dict) -> dict[str, float]:
+    """A worker's CPU seconds between two thread_cpu() reads, split three ways: its step thread
+    (the busiest thread named rp-step: engine_loop.py names it, and OpenMP's threads inherit
+    the name), OpenMP's other threads (their share of parallel regions, and spinning at
+    barriers), and everything else (the event loops: the transport, admission, stats; the
+    output stage; Ray's threads)."""
+    used = {t: (name, cpu - before.get(t, (name, 0.0))[1]) for t, (name, cpu) in after.items()}
+    step = sorted((c for name, c in used.values() if name == "rp-step"), reverse=True)
+    rest = sum(c for name, c in used.values() if name != "rp-step")
+    return {"step_thread": step[0] if step else 0.0, "omp_pool": sum(step[1:]), "rest": rest}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -146,14 +159,10 @@ def measure(root: int, url: str, concurrency: int, args, model_dir: str) -> dict
         if os.path.exists(f"/proc/{p}"):  # a process gone since (a HAProxy reload) is left out
             r = role(name, cmdline(p))
             by_role[r] = by_role.get(r, 0.0) + cpu_seconds(p) - before.get(p, 0.0)
-    # The worker's busiest thread is the step thread (the model, with OpenMP's thread 0); the
-    # second is OpenMP's other thread or the output stage: a busy one while decode steps use one
-    # torch thread means spinning (OMP_WAIT_POLICY) or detokenizing.
-    busiest = [0.0, 0.0]
+    split = {"step_thread": 0.0, "omp_pool": 0.0, "rest": 0.0}
     for p in workers:
-        after = thread_cpu(p)
-        used = sorted((after[t] - threads_before[p].get(t, 0.0) for t in after), reverse=True)
-        busiest = [a + b for a, b in zip(busiest, used + [0.0, 0.0])]
+        for k, v in worker_threads_split(threads_before[p], thread_cpu(p)).items():
+            split[k] += v
     ms = {r: 1000 * s / max(tokens, 1) for r, s in by_role.items()}
     return {"concurrency": concurrency, "prompts": num_prompts, "tokens": tokens, "wall_s": wall,
             "output_throughput": result["output_throughput"],
@@ -166,8 +175,9 @@ def measure(root: int, url: str, concurrency: int, args, model_dir: str) -> dict
             "stack_ms_per_token": sum(ms.values()),  # every process of the server
             "engine_steps": steps, "tokens_per_step": tokens / max(steps, 1),
             "worker_ms_per_step": 1000 * by_role.get("worker", 0.0) / max(steps, 1),
-            "step_thread_ms_per_step": 1000 * busiest[0] / max(steps, 1),
-            "worker_second_thread_ms_per_token": 1000 * busiest[1] / max(tokens, 1)}
+            "step_thread_ms_per_step": 1000 * split["step_thread"] / max(steps, 1),
+            "worker_omp_pool_ms_per_step": 1000 * split["omp_pool"] / max(steps, 1),
+            "worker_loops_ms_per_step": 1000 * split["rest"] / max(steps, 1)}
 
 
 # compared with `default` of the same concurrency in the summary
@@ -299,8 +309,8 @@ def main() -> None:
     print(table(summary, ["variant", "concurrency", "runs", "output_throughput", "mean_tpot_ms",
                           "mean_ttft_ms", "serving_path_ms_per_token", "router_ms_per_token",
                           "ingress_ms_per_token", "stack_ms_per_token", "worker_ms_per_token",
-                          "step_thread_ms_per_step", "worker_second_thread_ms_per_token",
-                          "tokens_per_step"]))
+                          "step_thread_ms_per_step", "worker_omp_pool_ms_per_step",
+                          "worker_loops_ms_per_step", "tokens_per_step"]))
     roles = sorted({k for s in summary for k in s if k.startswith("idle_")})
     print("\nstanding CPU with no request in flight, ms per second, by role")
     print(table([s for s in summary if s["concurrency"] == args.concurrency[0]],

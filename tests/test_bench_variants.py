@@ -76,3 +76,12 @@ def test_vs_vllm_reads_workloads_and_compares_each_workload_with_itself():
     out = {r["workload"]: r for r in ratios(list(rows.values()))}
     assert out["256x64"]["output_throughput_ratio"] == 105.0 / 90.0
     assert out["1024x128"]["output_throughput_ratio"] == 0.8
+
+
+def test_the_workers_cpu_splits_into_step_thread_openmp_pool_and_the_rest():
+    from benchmarks.serve_cpu import worker_threads_split
+    before = {1: ("ray::WorkerActo", 1.0), 2: ("rp-step", 10.0), 3: ("rp-step", 2.0)}
+    after = {1: ("ray::WorkerActo", 1.5), 2: ("rp-step", 14.0), 3: ("rp-step", 3.0),
+             4: ("ray::IDLE", 0.25)}  # a thread started during the run counts from zero
+    assert worker_threads_split(before, after) == \
+        {"step_thread": 4.0, "omp_pool": 1.0, "rest": 0.75}

@@ -20,11 +20,30 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ctypes
+import ctypes.util
 import logging
+import sys
 import threading
 from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
+
+# The step thread's name in the kernel (/proc/PID/task/TID/comm, top -H, py-spy), inherited by
+# the OpenMP threads it starts: benchmarks/serve_cpu.py tells the model's threads from the
+# worker's event loops and Ray's threads by it. Python's thread names stay inside Python.
+STEP_THREAD_NAME = b"rp-step"
+
+
+def name_native_thread(name: bytes) -> None:
+    """Linux only, at most 15 bytes; elsewhere, or without libc, nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc.prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # 15: PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
 
 
 class EngineLoop:
@@ -64,6 +83,7 @@ class EngineLoop:
 
     # -- the step thread ---------------------------------------------------------------------
     def _run(self) -> None:
+        name_native_thread(STEP_THREAD_NAME)
         while self._alive:
             # Clear before draining: a command queued after the drain sets the event again, so
             # the wait below returns at once instead of sleeping on a non-empty inbox.
