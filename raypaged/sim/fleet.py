@@ -197,16 +197,17 @@ class Fleet:
                 i = loads.at[wid]
                 loads.requests[i] += 1
                 loads.queued[i] += len(tokens)
+                hashes = self.policy.last_hashes  # the router's, sent with the request
                 path_s = self.workers[wid].cost.path_s
                 if path_s:
-                    push(now + path_s, DELIVER, (wid, rid, tokens, req.output_len))
+                    push(now + path_s, DELIVER, (wid, rid, tokens, req.output_len, hashes))
                 else:
-                    self.workers[wid].add(rid, tokens, req.output_len)
+                    self.workers[wid].add(rid, tokens, req.output_len, hashes)
                     kicked.add(wid)
                     push(now, KICK)
             elif kind == DELIVER:
-                wid, rid, tokens, output_len = what
-                self.workers[wid].add(rid, tokens, output_len)
+                wid, rid, tokens, output_len, hashes = what
+                self.workers[wid].add(rid, tokens, output_len, hashes)
                 kicked.add(wid)
                 push(now, KICK)
             elif kind == SNAPSHOT:

@@ -24,24 +24,31 @@ DEFAULT_POLICY = ServeOptions().routing  # what `raypaged serve` routes with unl
 
 class Policy(Protocol):
     name: str
+    # the block hashes the last choice computed (sent with the request, as serving does)
+    last_hashes: Sequence[bytes]
 
     def choose(self, token_ids: Sequence[int], workers: FleetLoads) -> str: ...
 
 
 class RouterPolicy:
-    """The serving Router; the first worker of its ranking is the choice."""
+    """The serving Router; the first worker of its ranking is the choice. As serving's
+    Generation does, rank() in its two halves, keeping the prompt's hashes for the worker."""
 
     def __init__(self, routing: str, block_size: int, **options) -> None:
         self.name = routing
         self.router = Router(ServeOptions(routing=routing, **options), block_size)
+        self.last_hashes: Sequence[bytes] = ()
 
     def choose(self, token_ids: Sequence[int], workers: FleetLoads) -> str:
-        order, _ = self.router.rank(token_ids, None, workers)
+        keys = self.router.prompt_keys(token_ids, None, workers)
+        order, _ = self.router.choose(keys, workers)
+        self.last_hashes = keys.hashes
         return order[0]
 
 
 class LeastLoaded:
     name = "least_loaded"
+    last_hashes: Sequence[bytes] = ()
 
     def __init__(self, seed: int = 0) -> None:
         self._rng = random.Random(seed)

@@ -14,6 +14,7 @@ Requests added between the two ends wait for the next schedule(), as they do in 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from raypaged.core.contracts import ModelRunner, RequestDelta, ScheduledBatch, StepResult
 from raypaged.core.engine_core import EngineCore
@@ -70,14 +71,16 @@ class SimWorker:
         self._batch: ScheduledBatch | None = None
         self.busy_s = 0.0  # simulated time spent in steps
 
-    def add(self, request_id: str, prompt: list[int], output_len: int) -> None:
+    def add(self, request_id: str, prompt: list[int], output_len: int,
+            block_hashes: Sequence[bytes] = ()) -> None:
         """Queue a request through EngineCore.add_request (the same validation as serving); it
-        generates exactly output_len tokens, ending with SIM_EOS."""
+        generates exactly output_len tokens, ending with SIM_EOS. `block_hashes`: the router's
+        (PromptKeys.hashes), taken by the engine as serving's worker takes them."""
         if output_len < 1:
             raise ValueError(f"output_len must be >= 1, got {output_len} ({request_id})")
         self._lengths.output_len[request_id] = output_len
         self.engine.add_request(request_id, prompt, SamplingParams(max_tokens=None),
-                                eos_token_id=SIM_EOS)
+                                eos_token_id=SIM_EOS, block_hashes=block_hashes)
 
     @property
     def stepping(self) -> bool:

@@ -105,3 +105,21 @@ def test_the_serving_path_delays_a_requests_arrival_at_its_worker_by_path_s():
     assert run.records[0].finish_s == pytest.approx(0.25 + 1.1 + 1.001)
     # the router counted each request at its decision, before it reached the worker
     assert [r.worker for r in run.records] == ["w0000", "w0001"]
+
+
+def test_a_simulated_worker_takes_the_routers_hashes_and_hashes_only_the_rest(monkeypatch):
+    import raypaged.core.request as request_module
+    counted = []
+    real = request_module.hash_block_tokens
+
+    def counting(*a, **k):
+        out = real(*a, **k)
+        counted.append(len(out))
+        return out
+    monkeypatch.setattr(request_module, "hash_block_tokens", counting)
+    fleet = build_fleet(2, SHAPE, COST, "cache_aware")
+    fleet.run([req(0.0, [7] * 100, out=1)])
+    # a cold prompt: the router hashed the rendezvous key's 4 blocks (no view holds more), the
+    # engine the prompt's 2 other full blocks
+    assert fleet.policy.last_hashes and len(fleet.policy.last_hashes) == 4
+    assert sum(counted) == 6 - 4
