@@ -18,8 +18,9 @@ from raypaged.serve.metrics import RequestMetrics
 from raypaged.serve.routing import Router
 
 # Qwen2.5-Instruct (Hermes format)
-QWEN25 = ('{%- if tools %}\n    {{- \'<|im_start|>system\\n\' }}\n    ...\n    {{- "\\n</tools>\\n\\n'
-          'For each function call, return a json object with function name and arguments within '
+QWEN25 = ('{%- if tools %}\n    {{- \'<|im_start|>system\\n\' }}\n    ...\n'
+          '    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function '
+          'name and arguments within '
           '<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, '
           '\\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}\n{%- endif %}')
 # Llama 3.1-Instruct: the ipython environment, the JSON instruction, <|python_tag|> for builtins
