@@ -109,19 +109,19 @@ def _renamed(node, renames: dict[str, str]):
     return node
 
 
-def parse_calls(text: str, mode: str, name: str | None) -> list[dict] | None:
+def parse_calls(text: str, mode: str, name: str | None, new_id=call_id) -> list[dict] | None:
     """OpenAI tool_calls from a forced ("required", "named") sample's finished text, or None
     when it holds no call."""
     try:
         if mode == "named":
             json.loads(text)
-            return [_call(name, text)]
+            return [_call(name, text, new_id)]
         if mode == "required":
             # the arguments as the model wrote them, as the stream sends them (not re-dumped)
             json.loads(text)
             scanner = CallListScanner()
             scanner.feed(text)
-            return [_call(n, a) for n, a in scanner.calls]
+            return [_call(n, a, new_id) for n, a in scanner.calls]
     except (ValueError, KeyError, TypeError):  # cut short by max_tokens: it stays text
         return None
     return None
@@ -138,7 +138,10 @@ class ToolCallChoices:
     def __init__(self, chat_choice, mode: str, name: str | None, parser: str = "hermes"):
         self.chat_choice = chat_choice      # Shapes.chat_choice with want_logprobs bound
         self.mode, self.name = mode, name
-        self.parser = parser                # auto: the model family's format (tool_parsers/)
+        self.parser = parser                # the model family's format (tool_parsers/)
+        # its call ids, in every mode: Mistral's templates refuse any but 9 letters and digits
+        # when the calls come back in the conversation
+        self.new_id = PARSERS[parser].new_id
         self._auto: dict[int, object] = {}              # stream (auto), per choice
         self._scanners: dict[int, CallListScanner] = {}  # stream (required), per choice
         self._texts: dict[int, str] = {}    # stream (required, named): the text so far
@@ -149,10 +152,9 @@ class ToolCallChoices:
             text = "".join(c.text)
             if self.mode == "auto":
                 content, found = parse_whole(self.parser, text)
-                new_id = PARSERS[self.parser].new_id
-                calls = None if found is None else [_call(n, a, new_id) for n, a in found]
+                calls = None if found is None else [_call(n, a, self.new_id) for n, a in found]
             else:
-                content, calls = None, parse_calls(text, self.mode, self.name)
+                content, calls = None, parse_calls(text, self.mode, self.name, self.new_id)
             if calls is not None and c.finish_reason == "stop":
                 out["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
                 out["finish_reason"] = "tool_calls"
@@ -163,7 +165,9 @@ class ToolCallChoices:
 
     def _streamed_auto(self, index: int, c: Choice) -> dict:
         """Content until the calls begin, then the calls piece by piece."""
-        stream = self._auto.get(index) or self._auto.setdefault(index, PARSERS[self.parser]())
+        stream = self._auto.get(index)
+        if stream is None:
+            stream = self._auto[index] = PARSERS[self.parser]()
         content, deltas = stream.feed("".join(c.text))
         finish = c.finish_reason
         if finish is not None:
@@ -185,13 +189,16 @@ class ToolCallChoices:
         first = index not in self._texts
         self._texts[index] = text = self._texts.get(index, "") + piece
         if self.mode == "named":
-            deltas = [header(0, self.name)] if first else []
+            deltas = [header(0, self.name, self.new_id)] if first else []
             if piece:
                 deltas.append(arguments(0, piece))
             if first and piece:  # the first piece rides with the header
                 deltas = [{**deltas[0], "function": {"name": self.name, "arguments": piece}}]
         else:
-            deltas = self._scanners.setdefault(index, CallListScanner()).feed(piece)
+            scanner = self._scanners.get(index)
+            if scanner is None:
+                scanner = self._scanners[index] = CallListScanner(new_id=self.new_id)
+            deltas = scanner.feed(piece)
         finish = c.finish_reason
         if finish == "stop" and parse_calls(text, self.mode, self.name) is not None:
             finish = "tool_calls"

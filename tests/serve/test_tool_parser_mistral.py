@@ -2,8 +2,12 @@
 sends for a Mistral model's [TOOL_CALLS] list, whatever pieces its text arrives in."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 
+from raypaged.serve.responses import Choice, Shapes
+from raypaged.serve.tool_calls import ToolCallChoices
 from raypaged.serve.tool_parsers import parse_whole
 from raypaged.serve.tool_parsers.mistral import MistralStream
 
@@ -85,3 +89,23 @@ def test_a_marker_without_a_named_call_is_content_after_all():
     text = 'Hi [TOOL_CALLS] [{"args": 1}]'
     assert stream([text]) == [("Hi", []), (' [TOOL_CALLS] [{"args": 1}]', [])]
     assert parse_whole("mistral", text) == (text, None)
+
+
+def choice(text: str, finish: str | None):
+    c = Choice()
+    c.text, c.finish_reason = [text], finish
+    return c
+
+
+@pytest.mark.parametrize("mode, name, text", [
+    ("required", None, '[{"name": "f", "parameters": {"a": 1}}]'),
+    ("named", "f", '{"a": 1}')])
+def test_a_mistral_model_gets_mistral_ids_when_the_call_is_forced_too(mode, name, text):
+    """Its template refuses other ids when the calls come back in the conversation."""
+    choices = ToolCallChoices(functools.partial(Shapes(None).chat_choice, False), mode, name,
+                              "mistral")
+    [call] = choices(0, choice(text, "stop"), whole=True)["message"]["tool_calls"]
+    streamed = choices(0, choice(text, "stop"))
+    [first] = [d for d in streamed["delta"]["tool_calls"] if "id" in d]
+    assert (call["function"], first["function"]) == ({"name": "f", "arguments": '{"a": 1}'},) * 2
+    assert all(len(i) == 9 and i.isalnum() for i in (call["id"], first["id"]))
