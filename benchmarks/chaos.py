@@ -169,7 +169,21 @@ async def health_max(url: str, work, samples: list | None = None) -> tuple[objec
     return result, await poller
 
 
+async def all_workers_ready(url: str, n: int, limit_s: float) -> float:
+    """Seconds until all n workers are ready: /health answers with one, and a fleet short of
+    workers would measure another benchmark (on a 2-core machine Ray schedules 2 workers of 1
+    CPU: 3 need --num-cpus 3)."""
+    t = time.monotonic()
+    while sum(w["state"] == "ready" for w in await asyncio.to_thread(fleet, url)) < n:
+        if time.monotonic() - t > limit_s:
+            raise SystemExit(f"only some of the {n} workers were ready after {limit_s:g} s: "
+                             "see --num-cpus")
+        await asyncio.sleep(0.5)
+    return time.monotonic() - t
+
+
 async def scenario(proc, url: str, ns) -> dict:
+    workers_ready_s = await all_workers_ready(url, ns.workers, ns.recovery_limit_s)
     probe = Probe(url)
     probe_idle = await probe.idle()  # nothing else running yet
     load = Load(url, ns.concurrency)
@@ -246,6 +260,7 @@ async def scenario(proc, url: str, ns) -> dict:
     return {"outcomes": load.outcomes, "phases": phases, "raw": raw_counts,
             "baseline_health_max_s": baseline_health_s, "probe_idle": probe_idle,
             "probes": probe.samples, "load_alone_at": load_alone_at,
+            "all_workers_ready_after_health_s": workers_ready_s,
             "preemptions": await asyncio.to_thread(preemptions, url) - first_preemptions}
 
 
@@ -278,6 +293,7 @@ def summarize(res: dict, t0: float) -> dict:
         "preemptions": res["preemptions"], "phases": phases, "raw_requests": res["raw"],
         "baseline_health_max_s": res["baseline_health_max_s"],
         "probe_idle": res["probe_idle"],
+        "all_workers_ready_after_health_s": res["all_workers_ready_after_health_s"],
         "probe_load_alone": ratios(res["probes"], res["probe_idle"], res["load_alone_at"],
                                    first_at),
         "load_average_at_end": os.getloadavg()}
@@ -320,6 +336,8 @@ def main(argv=None) -> int:
                    help="the server's --ingress (default: its default, Serve's Python proxy)")
     p.add_argument("--router-replicas", type=int, default=None,
                    help="the server's --router-replicas (default: its default, 1)")
+    p.add_argument("--num-cpus", type=int, default=None,
+                   help="the server's --num-cpus (Ray's CPUs; default: the machine's)")
     p.add_argument("--name", default="chaos")
     ns = p.parse_args(argv)
     log = Path(tempfile.gettempdir()) / f"{ns.name}_serve.log"
@@ -328,6 +346,8 @@ def main(argv=None) -> int:
              "--worker-unresponsive-timeout-s", str(ns.unresponsive_timeout_s)]
     if ns.ingress is not None:
         flags += ["--ingress", ns.ingress]
+    if ns.num_cpus is not None:
+        flags += ["--num-cpus", str(ns.num_cpus)]
     if ns.router_replicas is not None:
         flags += ["--router-replicas", str(ns.router_replicas)]
     load_at_start = os.getloadavg()
