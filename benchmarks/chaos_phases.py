@@ -195,7 +195,7 @@ async def crash_twice(url: str, n: int, limit_s: float) -> tuple[str, dict]:
                     others = [w for w in await asyncio.to_thread(fleet, url)
                               if w["worker_id"] != first and w.get("state") == "ready"]
                     second = max(others, key=growth)
-                    if growth(second) >= 250 or time.monotonic() - waited > 3:
+                    if growth(second) >= 200 or time.monotonic() - waited > 10:
                         break
                     await asyncio.sleep(0.1)
                 os.kill(second["pid"], signal.SIGKILL)
