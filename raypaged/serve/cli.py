@@ -69,6 +69,20 @@ def local_worker_resources(args: ServeArgs, num_cpus: int, num_gpus: int) -> Ser
 # the variable to 1 to opt out, or start Ray yourself and pass --address (docs/security.md).
 LOOPBACK_RAY = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
+# Serve's controller runs its control loop every 0.1 s by default: on an idle 2-core local
+# server that is the largest standing cost of the stack (24 ms of CPU per second, and 5 more in
+# the GCS). Every 0.5 s it is 11 (serve_cpu.py, docs/performance.md "What the 2-core stack
+# costs"); what it delays (deploys, replica restarts: by at most 0.4 s) is not on the token
+# path, and our fleet's own controller does the autoscaling. Set the variable to override.
+SERVE_CONTROL_LOOP = ("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.5")
+
+
+def local_cluster_env(environ: dict) -> None:
+    """The defaults `raypaged serve` gives a local cluster it starts; the caller's own values
+    of these variables win (so each is also the switch back)."""
+    for name, value in (LOOPBACK_RAY, SERVE_CONTROL_LOOP):
+        environ.setdefault(name, value)
+
 
 def run_serve(ns: argparse.Namespace) -> int:
     ingress_dir = None
@@ -76,7 +90,7 @@ def run_serve(ns: argparse.Namespace) -> int:
         if ns.address:
             refuse_when_joining(ns.ingress)
         else:
-            os.environ.setdefault(*LOOPBACK_RAY)
+            local_cluster_env(os.environ)
             ingress_dir = new_run_dir()
             env = ingress_env(ns.ingress or DEFAULT_INGRESS, ingress_dir)
             os.environ.update(env)

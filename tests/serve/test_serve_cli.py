@@ -48,3 +48,15 @@ def test_a_kv_budget_that_cannot_hold_one_sequence_is_refused_before_ray_starts(
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode != 0
     assert "max_model_len" in run.stderr and "Started a local Ray" not in run.stderr
+
+
+def test_a_local_cluster_gets_a_slower_serve_control_loop_unless_the_user_set_one():
+    from raypaged.serve.cli import local_cluster_env
+    env = {}
+    local_cluster_env(env)
+    assert env == {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+                   "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5"}
+    mine = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
+    local_cluster_env(mine)
+    assert mine == {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1",
+                    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
