@@ -22,9 +22,10 @@ from raypaged.serve.api_key import check_api_key
 from raypaged.serve.errors import APIError, bad_request
 from raypaged.serve.fleet import FleetSnapshot
 from raypaged.serve.frontend import OpenAIFrontend
-from raypaged.serve.body_parser import BodyParsers
+from raypaged.serve.body_parser import BodyParsers, model_fields
 from raypaged.serve.json_body import check_content_type
 from raypaged.serve.metrics import RequestMetrics
+from raypaged.serve.protocol import ChatCompletionRequest, CompletionRequest
 
 logger = logging.getLogger(__name__)
 
@@ -40,10 +41,13 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
     app.add_middleware(DisconnectAsMessage)
     large_bodies = BodyParsers(LARGE_BODY_BYTES)  # parsed in child processes
     # each route's limits, checked where a large body is parsed: refused there, its parsed
-    # value never reaches this process (the frontend checks every body again: cheap)
-    prechecks = {frontend.completions: functools.partial(
+    # value never reaches this process (the frontend checks every body again: cheap); of one
+    # that passes, only the fields its request model knows come back (the model ignores others)
+    prechecks = {frontend.completions: (functools.partial(
         frontend.limits.check_completion, max_model_len=frontend.info.max_model_len),
-        frontend.chat_completions: frontend.limits.check_chat}
+        model_fields(CompletionRequest)),
+        frontend.chat_completions: (frontend.limits.check_chat,
+                                    model_fields(ChatCompletionRequest))}
 
     def authorize(request: Request) -> None:
         if api_key is None:
@@ -53,7 +57,7 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
             raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key")
 
-    async def read_json(request: Request, precheck=None):
+    async def read_json(request: Request, precheck=None, fields=None):
         check_content_type(request.headers.get("content-type"))
         declared = request.headers.get("content-length")
         if declared is not None:
@@ -79,12 +83,12 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
                                 "s: send it at once (the limit is the setting body_timeout_s, "
                                 "--body-timeout-s)", code="body_timeout",
                            headers={"Connection": "close"}) from None
-        return await large_bodies.parse(bytes(body), precheck)
+        return await large_bodies.parse(bytes(body), precheck, fields)
 
     async def answer(request: Request, handler) -> Response:
         try:
             authorize(request)
-            return await handler(await read_json(request, prechecks.get(handler)))
+            return await handler(await read_json(request, *prechecks.get(handler, ())))
         except APIError as exc:
             metrics.inc("request_errors", str(exc.status))
             return exc.response()

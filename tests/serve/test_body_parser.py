@@ -92,3 +92,88 @@ def test_small_bodies_are_parsed_in_the_router_with_no_child():
     parsers = BodyParsers(threshold=100)
     assert run(parsers.parse(b'{"prompt": "hi"}', COMPLETION)) == {"prompt": "hi"}
     assert parsers._idle is None
+
+
+def test_only_the_fields_the_request_model_knows_cross_back():
+    from raypaged.serve.body_parser import model_fields
+    from raypaged.serve.protocol import ChatCompletionRequest, CompletionRequest
+
+    junk = [{"a": 1}] * 100  # the model ignores it: 8 MiB of it would be unpickled for nothing
+    parsers = BodyParsers(threshold=100)
+    completion = {"prompt": "hi", "max_tokens": 3, "stop": ["x"], "cache_salt": "s", "junk": junk}
+    chat = {"messages": [{"role": "user", "content": "hi", "extra": 1}], "tools": [],
+            "extra_body": junk}
+
+    async def main():
+        return (await parsers.parse(json.dumps(completion).encode(), COMPLETION,
+                                    model_fields(CompletionRequest)),
+                await parsers.parse(json.dumps(chat).encode(), LIMITS.check_chat,
+                                    model_fields(ChatCompletionRequest)),
+                await parsers.parse(json.dumps([completion]).encode(), None,
+                                    model_fields(CompletionRequest)))
+
+    got_completion, got_chat, got_list = run(main())
+    assert got_completion == {"prompt": "hi", "max_tokens": 3, "stop": ["x"], "cache_salt": "s"}
+    # only top-level keys are dropped: a message keeps what it carries
+    assert got_chat == {"messages": [{"role": "user", "content": "hi", "extra": 1}], "tools": []}
+    assert got_list == [completion]  # not an object: the frontend refuses it whole
+
+
+def _stop(parsers: BodyParsers):
+    """Stop the pool's one child (SIGSTOP): it holds its pipes open and never answers."""
+    import os
+    import signal
+
+    async def stop():
+        child = await parsers._idle.get()
+        os.kill(child.pid, signal.SIGSTOP)
+        parsers._idle.put_nowait(child)
+        return child
+    return stop()
+
+
+def test_a_child_that_does_not_answer_is_killed_and_the_body_parsed_in_the_router():
+    body = json.dumps({"prompt": "a" * 200, "junk": 1}).encode()
+    parsers = BodyParsers(threshold=100, processes=1, timeout_s=0.3)
+    fields = frozenset({"prompt"})
+
+    async def main():
+        assert await parsers.parse(body, None, fields) == {"prompt": "a" * 200}
+        stopped = await _stop(parsers)
+        try:
+            # without a deadline this waits for ever: bounded here so the test fails instead
+            late = await asyncio.wait_for(parsers.parse(body, None, fields), 5)
+            killed = await asyncio.wait_for(stopped.wait(), 5)
+            fresh = await parsers.parse(body, None, fields)  # a new child answers the next
+            child = await parsers._idle.get()
+            return late, killed, fresh, child is not stopped and child.returncode is None
+        finally:
+            if stopped.returncode is None:
+                stopped.kill()
+
+    late, killed, fresh, new_child = run(main())
+    assert late == {"prompt": "a" * 200, "junk": 1}  # the router's own parse: every field
+    assert killed == -9
+    assert fresh == {"prompt": "a" * 200} and new_child
+
+
+def test_a_child_whose_exchange_is_cancelled_is_killed_not_reused():
+    body = json.dumps({"prompt": "a" * 200}).encode()
+    parsers = BodyParsers(threshold=100, processes=1, timeout_s=60)
+
+    async def main():
+        await parsers.parse(body)
+        stopped = await _stop(parsers)
+        try:
+            task = asyncio.ensure_future(parsers._in_child(body, None, None))
+            await asyncio.sleep(0.2)  # written, waiting on the stopped child's answer
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            returned = await parsers._idle.get()
+            return returned, await asyncio.wait_for(stopped.wait(), 5)
+        finally:
+            if stopped.returncode is None:
+                stopped.kill()
+
+    assert run(main()) == (None, -9)  # the slot starts a fresh child next time
