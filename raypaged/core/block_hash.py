@@ -11,13 +11,14 @@ import sys
 from array import array
 from typing import Sequence
 
-BlockHash = bytes  # 16-byte digest
+BlockHash = bytes  # DIGEST_SIZE-byte digest
+DIGEST_SIZE = 16
 
 _ROOT: BlockHash = b"raypaged-root-v1"
 
 
 def hash_block(parent: BlockHash | None, token_ids: Sequence[int], extra: bytes = b"") -> BlockHash:
-    h = hashlib.blake2b(digest_size=16)
+    h = hashlib.blake2b(digest_size=DIGEST_SIZE)
     h.update(parent if parent is not None else _ROOT)
     # array('q') packs the ints in C; little-endian always, so every host hashes alike.
     tokens = array("q", token_ids)
@@ -62,6 +63,6 @@ def hash_block_tokens(
     out: list[BlockHash] = []
     parent = parent if parent is not None else _ROOT
     for i in range(0, len(data), step):
-        parent = blake2b(parent + head + data[i:i + step] + extra, digest_size=16).digest()
+        parent = blake2b(parent + head + data[i:i + step] + extra, digest_size=DIGEST_SIZE).digest()
         out.append(parent)
     return out

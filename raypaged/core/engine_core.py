@@ -8,11 +8,10 @@ dropped, never emitted. Tokens are the same either way.
 """
 from __future__ import annotations
 
-import itertools
 import logging
 from typing import Sequence
 
-from raypaged.core.block_hash import BlockHash, hash_block_tokens
+from raypaged.core.block_hash import DIGEST_SIZE, BlockHash, hash_block_tokens
 from raypaged.core.cache_summary import CacheSummary
 from raypaged.core.contracts import (Continuation, EngineStats, ModelRunner, RequestDelta,
                                      ScheduledBatch, StepResult)
@@ -188,17 +187,32 @@ def _check_continuation(c: Continuation, sampling: SamplingParams, max_tokens: i
 def _router_hashes(block_hashes: Sequence[BlockHash], prompt: Sequence[int],
                    outputs: Sequence[int], block_size: int,
                    cache_salt: str | None) -> Sequence[BlockHash]:
-    """The router's hashes, if they can be this engine's: no more than the full blocks of the
-    tokens, and the first one equal to this engine's hash of block 0 (one BLAKE2b), which a
-    router of another block size or salt cannot match; else none (the engine hashes the
-    prompt itself). A hash the engine trusts names a cached block it will reuse: the chain
-    is deterministic, so the router's hashes of the same tokens are the engine's own
-    (tests/core/test_router_hashes.py)."""
-    if not block_hashes:
+    """The router's hashes, if they can be this engine's; else none (the engine hashes the
+    prompt itself). A kept hash is registered in the prefix cache as its block's name, so a
+    wrong one would hand that block's KV to every request sharing the prefix: they are kept
+    only as a list or tuple of no more than the tokens' full blocks, each a bytes of
+    DIGEST_SIZE, the first equal to this engine's hash of block 0 (a router of another block
+    size or salt cannot match it) and the last equal to the hash of its own block's tokens
+    under the handed hash before it (a router that hashed other tokens fails it): two
+    BLAKE2b calls whatever the length. The hashes between are trusted: the chain is
+    deterministic, so a router hashing with hash_block_tokens has the engine's own
+    (tests/serve/test_router_block_hashes.py)."""
+    if not isinstance(block_hashes, (list, tuple)) or not block_hashes:
         return ()
-    tokens = list(itertools.islice(itertools.chain(prompt, outputs), block_size))
-    if (len(block_hashes) > (len(prompt) + len(outputs)) // block_size
-            or hash_block_tokens(tokens, block_size, cache_salt, max_blocks=1)[:1]
-            != [block_hashes[0]]):
+    n = len(block_hashes)
+    if (n > (len(prompt) + len(outputs)) // block_size
+            or any(type(h) is not bytes or len(h) != DIGEST_SIZE for h in block_hashes)):
+        return ()
+    if hash_block_tokens(_block(prompt, outputs, 0, block_size), block_size,
+                         cache_salt) != [block_hashes[0]]:
+        return ()
+    if n > 1 and hash_block_tokens(_block(prompt, outputs, n - 1, block_size), block_size,
+                                   cache_salt, parent=block_hashes[-2]) != [block_hashes[-1]]:
         return ()
     return block_hashes
+
+
+def _block(prompt: Sequence[int], outputs: Sequence[int], i: int, block_size: int) -> list[int]:
+    """Block i's tokens of prompt + outputs, without joining them."""
+    start, end, p = i * block_size, (i + 1) * block_size, len(prompt)
+    return [*prompt[start:end], *outputs[max(0, start - p):max(0, end - p)]]

@@ -58,11 +58,28 @@ def test_the_engine_keeps_the_routers_hashes_and_hashes_only_the_rest(routing, s
     assert sum(hashed) == 10 - len(keys.hashes)                      # the rest, and only it
 
 
+GOOD = hash_block_tokens(PROMPT, BS)[:6]
+
+
+def _with(i, value, hashes=GOOD):
+    return [*hashes[:i], value, *hashes[i + 1:]]
+
+
 @pytest.mark.parametrize("given", [
     hash_block_tokens(PROMPT, 8),                     # a router of another block size
     hash_block_tokens(PROMPT, BS, "tenant-b"),        # another salt
     hash_block_tokens(PROMPT + [1] * 8, BS),          # more blocks than the prompt has
-])
+    _with(2, GOOD[2][:15]),                           # a digest of the wrong length
+    _with(2, GOOD[2] + b"\0"),
+    _with(2, GOOD[2].hex()),                          # not bytes
+    _with(2, bytearray(GOOD[2])),                     # equal to bytes, yet not bytes
+    _with(2, None),
+    # the last hash not that of its block's tokens (the router hashed other tokens there)
+    hash_block_tokens(PROMPT[:20] + [0] * 4, BS),
+    _with(5, GOOD[4]),                                # the last one repeated
+    iter(GOOD),                                       # not a list or tuple
+], ids=["block_size", "salt", "too_many", "short_digest", "long_digest", "str", "bytearray",
+        "none", "last_tokens", "last_repeated", "iterator"])
 def test_hashes_that_cannot_be_the_engines_are_dropped_and_the_engine_hashes_itself(given, hashed):
     engine = _engine()
     engine.add_request("r", PROMPT, SamplingParams(max_tokens=2), block_hashes=given)
@@ -72,15 +89,40 @@ def test_hashes_that_cannot_be_the_engines_are_dropped_and_the_engine_hashes_its
     assert sum(hashed) == 10
 
 
-def test_a_continuations_hashes_cover_the_prompt_and_the_outputs_it_resumes_after(hashed):
+@pytest.mark.parametrize("given", [GOOD, tuple(GOOD), GOOD[:1], GOOD[:2]])
+def test_well_formed_hashes_are_kept_as_a_list_or_a_tuple(given, hashed):
+    engine = _engine()
+    engine.add_request("r", PROMPT, SamplingParams(max_tokens=2), block_hashes=given)
+    engine.step()
+    (req,) = engine.scheduler.requests.values()
+    assert req.block_hashes == hash_block_tokens(PROMPT, BS)
+    assert sum(hashed) == 10 - len(given)
+
+
+# 13: the last block all outputs; 11: block 10 is 3 prompt tokens and 1 output
+@pytest.mark.parametrize("n", [13, 11])
+def test_a_continuations_hashes_cover_the_prompt_and_the_outputs_it_resumes_after(n, hashed):
     outputs = [5] * 9  # 43 + 9 = 52 tokens: 13 full blocks
-    given = hash_block_tokens(PROMPT + outputs, BS)
+    given = hash_block_tokens(PROMPT + outputs, BS)[:n]
     engine = _engine()
     engine.add_request("r", PROMPT, SamplingParams(max_tokens=20), block_hashes=given,
                        continuation=Continuation(0, tuple(outputs), 9))
     engine.step()
     (req,) = engine.scheduler.requests.values()
-    assert req.block_hashes[:13] == given and sum(hashed) == 0
+    assert req.block_hashes[:13] == hash_block_tokens(PROMPT + outputs, BS)
+    assert sum(hashed) == 13 - n
+
+
+def test_a_continuation_whose_outputs_the_router_hashed_otherwise_is_hashed_here(hashed):
+    outputs = [5] * 9
+    given = hash_block_tokens(PROMPT + [6] * 9, BS)  # the last block: other output tokens
+    engine = _engine()
+    engine.add_request("r", PROMPT, SamplingParams(max_tokens=20), block_hashes=given,
+                       continuation=Continuation(0, tuple(outputs), 9))
+    engine.step()
+    (req,) = engine.scheduler.requests.values()
+    assert req.block_hashes[:13] == hash_block_tokens(PROMPT + outputs, BS)
+    assert sum(hashed) == 13
 
 
 @pytest.mark.parametrize("routing", ["round_robin", "hash", "cache_aware"])
