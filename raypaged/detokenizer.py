@@ -5,6 +5,9 @@ step decodes a short window (prefix_offset..end) and emits what it adds over (pr
 read_offset); text ending in U+FFFD (an incomplete UTF-8 sequence) waits for the next token.
 Stop strings: while running, the last len(longest stop) - 1 characters are held back, so a stop
 string that completes later never leaks into text already streamed.
+Special tokens are left out unless skip_special_tokens is off (the mistral tool-call parser
+reads its [TOOL_CALLS]); then the token that ended the sample (EOS, a stop_token_ids one) is
+still left out, unless include_stop_str_in_output.
 """
 from __future__ import annotations
 
@@ -15,8 +18,10 @@ PROMPT_CONTEXT_TOKENS = 5  # prompt tokens decoded with the first outputs, for c
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_token_ids: Sequence[int], stop: Sequence[str] = (),
-                 include_stop_str_in_output: bool = False) -> None:
+                 include_stop_str_in_output: bool = False,
+                 skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
+        self.skip_special = skip_special_tokens
         self.ids = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
@@ -27,8 +32,12 @@ class IncrementalDetokenizer:
         self.emitted = 0        # characters of self.text already returned
         self.stop_reason: str | None = None
 
-    def add(self, token_ids: Sequence[int], finished: bool = False) -> str:
-        """Feed new tokens; returns the new text that is safe to show."""
+    def add(self, token_ids: Sequence[int], finished: bool = False,
+            stop_terminated: bool = False) -> str:
+        """Feed new tokens; returns the new text that is safe to show. `stop_terminated`: the
+        last of them ended the sample (EOS or a stop token)."""
+        if stop_terminated and not self.skip_special and not self.include_stop:
+            token_ids = token_ids[:-1]  # "</s>" is no part of the answer
         if self.stop_reason is None:
             for t in token_ids:
                 self.ids.append(t)
@@ -52,8 +61,9 @@ class IncrementalDetokenizer:
 
     def _decode_tail(self) -> None:
         dec = self.tokenizer.decode
-        prefix = dec(self.ids[self.prefix_offset:self.read_offset], skip_special_tokens=True)
-        full = dec(self.ids[self.prefix_offset:], skip_special_tokens=True)
+        skip = self.skip_special
+        prefix = dec(self.ids[self.prefix_offset:self.read_offset], skip_special_tokens=skip)
+        full = dec(self.ids[self.prefix_offset:], skip_special_tokens=skip)
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
             self.text += full[len(prefix):]
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)

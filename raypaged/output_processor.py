@@ -42,7 +42,8 @@ class OutputProcessor:
 
     def detokenizer(self, prompt: Sequence[int], params: SamplingParams) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self.tokenizer, prompt, params.stop,
-                                      params.include_stop_str_in_output)
+                                      params.include_stop_str_in_output,
+                                      params.skip_special_tokens)
 
     def add(self, request_id: str, prompt: list[int], params: SamplingParams, index: int,
             detok: IncrementalDetokenizer) -> None:
@@ -73,7 +74,8 @@ class OutputProcessor:
             seq = self._seqs[d.request_id]
             finish, stop_reason = d.finish_reason, d.stop_reason
             try:
-                text = seq.detok.add(d.new_token_ids, finished=finish is not None)
+                text = seq.detok.add(d.new_token_ids, finished=finish is not None,
+                                     stop_terminated=finish == "stop")
             except Exception as exc:  # noqa: BLE001 - this sample's text failed, not the engine
                 text, finish = "", ERROR
                 stop_reason = f"the request failed in the detokenizer: {type(exc).__name__}: {exc}"

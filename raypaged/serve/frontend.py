@@ -163,7 +163,10 @@ class OpenAIFrontend:
             raise bad_request(f"tool_choice {req.tool_choice!r} constrains the output itself: "
                               "leave out response_format / structured_outputs", "tool_choice")
         if mode != "none":
-            chunk = ToolCallChoices(chunk, mode, name, self.tool_parser)
+            names = [t["function"]["name"] for t in req.tool_dicts()]
+            chunk = ToolCallChoices(chunk, mode, name, self.tool_parser, names)
+        if mode == "auto" and self.tool_parser == "mistral":
+            req.skip_special_tokens = False  # [TOOL_CALLS] is one: keep it (vLLM does too)
         return await self._respond(CHAT, req, [await self._chat_tokens(req)],
                                    req.requested_max_tokens(), req.requested_logprobs(), chunk,
                                    arrival, deadline, forced)

@@ -66,6 +66,7 @@ class _Sampling(BaseModel):
     ignore_eos: StrictBool = False
     min_tokens: StrictInt = 0
     include_stop_str_in_output: StrictBool = False
+    skip_special_tokens: StrictBool = True
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
@@ -122,7 +123,7 @@ class _Sampling(BaseModel):
 # Request fields that are SamplingParams fields of the same name and meaning.
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "min_tokens",
                     "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty",
-                    "include_stop_str_in_output", "logit_bias")
+                    "include_stop_str_in_output", "skip_special_tokens", "logit_bias")
 
 
 def _schema_text(text: str, param: str) -> dict:

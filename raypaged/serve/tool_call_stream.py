@@ -15,6 +15,9 @@ order the grammar does not produce) wait for the name. A named tool_choice's who
 its arguments, so it needs no scanner. tool_choice "auto" reuses it for the Hermes format
 and the other model formats (tool_parsers/): each call object is one more entry of a list whose
 "[" the parser feeds once, and the arguments sit under "arguments" (or "parameters": Llama).
+There an object is a call only if its name is a declared tool (and, for the bare-JSON formats,
+it has an arguments key): its header waits for both. Only the first "name" and the first
+arguments key of an object count, so the result cannot depend on how the text was split.
 """
 from __future__ import annotations
 
@@ -37,12 +40,18 @@ def arguments(index: int, text: str) -> dict:
 
 class CallListScanner:
     """Feeds on the text of a `required` output; `feed` returns the tool_calls deltas it makes
-    complete; `calls` holds (name, raw arguments text) per call for the whole message."""
+    complete; `calls` holds [name, raw arguments text] per call for the whole message (the
+    last entry's name None: an object that is no call, or not yet)."""
 
-    def __init__(self, args_keys: tuple[str, ...] = ("parameters",), new_id=call_id) -> None:
+    def __init__(self, args_keys: tuple[str, ...] = ("parameters",), new_id=call_id,
+                 names=None, need_args: bool = False) -> None:
         self.args_keys = args_keys      # the call's keys whose value is its arguments
         self.new_id = new_id            # the model family's tool-call id (Mistral's differ)
-        self.calls: list[list] = []     # [name | None, arguments text] per call
+        # an object is a call once its name is read, one of `names` (None: any), and, when
+        # `need_args`, its arguments key too: then its header goes out
+        self.names = None if names is None else frozenset(names)
+        self.need_args = need_args
+        self.calls: list[list] = []     # [name | None (no call, yet), arguments text] per object
         self._depth = 0
         self._in_str = self._escape = False
         self._key: str | None = None    # the depth-2 key whose value comes next
@@ -50,6 +59,8 @@ class CallListScanner:
         self._capture: list[str] | None = None  # a depth-2 string being read (key or name)
         self._in_args = False
         self._sent = 0                  # arguments characters of the current call sent
+        self._name: str | None = None   # the current object's name, once read and declared
+        self._seen: set[str] = set()    # "name", "args": the current object's keys read so far
 
     def feed(self, text: str) -> list[dict]:
         out: list[dict] = []
@@ -96,8 +107,11 @@ class CallListScanner:
             self._depth += 1
             if self._depth == 2 and ch == "{":  # a new call
                 self._flush_previous(out)
+                if self.calls and self.calls[-1][0] is None:
+                    self.calls.pop()  # the previous object was no call: indexes count calls
                 self.calls.append([None, ""])
                 self._expect_key, self._key = True, None
+                self._name, self._seen = None, set()
             elif self._depth == 3 and self._key in self.args_keys:
                 self._in_args = True
                 self.calls[-1][1] = ch
@@ -113,14 +127,30 @@ class CallListScanner:
     def _string_done(self, value: str, out: list[dict]) -> None:
         self._capture = None
         if self._expect_key:
+            kind = "args" if value in self.args_keys else value
+            if kind in self._seen:  # a repeated name or arguments key: the first one counts
+                self._key = None
+                return
+            self._seen.add(kind)
             self._key = value
+            if kind == "args":
+                self._accept(out)
             return
         if self._key == "name":
-            k = len(self.calls) - 1
-            self.calls[k][0] = value
-            out.append(header(k, value, self.new_id))
-            self._sent = 0
             self._key = None
+            if self.names is None or value in self.names:
+                self._name = value
+                self._accept(out)
+
+    def _accept(self, out: list[dict]) -> None:
+        """The current object is a call once its name (and, when needed, its arguments key)
+        is read: its header goes out, then the arguments read so far (`pending`)."""
+        k = len(self.calls) - 1
+        if self.calls[k][0] is None and self._name is not None \
+                and ("args" in self._seen or not self.need_args):
+            self.calls[k][0] = self._name
+            out.append(header(k, self._name, self.new_id))
+            self._sent = 0
 
     def _flush_previous(self, out: list[dict]) -> None:
         if self.calls and self.calls[-1][0] is not None:
@@ -128,6 +158,20 @@ class CallListScanner:
             if len(args) > self._sent:
                 out.append(arguments(k, args[self._sent:]))
         self._sent = 0
+
+
+def closing_arguments(text: str, args_keys: tuple[str, ...]) -> str | None:
+    """The arguments of a call whose object `text` has closed, when they were no object or
+    list (so the scanner took no text): the first arguments key's value, a string as it is,
+    anything else as JSON; "{}" when absent; None when `text` is not a JSON object."""
+    try:
+        pairs = json.loads(text, object_pairs_hook=lambda p: p)  # every key, in order
+    except ValueError:
+        return None
+    if not isinstance(pairs, list) or not text.lstrip().startswith("{"):
+        return None
+    value = next((v for k, v in pairs if k in args_keys), {})
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def merged(deltas: list[dict]) -> list[dict]:

@@ -135,10 +135,12 @@ class ToolCallChoices:
     """Wraps Shapes.chat_choice for one request with tools: whole messages get `tool_calls`,
     streams send `delta.tool_calls` as the calls' text arrives."""
 
-    def __init__(self, chat_choice, mode: str, name: str | None, parser: str = "hermes"):
+    def __init__(self, chat_choice, mode: str, name: str | None, parser: str = "hermes",
+                 tool_names=None):
         self.chat_choice = chat_choice      # Shapes.chat_choice with want_logprobs bound
         self.mode, self.name = mode, name
         self.parser = parser                # the model family's format (tool_parsers/)
+        self.tool_names = tool_names        # the request's tools: (auto) only these are calls
         # its call ids, in every mode: Mistral's templates refuse any but 9 letters and digits
         # when the calls come back in the conversation
         self.new_id = PARSERS[parser].new_id
@@ -151,13 +153,15 @@ class ToolCallChoices:
             out = self.chat_choice(index, c, whole=True)
             text = "".join(c.text)
             if self.mode == "auto":
-                content, found = parse_whole(self.parser, text)
+                content, found = parse_whole(self.parser, text, self.tool_names)
                 calls = None if found is None else [_call(n, a, self.new_id) for n, a in found]
             else:
                 content, calls = None, parse_calls(text, self.mode, self.name, self.new_id)
-            if calls is not None and c.finish_reason == "stop":
+            # auto: calls cut short (finish_reason "length") are calls, as the stream sent them
+            if calls is not None and (self.mode == "auto" or c.finish_reason == "stop"):
                 out["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
-                out["finish_reason"] = "tool_calls"
+                if c.finish_reason == "stop":
+                    out["finish_reason"] = "tool_calls"
             return out
         if self.mode in ("required", "named"):
             return self._streamed_call(index, c)
@@ -167,7 +171,7 @@ class ToolCallChoices:
         """Content until the calls begin, then the calls piece by piece."""
         stream = self._auto.get(index)
         if stream is None:
-            stream = self._auto[index] = PARSERS[self.parser]()
+            stream = self._auto[index] = PARSERS[self.parser](self.tool_names)
         content, deltas = stream.feed("".join(c.text))
         finish = c.finish_reason
         if finish is not None:

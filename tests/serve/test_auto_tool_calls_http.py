@@ -36,8 +36,8 @@ class ScriptRunner:
             for sr in batch.requests if sr.num_samples})
 
 
-def run(script: str, test, chat_template: str | None = None):
-    engine = FakeEngine()
+def run(script: str, test, chat_template: str | None = None, engine: FakeEngine | None = None):
+    engine = engine or FakeEngine()
     engine.core.runner = ScriptRunner(script)
     engine.tokenizer.chat_template = chat_template  # the router reads the call format there
     fleet = LocalFleet(n=0)
@@ -111,8 +111,11 @@ def test_auto_without_a_call_is_plain_content_streamed_as_it_comes():
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
 
 
+MISTRAL = '{{- "[TOOL_CALLS] [" }}{%- for tool_call in message.tool_calls %}'
+
+
 def test_a_mistral_template_reads_tool_calls_lists_with_mistral_ids():
-    template = '{{- "[TOOL_CALLS] [" }}{%- for tool_call in message.tool_calls %}'
+    template = MISTRAL
     script = ('Checking both.[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": '
               '"Paris"}}, {"name": "get_weather", "arguments": {"city": "Lyon"}}]')
     whole, chunks, final = whole_and_streamed(script, template)
@@ -126,3 +129,24 @@ def test_a_mistral_template_reads_tool_calls_lists_with_mistral_ids():
     assert (final.finish_reason, final.message.content) == ("tool_calls", "Checking both.")
     assert [(c.id, c.function.name, c.function.arguments) for c in final.message.tool_calls] == [
         (i, n, a) for i, (n, a) in zip(ids, calls)]
+
+
+def test_special_tokens_stay_in_the_text_only_where_the_mistral_parser_reads_it():
+    """[TOOL_CALLS] is a special token: with it skipped the parser would never see where the
+    calls begin (vLLM turns skip_special_tokens off for its mistral parser too)."""
+    def skip(template, **fields) -> bool:
+        engine = FakeEngine()
+
+        async def test(oai):
+            await oai.chat.completions.create(model="fake-model", messages=ASK, max_tokens=4,
+                                              **fields)
+        run("ok", test, template, engine)
+        [(params, _)] = engine._meta.values()
+        return params.skip_special_tokens
+
+    assert skip(MISTRAL, tools=[WEATHER]) is False                      # auto: the parser reads it
+    assert skip(MISTRAL, tools=[WEATHER], tool_choice="none") is True   # no parser
+    assert skip(MISTRAL) is True                                        # no tools
+    assert skip(None, tools=[WEATHER]) is True                          # hermes: tags are text
+    # vLLM's request field, for any request
+    assert skip(None, extra_body={"skip_special_tokens": False}) is False

@@ -93,10 +93,8 @@ def test_arguments_that_are_not_an_object_or_absent_come_as_json_when_the_tag_en
     assert parse_hermes('<tool_call>{"name": "f"}') == (None, [("f", "{}")])
 
 
-def test_a_call_cut_short_is_not_a_call_in_the_whole_message():
+def test_a_call_cut_short_keeps_the_arguments_the_stream_sent():
+    """max_tokens cut the call: it is still the call, its arguments partial (as OpenAI's, with
+    finish_reason "length"), in the whole message as in the stream."""
     text = '<tool_call>{"name": "f", "arguments": {"x": 1'
-    assert parse_hermes(text) == (text, None)
-    s = HermesStream()
-    s.feed(text)
-    s.finish()
-    assert s.calls() is None  # the stream's finish_reason stays what the engine said
+    assert parse_hermes(text) == (None, [("f", '{"x": 1')])

@@ -30,9 +30,9 @@ def test_each_calls_name_then_its_arguments_in_the_pieces_they_arrive_in():
     assert without_ids(chunks) == [
         ("", []),           # "<|python" may begin the tag: held
         ("", []),           # the name is not complete yet
+        ("", []),           # a call needs its "parameters" key too
         ("", [{"index": 0, "type": "function",
-               "function": {"name": "get_weather", "arguments": ""}}]),
-        ("", [{"index": 0, "function": {"arguments": '{"ci'}}]),
+               "function": {"name": "get_weather", "arguments": '{"ci'}}]),
         # a ";" inside a string is text, not the separator
         ("", [{"index": 0, "function": {"arguments": 'ty": "Paris; \\"Nord\\""}'}}]),
         ("", [{"index": 1, "type": "function",
@@ -73,10 +73,13 @@ def test_a_json_answer_without_a_name_is_content_when_the_sample_ends():
     assert parse_whole("llama3_json", '{"answer": 4}') == ('{"answer": 4}', None)
 
 
-def test_absent_or_scalar_parameters_and_text_after_the_calls():
-    # no parameters: {}; a string: as it is; text after the calls is dropped
-    assert parse_whole("llama3_json", '{"name": "f"}; {"name": "g", "parameters": "x=1"} ok') \
+def test_scalar_parameters_and_text_after_the_calls():
+    # a string: as it is; text after the calls is dropped
+    assert parse_whole("llama3_json", '{"name": "f", "parameters": {}}; '
+                                      '{"name": "g", "parameters": "x=1"} ok') \
         == (None, [("f", "{}"), ("g", "x=1")])
+    # without "parameters" (or "arguments") an object is no call (vLLM's llama3_json agrees)
+    assert parse_whole("llama3_json", '{"name": "f"}') == ('{"name": "f"}', None)
     chunks = stream(['{"name": "f", "parameters": 3', "}"])
     assert without_ids(chunks) == [
         ("", [{"index": 0, "type": "function", "function": {"name": "f", "arguments": ""}}]),
@@ -84,6 +87,6 @@ def test_absent_or_scalar_parameters_and_text_after_the_calls():
         ("", [])]
 
 
-def test_a_call_cut_short_is_not_a_call_in_the_whole_message():
+def test_a_call_cut_short_keeps_the_arguments_the_stream_sent():
     text = '{"name": "f", "parameters": {"x": 1'
-    assert parse_whole("llama3_json", text) == (text, None)
+    assert parse_whole("llama3_json", text) == (None, [("f", '{"x": 1')])

@@ -35,9 +35,9 @@ def test_content_first_then_each_calls_name_then_its_arguments_in_pieces():
     assert without_ids(chunks) == [
         ("Let me", []),
         (" check.", []),    # " [TOOL" held back: it may begin the marker
+        ("", []),           # a call needs its "arguments" key too
         ("", [{"index": 0, "type": "function",
                "function": {"name": "get_weather", "arguments": ""}}]),
-        ("", []),
         ("", [{"index": 0, "function": {"arguments": '{"city": "[Par'}}]),
         # brackets inside a string are text; call 0 ends, call 1 begins in the same piece
         ("", [{"index": 0, "function": {"arguments": 'is]"}'}},
@@ -82,7 +82,9 @@ def test_a_bracket_that_begins_no_call_list_streams_as_content():
 def test_one_object_string_arguments_and_text_after_the_calls():
     text = '[TOOL_CALLS]{"name": "f", "arguments": "{\\"a\\": 1}"} {"name": "g"} bye'
     assert parse_whole("mistral", text) == (None, [("f", '{"a": 1}')])
-    assert parse_whole("mistral", '[TOOL_CALLS][{"name": "f"}] bye') == (None, [("f", "{}")])
+    # no "arguments" key: no call, so all of it is content
+    assert parse_whole("mistral", '[TOOL_CALLS][{"name": "f"}] bye') == \
+        ('[TOOL_CALLS][{"name": "f"}] bye', None)
 
 
 def test_a_marker_without_a_named_call_is_content_after_all():

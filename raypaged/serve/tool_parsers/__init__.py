@@ -9,6 +9,9 @@ tool_call_parser, vLLM's --tool-call-parser names):
 Each is a stream with `feed(text) -> (content, deltas)`, `finish() -> (content, deltas)` and
 `calls()`; the whole message runs the same stream over the whole text (`parse_whole`), so the
 OpenAI SDK's accumulation of a stream is the non-streamed message however the text was split.
+The rule both follow: once a call's header went out, the message is the calls whose headers
+went out (with the arguments sent, partial if max_tokens cut them) and the content before
+them; if none went out, the whole text is content.
 """
 from __future__ import annotations
 
@@ -19,12 +22,14 @@ from raypaged.serve.tool_parsers.mistral import MistralStream
 PARSERS = {"hermes": HermesStream, "llama3_json": Llama3JsonStream, "mistral": MistralStream}
 
 
-def parse_whole(parser: str, text: str) -> tuple[str | None, list[tuple[str, str]] | None]:
-    """A finished sample's (content, calls) as its stream sends them; calls None: no call."""
-    stream = PARSERS[parser]()
+def parse_whole(parser: str, text: str, tool_names=None
+                ) -> tuple[str | None, list[tuple[str, str]] | None]:
+    """A finished sample's (content, calls) as its stream sends them; calls None: no call.
+    `tool_names`: the request's tools (None: any name)."""
+    stream = PARSERS[parser](tool_names)
     head, _ = stream.feed(text)
     tail, _ = stream.finish()
     calls = stream.calls()
     if calls is None:
-        return text, None
+        return head + tail, None
     return (head + tail) or None, calls

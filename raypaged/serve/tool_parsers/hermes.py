@@ -10,8 +10,11 @@ Text before the first <tool_call> streams as `content`, held back only while its
 still begin the tag, or is whitespace (trimmed before a call). Inside a tag, the JSON object
 goes through CallListScanner, as one more entry of a call list; the tag ends at </tool_call>
 once the object is closed (a "</tool_call>" inside a string is text). Text outside the tags
-after the first call is dropped, as vLLM's Hermes parser does. If no tag yields a named call,
-everything from the first tag on is content after all, sent when the sample ends.
+after the first call is dropped, as vLLM's Hermes parser does. A tag's object is a call when
+its "name" is one of the request's tools (no arguments: {}); a tag that holds none is dropped.
+If no tag yields a call, everything from the first tag on is content after all, sent when the
+sample ends. Once a call's header went out, the message is the calls whose headers went out, each
+with the arguments sent (a call cut by max_tokens keeps its partial arguments).
 
 The whole message runs the same machine over the whole text (`parse_whole`), so a client that
 accumulates the stream's deltas (the OpenAI SDK) ends with the whole message's content and
@@ -19,9 +22,8 @@ calls, whatever pieces the text came in.
 """
 from __future__ import annotations
 
-import json
-
-from raypaged.serve.tool_call_stream import CallListScanner, call_id, marker_tail, merged
+from raypaged.serve.tool_call_stream import (CallListScanner, call_id, closing_arguments,
+                                              marker_tail, merged)
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -32,10 +34,11 @@ class HermesStream:
 
     new_id = staticmethod(call_id)
 
-    def __init__(self) -> None:
-        self.scanner = CallListScanner(args_keys=("arguments",))
+    def __init__(self, tool_names=None) -> None:
+        """`tool_names`: the request's tools (None: any name is a call)."""
+        self.scanner = CallListScanner(("arguments",), self.new_id, tool_names)
         self.scanner.feed("[")          # each tag's object is one entry of this list
-        self.tags: list[str] = []       # the text inside each tag, for the whole message
+        self._tag = ""                  # the text inside the current tag
         self._buf = ""                  # text not handed on yet
         self._after = ""                # everything from the first tag on (and the space before)
         self._calling = False           # a tag has opened: no more content
@@ -67,7 +70,7 @@ class HermesStream:
                 before = before[len(before.rstrip()):]
             self._after += before + OPEN
             self._calling = self._in_tag = True
-            self.tags.append("")
+            self._tag = ""
             self._buf = self._buf[at + len(OPEN):]
         return "".join(content), merged(deltas)
 
@@ -83,18 +86,8 @@ class HermesStream:
         return self._after + rest, []  # no call after all: all of it is content
 
     def calls(self) -> list[tuple[str, str]] | None:
-        """(name, arguments text) per call once finished, or None unless every tag held a
-        complete call: a JSON object with a string "name"."""
-        if not self.tags or len(self.scanner.calls) != len(self.tags):
-            return None
-        for tag in self.tags:
-            try:
-                call = json.loads(tag)
-            except ValueError:
-                return None
-            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-                return None
-        return [(name, args) for name, args in self.scanner.calls]
+        """(name, arguments text) per call whose header went out, or None: no call."""
+        return [(name, args) for name, args in self.scanner.calls if name is not None] or None
 
     def _pass(self, text: str, content: list[str]) -> None:
         if self._calling:
@@ -127,20 +120,14 @@ class HermesStream:
 
     def _took(self, text: str, deltas: list[dict]) -> None:
         self.scanner.pending(deltas)
-        self.tags[-1] += text
+        self._tag += text
         self._after += text
 
     def _close_tag(self, deltas: list[dict]) -> None:
-        """A call whose arguments were no object or list (or absent) gets them, as JSON,
-        when its tag ends."""
+        """A call whose arguments were no object or list (or absent) gets them when its tag
+        ends."""
         self._in_tag = False
         calls = self.scanner.calls
-        if len(calls) != len(self.tags) or calls[-1][0] is None or calls[-1][1]:
-            return
-        try:
-            value = json.loads(self.tags[-1]).get("arguments", {})
-        except (ValueError, AttributeError):
-            return
-        calls[-1][1] = json.dumps(value, ensure_ascii=False)
-        self.scanner.pending(deltas)
-
+        if calls and calls[-1][0] is not None and not calls[-1][1]:
+            calls[-1][1] = closing_arguments(self._tag, ("arguments",)) or ""
+            self.scanner.pending(deltas)

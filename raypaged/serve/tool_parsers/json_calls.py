@@ -10,16 +10,20 @@ what may stand between two of them.
 
 Before the start, text streams as `content`, held back only while its tail could still begin
 the start (and whitespace, trimmed before a call). Each call object goes through
-CallListScanner as one more entry of a list whose "[" is fed once. Between objects only
-whitespace and the separator may come: anything else ends the calls and, with what follows, is
-dropped (as text after Hermes tags is). If no object holds a call (a JSON object with a string
-"name"), everything from the start on is content after all, sent when the sample ends.
+CallListScanner as one more entry of a list whose "[" is fed once. An object is a call only if
+its "name" is one of the request's tools and it has the arguments key (vLLM's llama3_json
+requires it too): `{"name": "Alice", "age": 30}` is an answer, not a call. Between objects only
+whitespace and the separator may come: anything else, or an object that is no call, ends the
+calls and, with what follows, is dropped (as text after Hermes tags is). If no object is a
+call, everything from the start on is content after all, sent when the sample ends.
+
+Once a call's header went out, the message is the calls whose headers went out, each with the
+arguments sent: a call cut by max_tokens keeps its partial arguments (finish_reason "length",
+as OpenAI's); the whole message (`parse_whole`) is the same.
 """
 from __future__ import annotations
 
-import json
-
-from raypaged.serve.tool_call_stream import CallListScanner, call_id, merged
+from raypaged.serve.tool_call_stream import CallListScanner, call_id, closing_arguments, merged
 
 OBJECT, SKIP, END = "object", "skip", "end"  # what a character between two objects is
 
@@ -32,10 +36,11 @@ class JsonCallsStream:
     separator = ","
     new_id = staticmethod(call_id)
 
-    def __init__(self) -> None:
-        self.scanner = CallListScanner(self.args_keys, self.new_id)
+    def __init__(self, tool_names=None) -> None:
+        """`tool_names`: the request's tools (None: any name is a call)."""
+        self.scanner = CallListScanner(self.args_keys, self.new_id, tool_names, need_args=True)
         self.scanner.feed("[")          # each call object is one entry of this list
-        self.objects: list[str] = []    # each call object's text, for the whole message
+        self._object = ""               # the current object's text
         self._buf = ""                  # text not handed on yet
         self._after = ""                # everything from the start on: content if no call
         self._calling = False           # the calls started: no more content
@@ -71,23 +76,13 @@ class JsonCallsStream:
         rest, self._buf = self._buf, ""
         if not self._calling:
             return rest, []
-        if any(name is not None for name, _ in self.scanner.calls):
+        if self.calls() is not None:
             return "", []
         return self._after + rest, []  # no call after all: all of it is content
 
     def calls(self) -> list[tuple[str, str]] | None:
-        """(name, arguments text) per call once finished, or None unless every object is a
-        complete call: a JSON object with a string "name"."""
-        if not self.objects or len(self.scanner.calls) != len(self.objects):
-            return None
-        for text in self.objects:
-            try:
-                call = json.loads(text)
-            except ValueError:
-                return None
-            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-                return None
-        return [(name, args) for name, args in self.scanner.calls]
+        """(name, arguments text) per call whose header went out, or None: no call."""
+        return [(name, args) for name, args in self.scanner.calls if name is not None] or None
 
     def _body(self, deltas: list[dict]) -> None:
         buf, self._buf = self._buf, ""
@@ -103,23 +98,19 @@ class JsonCallsStream:
                     continue
                 if kind == SKIP:
                     continue
-                self.objects.append("")
+                self._object = ""
             self.scanner.step(ch, deltas)
-            self.objects[-1] += ch
+            self._object += ch
             if self.scanner.at_top:
                 self._close_object(deltas)
         self.scanner.pending(deltas)
 
     def _close_object(self, deltas: list[dict]) -> None:
-        """A call whose arguments were no object or list (or absent) gets them when its object
-        closes: a string as it is, anything else as JSON ({} when absent)."""
-        calls = self.scanner.calls
-        if len(calls) != len(self.objects) or calls[-1][0] is None or calls[-1][1]:
-            return
-        try:
-            call = json.loads(self.objects[-1])
-        except ValueError:
-            return
-        value = next((call[k] for k in self.args_keys if k in call), {})
-        calls[-1][1] = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-        self.scanner.pending(deltas)
+        """An object that is no call ends the calls; a call whose arguments were no object or
+        list gets them when its object closes (a string as it is, anything else as JSON)."""
+        call = self.scanner.calls[-1]
+        if call[0] is None:
+            self._done = True
+        elif not call[1]:
+            call[1] = closing_arguments(self._object, self.args_keys) or ""
+            self.scanner.pending(deltas)

@@ -5,8 +5,9 @@
 The message is calls when it begins (after whitespace) with <|python_tag|> or "{" (the tag is a
 special token, so usually already gone from the text); otherwise it is plain content, streamed
 as it comes. The arguments sit under "parameters" (the template's instruction) or "arguments";
-calls are separated by ";". A message that begins with "{" but holds no call (`{"answer": 4}`)
-is content, sent when the sample ends.
+calls are separated by ";". An object is a call only with a declared tool's "name" and one of
+those keys: a message that begins with "{" but holds no call (`{"answer": 4}`,
+`{"name": "Alice", "age": 30}`) is content, sent when the sample ends.
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ class Llama3JsonStream(JsonCallsStream):
     args_keys = ("parameters", "arguments")
     separator = ";"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, tool_names=None) -> None:
+        super().__init__(tool_names)
         self._text = False  # the message began with something else: content throughout
 
     def start(self, buf: str) -> tuple[int | None, int]:

@@ -3,10 +3,13 @@ Mistral Nemo/Small templates): content, then [TOOL_CALLS] and a JSON list of cal
 
     Let me check.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, {...}]
 
-[TOOL_CALLS] is a special token, so the text usually lacks it: a message that begins (after
-whitespace) with "[" and then "{" is the call list as well. A single object after the marker is
-one call. Arguments that are a JSON string are taken as they are. Mistral's tool-call ids are 9
-letters and digits (its templates refuse others when the calls come back in the conversation).
+[TOOL_CALLS] is a special token: the frontend keeps special tokens in the text of a request
+this parser reads (skip_special_tokens off, as vLLM does). A message that begins (after
+whitespace) with "[" and then "{" is the call list as well (the marker dropped). A single
+object after the marker is one call. An object is a call only with a declared tool's "name"
+and an "arguments" key. Arguments that are a JSON string are taken as they are. Mistral's
+tool-call ids are 9 letters and digits (its templates refuse others when the calls come back
+in the conversation).
 """
 from __future__ import annotations
 
@@ -27,8 +30,8 @@ def mistral_call_id() -> str:
 class MistralStream(JsonCallsStream):
     new_id = staticmethod(mistral_call_id)
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, tool_names=None) -> None:
+        super().__init__(tool_names)
         self._list: bool | None = None  # the calls are a list (or one object); None: not seen
         self._content_sent = False
 
@@ -55,6 +58,6 @@ class MistralStream(JsonCallsStream):
             if self._list:
                 return SKIP
             return OBJECT if ch == "{" else END
-        if not self._list and self.objects:  # a single object is one call
+        if not self._list and self.scanner.calls:  # a single object is one call
             return END
         return END if ch == "]" else super().between(ch)
