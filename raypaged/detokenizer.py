@@ -6,8 +6,8 @@ read_offset); text ending in U+FFFD (an incomplete UTF-8 sequence) waits for the
 Stop strings: while running, the last len(longest stop) - 1 characters are held back, so a stop
 string that completes later never leaks into text already streamed.
 Special tokens are left out unless skip_special_tokens is off (the mistral tool-call parser
-reads its [TOOL_CALLS]); then the token that ended the sample (EOS, a stop_token_ids one) is
-still left out, unless include_stop_str_in_output.
+reads its [TOOL_CALLS]). The token that ended the sample (EOS, a stop_token_ids one) is left out
+either way unless include_stop_str_in_output, as vLLM does.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class IncrementalDetokenizer:
             stop_terminated: bool = False) -> str:
         """Feed new tokens; returns the new text that is safe to show. `stop_terminated`: the
         last of them ended the sample (EOS or a stop token)."""
-        if stop_terminated and not self.skip_special and not self.include_stop:
+        if stop_terminated and not self.include_stop:
             token_ids = token_ids[:-1]  # "</s>" is no part of the answer
         if self.stop_reason is None:
             for t in token_ids:

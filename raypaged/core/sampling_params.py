@@ -31,9 +31,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     include_stop_str_in_output: bool = False
-    # Special tokens are left out of the text (True) or kept (False: the token that ended the
-    # sample, EOS or a stop_token_ids one, is still left out); the mistral tool-call parser
-    # needs its [TOOL_CALLS] kept.
+    # Special tokens are left out of the text (True) or kept (False); the token that ended the
+    # sample (EOS, a stop_token_ids one) is left out either way unless
+    # include_stop_str_in_output. The mistral tool-call parser needs its [TOOL_CALLS] kept.
     skip_special_tokens: bool = True
     # Constrained decoding (model/grammar.py applies it); a dict is taken as its fields.
     structured_outputs: StructuredOutputsParams | None = None

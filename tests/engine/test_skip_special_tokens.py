@@ -1,6 +1,7 @@
 """skip_special_tokens (vLLM's SamplingParams field): special tokens are left out of the text
 unless it is off, as the mistral tool-call parser needs, whose [TOOL_CALLS] is one; the token
-that ended the sample (EOS, a stop_token_ids one) stays out either way."""
+that ended the sample (EOS, a stop_token_ids one) stays out either way unless
+include_stop_str_in_output, as in vLLM."""
 from __future__ import annotations
 
 import pytest
@@ -46,10 +47,11 @@ def test_off_keeps_the_marker_and_leaves_out_the_eos_that_ended_the_sample(tok):
     assert text_of(tok, ids)[0] == ANSWER.replace("[TOOL_CALLS]", "")
 
 
-def test_off_leaves_out_a_stop_token_unless_include_stop_str_in_output(tok):
-    ids = tok.encode(ANSWER)
-    stop = ids[-1]  # a plain token (its text ends ANSWER) the request names a stop
-    text = text_of(tok, ids, skip_special_tokens=False, stop_token_ids=[stop])[0]
-    assert text == ANSWER[:-len(tok.decode([stop]))]
-    assert text_of(tok, ids, skip_special_tokens=False, stop_token_ids=[stop],
-                   include_stop_str_in_output=True)[0] == ANSWER
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_stop_token_is_left_out_unless_include_stop_str_in_output(tok, skip):
+    ids = tok.encode(ANSWER.replace("[TOOL_CALLS]", ""))
+    stop = ids[-1]  # a plain token (its text ends the answer) the request names a stop
+    text = text_of(tok, ids, skip_special_tokens=skip, stop_token_ids=[stop])[0]
+    assert text == tok.decode(ids[:-1]) != tok.decode(ids)
+    assert text_of(tok, ids, skip_special_tokens=skip, stop_token_ids=[stop],
+                   include_stop_str_in_output=True)[0] == tok.decode(ids)
