@@ -6,6 +6,7 @@ import pytest
 
 from raypaged.serve.tool_parsers import parse_whole
 from raypaged.serve.tool_parsers.hermes import HermesStream
+from tests.serve.tool_parser_chunks import chunks_of, without_ids
 
 
 def parse_hermes(text: str):
@@ -17,13 +18,7 @@ TWO = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city"
 
 
 def stream(pieces) -> list[tuple[str, list[dict]]]:
-    s = HermesStream()
-    return [s.feed(p) for p in pieces] + [s.finish()]
-
-
-def without_ids(chunks):
-    return [(text, [{k: v for k, v in d.items() if k != "id"} for d in deltas])
-            for text, deltas in chunks]
+    return chunks_of(HermesStream, pieces)
 
 
 def test_content_first_then_each_calls_name_then_its_arguments_in_the_pieces_they_arrive_in():

@@ -6,19 +6,14 @@ import pytest
 
 from raypaged.serve.tool_parsers import parse_whole
 from raypaged.serve.tool_parsers.llama3_json import Llama3JsonStream
+from tests.serve.tool_parser_chunks import chunks_of, without_ids
 
 TWO = ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris; \\"Nord\\""}}; '
        '{"name": "get_time", "arguments": {"zone": "CET"}}')
 
 
 def stream(pieces) -> list[tuple[str, list[dict]]]:
-    s = Llama3JsonStream()
-    return [s.feed(p) for p in pieces] + [s.finish()]
-
-
-def without_ids(chunks):
-    return [(text, [{k: v for k, v in d.items() if k != "id"} for d in deltas])
-            for text, deltas in chunks]
+    return chunks_of(Llama3JsonStream, pieces)
 
 
 def test_each_calls_name_then_its_arguments_in_the_pieces_they_arrive_in():

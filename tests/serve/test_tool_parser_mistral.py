@@ -10,6 +10,7 @@ from raypaged.serve.responses import Choice, Shapes
 from raypaged.serve.tool_calls import ToolCallChoices
 from raypaged.serve.tool_parsers import parse_whole
 from raypaged.serve.tool_parsers.mistral import MistralStream
+from tests.serve.tool_parser_chunks import chunks_of, without_ids
 
 TWO = ('Let me check. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "[Paris]"}}, '
        '{"name": "get_time", "arguments": {"zone": "CET"}}]')
@@ -17,13 +18,7 @@ CALLS = [("get_weather", '{"city": "[Paris]"}'), ("get_time", '{"zone": "CET"}')
 
 
 def stream(pieces) -> list[tuple[str, list[dict]]]:
-    s = MistralStream()
-    return [s.feed(p) for p in pieces] + [s.finish()]
-
-
-def without_ids(chunks):
-    return [(text, [{k: v for k, v in d.items() if k != "id"} for d in deltas])
-            for text, deltas in chunks]
+    return chunks_of(MistralStream, pieces)
 
 
 def test_content_first_then_each_calls_name_then_its_arguments_in_pieces():

@@ -1,0 +1,14 @@
+"""What a tool-call parser's stream sends, piece by piece, for the per-parser tests."""
+from __future__ import annotations
+
+
+def chunks_of(stream_class, pieces) -> list[tuple[str, list[dict]]]:
+    """(content, deltas) for each piece fed, then for the sample's end."""
+    s = stream_class()
+    return [s.feed(p) for p in pieces] + [s.finish()]
+
+
+def without_ids(chunks):
+    """The chunks with each delta's random call id left out (the tests compare the rest)."""
+    return [(text, [{k: v for k, v in d.items() if k != "id"} for d in deltas])
+            for text, deltas in chunks]
