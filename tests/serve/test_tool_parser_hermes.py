@@ -6,7 +6,7 @@ import pytest
 
 from raypaged.serve.tool_parsers import parse_whole
 from raypaged.serve.tool_parsers.hermes import HermesStream
-from tests.serve.tool_parser_chunks import chunks_of, without_ids
+from tests.serve.tool_parser_chunks import calls_sent, chunks_of, without_ids
 
 
 def parse_hermes(text: str):
@@ -50,17 +50,11 @@ def test_content_first_then_each_calls_name_then_its_arguments_in_the_pieces_the
 def test_any_split_adds_up_to_the_whole_messages_content_and_calls(size):
     chunks = stream([TWO[i:i + size] for i in range(0, len(TWO), size)])
     content = "".join(text for text, _ in chunks)
-    names, args = {}, {}
-    for _, deltas in chunks:
-        for d in deltas:
-            if "id" in d:
-                names[d["index"]] = d["function"]["name"]
-            args[d["index"]] = args.get(d["index"], "") + d["function"]["arguments"]
     whole_content, calls = parse_hermes(TWO)
     assert whole_content == content == "Let me check."
     assert calls == [("get_weather", '{"city": "Paris </tool_call>"}'),
                      ("get_time", '{"zone": "CET"}')]
-    assert [(names[k], args[k]) for k in sorted(args)] == calls
+    assert calls_sent(chunks) == calls
 
 
 def test_text_that_only_looks_like_a_tag_streams_as_content():

@@ -6,7 +6,7 @@ import pytest
 
 from raypaged.serve.tool_parsers import parse_whole
 from raypaged.serve.tool_parsers.llama3_json import Llama3JsonStream
-from tests.serve.tool_parser_chunks import chunks_of, without_ids
+from tests.serve.tool_parser_chunks import calls_sent, chunks_of, without_ids
 
 TWO = ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris; \\"Nord\\""}}; '
        '{"name": "get_time", "arguments": {"zone": "CET"}}')
@@ -44,16 +44,10 @@ def test_each_calls_name_then_its_arguments_in_the_pieces_they_arrive_in():
 @pytest.mark.parametrize("size", [1, 2, 5, 13, 1000])
 def test_any_split_adds_up_to_the_whole_messages_calls(text, size):
     chunks = stream([text[i:i + size] for i in range(0, len(text), size)])
-    names, args = {}, {}
-    for _, deltas in chunks:
-        for d in deltas:
-            if "id" in d:
-                names[d["index"]] = d["function"]["name"]
-            args[d["index"]] = args.get(d["index"], "") + d["function"]["arguments"]
     calls = [("get_weather", '{"city": "Paris; \\"Nord\\""}'), ("get_time", '{"zone": "CET"}')]
     assert "".join(t for t, _ in chunks) == ""
     assert parse_whole("llama3_json", text) == (None, calls)
-    assert [(names[k], args[k]) for k in sorted(args)] == calls
+    assert calls_sent(chunks) == calls
 
 
 def test_a_message_that_does_not_begin_with_a_call_is_content_as_it_comes():

@@ -10,7 +10,7 @@ from raypaged.serve.responses import Choice, Shapes
 from raypaged.serve.tool_calls import ToolCallChoices
 from raypaged.serve.tool_parsers import parse_whole
 from raypaged.serve.tool_parsers.mistral import MistralStream
-from tests.serve.tool_parser_chunks import chunks_of, without_ids
+from tests.serve.tool_parser_chunks import calls_sent, chunks_of, without_ids
 
 TWO = ('Let me check. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "[Paris]"}}, '
        '{"name": "get_time", "arguments": {"zone": "CET"}}]')
@@ -50,15 +50,9 @@ def test_content_first_then_each_calls_name_then_its_arguments_in_pieces():
 @pytest.mark.parametrize("size", [1, 2, 5, 12, 1000])
 def test_any_split_adds_up_to_the_whole_messages_content_and_calls(size):
     chunks = stream([TWO[i:i + size] for i in range(0, len(TWO), size)])
-    names, args = {}, {}
-    for _, deltas in chunks:
-        for d in deltas:
-            if "id" in d:
-                names[d["index"]] = d["function"]["name"]
-            args[d["index"]] = args.get(d["index"], "") + d["function"]["arguments"]
     assert "".join(t for t, _ in chunks) == "Let me check."
     assert parse_whole("mistral", TWO) == ("Let me check.", CALLS)
-    assert [(names[k], args[k]) for k in sorted(args)] == CALLS
+    assert calls_sent(chunks) == CALLS
 
 
 def test_the_list_without_its_marker_skipped_as_a_special_token_is_the_calls():
