@@ -36,7 +36,16 @@ AFFINITY, LOAD_BOUND, ROUND_ROBIN = "affinity", "load_bound", "round_robin"
 def routing_key(token_ids: Sequence[int], block_size: int, prefix_blocks: int,
                 cache_salt: str | None = None) -> BlockHash:
     hashes = hash_block_tokens(token_ids, block_size, cache_salt, max_blocks=prefix_blocks)
-    return hashes[-1] if hashes else hash_block(None, token_ids, salt_key(cache_salt))
+    return key_of_chain(hashes, prefix_blocks, token_ids, cache_salt)
+
+
+def key_of_chain(hashes: Sequence[BlockHash], prefix_blocks: int, token_ids: Sequence[int],
+                 cache_salt: str | None) -> BlockHash:
+    """The rendezvous key from the prompt's leading chain hashes (at least its first
+    min(prefix_blocks, full blocks)): the hash of that block; a prompt shorter than one block
+    is keyed by a hash of its tokens."""
+    d = min(prefix_blocks, len(hashes))
+    return hashes[d - 1] if d else hash_block(None, token_ids, salt_key(cache_salt))
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -107,16 +116,15 @@ class Router:
         if self.config.routing != "cache_aware":
             hashes = hash_block_tokens(token_ids, self.block_size, cache_salt,
                                        max_blocks=self.config.route_prefix_blocks)
-            key = hashes[-1] if hashes else hash_block(None, token_ids, salt_key(cache_salt))
-            return PromptKeys(len(token_ids), key, hashes=hashes)  # routing_key's key
+            key = key_of_chain(hashes, self.config.route_prefix_blocks, token_ids, cache_salt)
+            return PromptKeys(len(token_ids), key, hashes=hashes)
         # One pass of hashing gives both the rendezvous key (block d-1) and the cache keys
         # (full blocks before the last token): the prompt is hashed once per request.
         usable = (len(token_ids) - 1) // self.block_size
         hashes = self._cache_hashes(token_ids, cache_salt, usable, loads)
-        d = min(self.config.route_prefix_blocks, len(token_ids) // self.block_size)
-        key = hashes[d - 1] if d else hash_block(None, token_ids, salt_key(cache_salt))
+        key = key_of_chain(hashes, self.config.route_prefix_blocks, token_ids, cache_salt)
         walked = hashes[:usable]
-        every, blocks_at = self.config.route_cache_sample, None
+        every = self.config.route_cache_sample
         if every == 1:
             return PromptKeys(len(token_ids), key, list(map(block_key, walked)), hashes=hashes)
         # the views hold sampled keys only (cache_summary.sampled): only those are looked up

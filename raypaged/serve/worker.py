@@ -97,9 +97,8 @@ class Worker:
         outbox.request_ids.add(request_id)
         self.bound.add(blocks)
         try:
-            hashes = {"block_hashes": block_hashes} if block_hashes else {}
             await loop.call(lambda e: e.add_request(request_id, list(prompt_token_ids), params,
-                                                    cache_salt, continuation, **hashes))
+                                                    cache_salt, continuation, block_hashes))
         except ValueError as exc:
             self._forget(request_id)
             return Rejected(str(exc))

@@ -51,10 +51,9 @@ class WorkerLink:
         if self.dead is not None:
             raise WorkerUnavailable(str(self.dead), reached=False)
         self._sinks[request_id] = sink
-        extra = (block_hashes,) if block_hashes else ()
         try:
             rejected = await self._submit(self.router_id, request_id, token_ids, params,
-                                          cache_salt, continuation, *extra)
+                                          cache_salt, continuation, block_hashes)
         except BaseException:  # cancelled, or the worker is gone: it may have accepted it
             self.leave(request_id)
             raise
