@@ -37,7 +37,7 @@ from raypaged.serve.prompt_bound import max_token_bytes
 from raypaged.serve.sse_stream import sse_events
 from raypaged.serve.protocol import ChatCompletionRequest, CompletionRequest
 from raypaged.serve.structured import check_constraint
-from raypaged.serve.tool_calls import MAX_TOOL_CALLS, ToolCallChoices, tool_constraint, tool_mode
+from raypaged.serve.tool_calls import MAX_TOOL_CALLS, ToolCallChoices, with_tools
 from raypaged.serve.ttft_shed import TTFTShedder
 from raypaged.serve.responses import (WORKER_HEADER, Choice, Shapes, sse_data, sse_response,
                                       usage, workers_header)
@@ -156,17 +156,7 @@ class OpenAIFrontend:
             self.limits.check_chat(body)
         req: ChatCompletionRequest = self._parse(ChatCompletionRequest, body)
         chunk = functools.partial(self.shapes.chat_choice, req.logprobs)
-        mode, name = tool_mode(req.tool_dicts(), req.tool_choice)
-        forced = tool_constraint(req.tool_dicts(), mode, name, req.parallel_tool_calls,
-                                 self.max_tool_calls)
-        if forced is not None and req.constraint() is not None:
-            raise bad_request(f"tool_choice {req.tool_choice!r} constrains the output itself: "
-                              "leave out response_format / structured_outputs", "tool_choice")
-        if mode != "none":
-            names = [t["function"]["name"] for t in req.tool_dicts()]
-            chunk = ToolCallChoices(chunk, mode, name, self.tool_parser, names)
-        if mode == "auto" and self.tool_parser == "mistral":
-            req.skip_special_tokens = False  # [TOOL_CALLS] is one: keep it (vLLM does too)
+        chunk, forced = with_tools(req, chunk, self.tool_parser, self.max_tool_calls)
         return await self._respond(CHAT, req, [await self._chat_tokens(req)],
                                    req.requested_max_tokens(), req.requested_logprobs(), chunk,
                                    arrival, deadline, forced)

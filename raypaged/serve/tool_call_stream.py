@@ -160,6 +160,20 @@ class CallListScanner:
         self._sent = 0
 
 
+class CallsStream:
+    """What every tool_choice "auto" parser (tool_parsers/) shares: its scanner's calls, the
+    model family's call ids, and whether its marker is a special token the detokenizer must
+    keep (SamplingParams.skip_special_tokens off)."""
+
+    new_id = staticmethod(call_id)
+    keeps_special_tokens = False
+    scanner: CallListScanner
+
+    def calls(self) -> list[tuple[str, str]] | None:
+        """(name, arguments text) per call whose header went out, or None: no call."""
+        return [(name, args) for name, args in self.scanner.calls if name is not None] or None
+
+
 def closing_arguments(text: str, args_keys: tuple[str, ...]) -> str | None:
     """The arguments of a call whose object `text` has closed, when they were no object or
     list (so the scanner took no text): the first arguments key's value, a string as it is,

@@ -52,6 +52,25 @@ def tool_mode(tools: list[dict] | None, tool_choice) -> tuple[str, str | None]:
     return "named", name
 
 
+def with_tools(req, chunk, parser: str, max_calls: int):
+    """A chat request's tools, before it is queued: (its chunk maker, wrapped in
+    ToolCallChoices unless tool_choice is "none"; the constraint a forced tool_choice decodes
+    under, or None). A forced choice with response_format / structured_outputs is a 400; an
+    "auto" parser whose marker is a special token turns the request's skipping of them off."""
+    tools = req.tool_dicts()
+    mode, name = tool_mode(tools, req.tool_choice)
+    forced = tool_constraint(tools, mode, name, req.parallel_tool_calls, max_calls)
+    if forced is not None and req.constraint() is not None:
+        raise bad_request(f"tool_choice {req.tool_choice!r} constrains the output itself: "
+                          "leave out response_format / structured_outputs", "tool_choice")
+    if mode == "none":
+        return chunk, forced
+    if mode == "auto" and PARSERS[parser].keeps_special_tokens:
+        req.skip_special_tokens = False
+    names = [t["function"]["name"] for t in tools]
+    return ToolCallChoices(chunk, mode, name, parser, names), forced
+
+
 def tool_constraint(tools: list[dict], mode: str, name: str | None, parallel: bool = True,
                     max_calls: int = MAX_TOOL_CALLS) -> StructuredOutputsParams | None:
     """The schema a forced tool choice decodes under: a named function's parameters, or for

@@ -22,17 +22,15 @@ calls, whatever pieces the text came in.
 """
 from __future__ import annotations
 
-from raypaged.serve.tool_call_stream import (CallListScanner, call_id, closing_arguments,
+from raypaged.serve.tool_call_stream import (CallListScanner, CallsStream, closing_arguments,
                                               marker_tail, merged)
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
-class HermesStream:
+class HermesStream(CallsStream):
     """`feed` each piece of one sample's text, then `finish` once: each returns
     (content text, tool_calls deltas)."""
-
-    new_id = staticmethod(call_id)
 
     def __init__(self, tool_names=None) -> None:
         """`tool_names`: the request's tools (None: any name is a call)."""
@@ -43,10 +41,6 @@ class HermesStream:
         self._after = ""                # everything from the first tag on (and the space before)
         self._calling = False           # a tag has opened: no more content
         self._in_tag = False
-
-    @property
-    def named(self) -> bool:
-        return any(name is not None for name, _ in self.scanner.calls)
 
     def feed(self, text: str) -> tuple[str, list[dict]]:
         self._buf += text
@@ -81,13 +75,9 @@ class HermesStream:
         deltas: list[dict] = []
         if self._in_tag:  # the sample ended inside a tag (no </tool_call>)
             self._close_tag(deltas)
-        if self.named:
+        if self.calls() is not None:
             return "", merged(deltas)
         return self._after + rest, []  # no call after all: all of it is content
-
-    def calls(self) -> list[tuple[str, str]] | None:
-        """(name, arguments text) per call whose header went out, or None: no call."""
-        return [(name, args) for name, args in self.scanner.calls if name is not None] or None
 
     def _pass(self, text: str, content: list[str]) -> None:
         if self._calling:

@@ -23,18 +23,18 @@ as OpenAI's); the whole message (`parse_whole`) is the same.
 """
 from __future__ import annotations
 
-from raypaged.serve.tool_call_stream import CallListScanner, call_id, closing_arguments, merged
+from raypaged.serve.tool_call_stream import (CallListScanner, CallsStream, closing_arguments,
+                                              merged)
 
 OBJECT, SKIP, END = "object", "skip", "end"  # what a character between two objects is
 
 
-class JsonCallsStream:
+class JsonCallsStream(CallsStream):
     """`feed` each piece of one sample's text, then `finish` once: each returns
     (content text, tool_calls deltas); `calls()` the finished message's calls."""
 
     args_keys: tuple[str, ...] = ("arguments",)
     separator = ","
-    new_id = staticmethod(call_id)
 
     def __init__(self, tool_names=None) -> None:
         """`tool_names`: the request's tools (None: any name is a call)."""
@@ -79,10 +79,6 @@ class JsonCallsStream:
         if self.calls() is not None:
             return "", []
         return self._after + rest, []  # no call after all: all of it is content
-
-    def calls(self) -> list[tuple[str, str]] | None:
-        """(name, arguments text) per call whose header went out, or None: no call."""
-        return [(name, args) for name, args in self.scanner.calls if name is not None] or None
 
     def _body(self, deltas: list[dict]) -> None:
         buf, self._buf = self._buf, ""

@@ -29,6 +29,7 @@ def mistral_call_id() -> str:
 
 class MistralStream(JsonCallsStream):
     new_id = staticmethod(mistral_call_id)
+    keeps_special_tokens = True  # [TOOL_CALLS] is one (vLLM turns skipping off for it too)
 
     def __init__(self, tool_names=None) -> None:
         super().__init__(tool_names)
