@@ -140,6 +140,14 @@ class ServeOptions:
         "this many seconds on every worker (tokens queued there / their measured drain rate) "
         "gets 503 + Retry-After before anything is queued (docs/limits.md); default: off",
         group=SERVER, gt=0)
+    max_requests_per_client: int = setting(
+        256, "requests (prompts) one client may have in flight on one router replica, waiting "
+        "or running; past it 429 + Retry-After. The client: its address (docs/limits.md); "
+        "0: no cap", group=SERVER, ge=0)
+    fair_admission: bool = setting(
+        True, "a router sends a worker no more than the fleet's KV cache holds (each request at "
+        "its prompt + n x max_tokens) and releases the rest round robin over clients instead "
+        "of first come first served (docs/limits.md)", group=SERVER)
     max_prompts_per_request: int = setting(
         64, "prompts in one completions request (a list of strings or token lists)",
         group=LIMITS, ge=1)
