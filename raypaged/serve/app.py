@@ -21,6 +21,7 @@ from ray.serve.config import BackpressureConfig, DeploymentActorConfig
 
 from raypaged.serve.actors import ControllerActor
 from raypaged.serve.api_key import resolve_api_key
+from raypaged.serve.client_gate import ClientGate
 from raypaged.serve.config import SNAPSHOT_INTERVAL_S, ServeArgs, ServeOptions
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
 from raypaged.serve.dispatch import Dispatcher
@@ -64,8 +65,10 @@ class OpenAIRouter:
         tokenizer = await worker.handle.get_tokenizer.remote()
         stats = worker.stats
         self.info = ModelInfo.of(stats, tokenizer, self.config.served_model_name)
+        gate = ClientGate(self.config.max_requests_per_client, self.config.fair_admission,
+                          self.fleet.snapshot, self.metrics)
         dispatcher = Dispatcher(self.fleet, Router(self.config, stats.block_size),
-                                self.metrics)
+                                self.metrics, gate=gate)
         self.fleet.poison = dispatcher.poison  # shared with the other replicas (poison.py)
         self.frontend = OpenAIFrontend(dispatcher, tokenizer, self.info,
                                        limits=RequestLimits.of(self.config),

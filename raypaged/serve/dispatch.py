@@ -7,6 +7,7 @@ import collections
 import time
 from typing import Protocol
 
+from raypaged.serve.client_gate import ClientGate
 from raypaged.serve.fleet import FleetSnapshot, WorkerView
 from raypaged.serve.fleet_loads import FleetLoads
 from raypaged.serve.metrics import RequestMetrics
@@ -25,8 +26,10 @@ class FleetClient(Protocol):
 
 class Dispatcher:
     def __init__(self, fleet: FleetClient, router: Router, metrics: RequestMetrics,
-                 suspect_s: float = 2.0):
+                 suspect_s: float = 2.0, gate: ClientGate | None = None):
         self.fleet, self.router, self.metrics = fleet, router, metrics
+        # per-client cap and fair admission; none given: no cap, every request sent at once
+        self.gate = gate or ClientGate(0, False, fleet.snapshot, metrics)
         self.inflight: collections.Counter[str] = collections.Counter()  # ours, per worker
         self._suspect_until: dict[str, float] = {}
         self.suspect_s = suspect_s

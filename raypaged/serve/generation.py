@@ -32,8 +32,10 @@ from typing import AsyncIterator
 
 from raypaged.core.contracts import Continuation
 from raypaged.core.engine_core import ERROR
+from raypaged.core.fair_admission import Ticket
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.outputs import SequenceOutput
+from raypaged.serve.client_gate import CLIENT
 from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.errors import APIError
 from raypaged.serve.fleet import WorkerView
@@ -65,6 +67,8 @@ class Generation:
         self._pending: collections.deque = collections.deque()  # first outputs, not yielded
         self._routed = False
         self._watched_at = time.monotonic()
+        self.client = CLIENT.get()  # of the HTTP request that started it
+        self._ticket: Ticket | None = None  # its place in the gate, from start() to close()
 
     @property
     def num_output_tokens(self) -> int:
@@ -76,6 +80,9 @@ class Generation:
 
     # -- routing and retries -----------------------------------------------------------------
     async def start(self) -> None:
+        # its client's turn first (client_gate.py): until then it holds no worker
+        self._ticket = await self.d.gate.enter(self.client, len(self.token_ids),
+                                               self.params.max_tokens, self.params.n)
         if self.d.poison:  # costs a hash of the prompt only while something is remembered
             reason = self.d.poison.refused(self._fingerprint())
             if reason is not None:
@@ -177,9 +184,13 @@ class Generation:
             self.d.closed(leg.worker_id)
 
     async def close(self) -> None:
-        """Leave every worker (cancelling unfinished requests); safe to call twice."""
+        """Leave every worker (cancelling unfinished requests) and the gate; safe to call
+        twice."""
         for leg in self._legs:
             self._close_leg(leg)
+        if self._ticket is not None:
+            self.d.gate.leave(self._ticket)
+            self._ticket = None
 
     # -- failover ----------------------------------------------------------------------------
     def _in_fleet(self, worker_id: str) -> bool:

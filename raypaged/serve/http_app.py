@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from raypaged.serve.api_key import check_api_key
+from raypaged.serve.client_gate import CLIENT, client_of
 from raypaged.serve.errors import APIError, bad_request
 from raypaged.serve.fleet import FleetSnapshot
 from raypaged.serve.frontend import OpenAIFrontend
@@ -88,6 +89,9 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
     async def answer(request: Request, handler) -> Response:
         try:
             authorize(request)
+            client = client_of(request.scope)
+            CLIENT.set(client)  # each Generation started below takes its ticket as this client
+            frontend.dispatcher.gate.check(client)  # at its cap: 429 before the body is read
             return await handler(await read_json(request, *prechecks.get(handler, ())))
         except APIError as exc:
             metrics.inc("request_errors", str(exc.status))

@@ -48,7 +48,8 @@ COUNTERS = {  # name -> (help, label name or None)
         "requests sent again (refused_again).", "outcome"),
     "request_errors": ("Requests answered with an error, by HTTP status.", "status"),
     "shed_requests": ("Requests refused at the edge before any work was queued, by reason "
-                      "(ttft_slo: a time to first token predicted over --ttft-slo-s).", "reason"),
+                      "(ttft_slo: a time to first token predicted over --ttft-slo-s; client_cap: 429, a client "
+                      "at --max-requests-per-client).", "reason"),
 }
 
 

@@ -19,6 +19,8 @@ import collections
 import math
 import time
 
+from raypaged.core.fair_admission import blocks_needed
+
 RETRY_AFTER_MAX_S = 60
 PACE_WINDOW = 64  # finishes the pace is measured over
 
@@ -36,8 +38,8 @@ class QueueBound:
     def need(self, num_prompt_tokens: int, max_tokens: int | None, n: int) -> int:
         """Blocks a request may hold at its longest: its prompt once (samples share it), and
         each sample's output (unset max_tokens: the rest of max_model_len)."""
-        out = max_tokens or max(0, self.max_model_len - num_prompt_tokens)
-        return -(-num_prompt_tokens // self.block_size) + n * -(-out // self.block_size)
+        return blocks_needed(num_prompt_tokens, max_tokens, n, self.block_size,
+                             self.max_model_len)
 
     def queued(self) -> int:
         if not self.count:

@@ -1,0 +1,96 @@
+"""ClientGate: a router replica's per-client cap and fair admission (core/fair_admission.py).
+
+The client is the address the request came from (the ASGI scope's client host: through Ray
+Serve's proxy, the proxy passes on the connection's peer). Not a field of the request body
+(OpenAI's `user`) nor a header a client sets: a flood could name a new client on every request
+and escape its cap, or name another client's and take its turns. With one API key, every client
+holds the same key, so the key tells nobody apart. Behind a proxy of your own (HAProxy, a load
+balancer) every request comes from its address: one client for all (docs/limits.md).
+
+Each Generation (one prompt of a request) takes a ticket before it is routed and gives it back
+when it closes: the cap counts prompts, waiting or running, per client on this replica.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from typing import Callable
+
+from raypaged.core.fair_admission import FairAdmission, Ticket, blocks_needed
+from raypaged.serve.errors import APIError
+from raypaged.serve.fleet import FleetSnapshot
+from raypaged.serve.metrics import RequestMetrics
+
+# The client of the request being served: set by the HTTP layer (http_app.py) where the
+# connection is known, read by each Generation it starts (tasks copy the context they start in).
+CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("raypaged_client", default="")
+
+CLIENT_CAP = "client_cap"  # shed_requests' reason for a 429 of the cap
+
+
+def client_of(scope: dict) -> str:
+    client = scope.get("client")
+    return client[0] if client else ""
+
+
+class ClientGate:
+    def __init__(self, max_per_client: int, fair: bool,
+                 snapshot: Callable[[], FleetSnapshot], metrics: RequestMetrics):
+        self.admission = FairAdmission(max_per_client)
+        self.fair = fair
+        self._snapshot, self.metrics = snapshot, metrics
+        self._seen: FleetSnapshot | None = None
+        self._block_size, self._max_model_len = 16, 0  # from the first snapshot with stats
+
+    def check(self, client: str) -> None:
+        """429 if the client has its cap in flight here: before the body is read (http_app) and
+        again as each prompt enters (requests that arrive together pass the first together)."""
+        if not self.admission.over_cap(client):
+            return
+        self.metrics.inc("shed_requests", CLIENT_CAP)
+        cap = self.admission.max_per_client
+        raise APIError(429, f"too many requests in flight from this client ({cap}, the most "
+                            "one client may have on this server): wait for one to finish, or "
+                            "raise the server's setting max_requests_per_client "
+                            "(--max-requests-per-client; 0: no cap)",
+                       code="rate_limit_exceeded", retry_after=1)
+
+    async def enter(self, client: str, num_prompt_tokens: int, max_tokens: int | None,
+                    n: int) -> Ticket:
+        """This prompt's ticket, once it may go to a worker (waiting its client's turn)."""
+        self.check(client)
+        self._refresh()
+        blocks = blocks_needed(num_prompt_tokens, max_tokens, n, self._block_size,
+                               self._max_model_len)
+        ticket = self.admission.arrive(client, blocks)
+        if ticket.admitted:
+            return ticket
+        ticket.waker = asyncio.get_running_loop().create_future()
+        try:
+            await ticket.waker
+        except BaseException:  # the deadline or a departed client: give the place up
+            self.leave(ticket)
+            raise
+        return ticket
+
+    def leave(self, ticket: Ticket) -> None:
+        self._wake(self.admission.leave(ticket))
+
+    def _refresh(self) -> None:
+        """The capacity: every ready worker's KV blocks, as of the latest snapshot."""
+        snap = self._snapshot()
+        if snap is self._seen:
+            return
+        self._seen = snap
+        stats = [w.stats for w in snap.ready() if w.stats is not None]
+        if stats:
+            self._block_size, self._max_model_len = stats[0].block_size, stats[0].max_model_len
+        capacity = sum(s.budget.num_blocks for s in stats) if self.fair and stats else None
+        if capacity != self.admission.capacity:
+            self._wake(self.admission.set_capacity(capacity))
+
+    @staticmethod
+    def _wake(tickets: list[Ticket]) -> None:
+        for t in tickets:
+            if t.waker is not None and not t.waker.done():
+                t.waker.set_result(None)

@@ -1,0 +1,74 @@
+"""FairAdmission: what is sent at once, the round robin over clients for the rest, O(1) leave."""
+from __future__ import annotations
+
+from raypaged.core.fair_admission import FairAdmission, blocks_needed
+
+
+def admitted(tickets) -> list[str]:
+    return [f"{t.client}{t.blocks}" for t in tickets]
+
+
+def test_blocks_needed_counts_the_prompt_once_and_each_samples_output():
+    assert blocks_needed(200, 40, 1, 16, 256) == 13 + 3
+    assert blocks_needed(200, 40, 4, 16, 256) == 13 + 4 * 3
+    assert blocks_needed(200, None, 1, 16, 256) == 13 + 4  # unset: the rest of max_model_len
+
+
+def test_requests_that_fit_go_at_once_and_the_rest_wait():
+    fa = FairAdmission()
+    fa.set_capacity(10)
+    a = [fa.arrive("a", 4) for _ in range(3)]
+    assert [t.admitted for t in a] == [True, True, False]
+    assert (fa.num_admitted, fa.admitted_blocks, fa.in_flight["a"]) == (2, 8, 3)
+
+
+def test_the_waiting_are_released_round_robin_over_clients_not_in_arrival_order():
+    fa = FairAdmission()
+    fa.set_capacity(2)
+    first = [fa.arrive("a", 1), fa.arrive("a", 1)]
+    # a floods first; b and c come later, one request each, then b a second one
+    for client in "aaaa":
+        fa.arrive(client, 1)
+    fa.arrive("b", 2)   # sizes tell the tickets apart below
+    fa.arrive("c", 3)
+    fa.arrive("b", 4)
+    assert admitted(fa.leave(first[0])) == ["a1"]  # a's turn: it was the first to wait
+    # room for everyone at once: the order of release is the rotation
+    assert admitted(fa.set_capacity(100)) == ["b2", "c3", "a1", "b4", "a1", "a1"]
+    assert fa.num_admitted == 8
+
+
+def test_a_request_that_does_not_fit_waits_and_is_not_overtaken():
+    fa = FairAdmission()
+    fa.set_capacity(10)
+    big = fa.arrive("a", 8)
+    huge = fa.arrive("b", 6)      # does not fit beside big
+    small = fa.arrive("c", 1)     # would fit, but b's turn comes first
+    assert (big.admitted, huge.admitted, small.admitted) == (True, False, False)
+    assert admitted(fa.leave(big)) == ["b6", "c1"]
+
+
+def test_with_nothing_admitted_a_request_larger_than_the_cache_still_goes():
+    fa = FairAdmission()
+    fa.set_capacity(10)
+    assert fa.arrive("a", 50).admitted
+
+
+def test_a_waiting_request_that_leaves_gives_its_place_up():
+    fa = FairAdmission()
+    fa.set_capacity(1)
+    running = fa.arrive("a", 1)
+    gone, stays = fa.arrive("b", 1), fa.arrive("c", 1)
+    assert fa.leave(gone) == []          # nothing freed: nobody released
+    assert "b" not in fa.in_flight and "b" not in fa._waiting
+    assert fa.leave(running) == [stays]
+
+
+def test_no_capacity_means_no_bound_and_the_cap_counts_waiting_and_admitted():
+    fa = FairAdmission(max_per_client=3)
+    tickets = [fa.arrive("a", 1000) for _ in range(3)]
+    assert all(t.admitted for t in tickets)
+    assert fa.over_cap("a") and not fa.over_cap("b")
+    fa.leave(tickets[0])
+    assert not fa.over_cap("a")
+    assert not FairAdmission(max_per_client=0).over_cap("a")  # 0: no cap

@@ -1,0 +1,134 @@
+"""Per-client fairness at the router, over real HTTP (uvicorn in a thread, one slow fake worker
+whose KV cache holds 4 of the load requests, no Ray). Clients are told apart by their address:
+each sends from a loopback address of its own (127.0.0.2, 127.0.0.3).
+
+- fair admission: 8 requests of one client, then 2 of another: the second client's go to the
+  worker between the first's (round robin), not after all 8 (first come first served, the same
+  run with fair_admission off);
+- the cap: a client at max_requests_per_client gets 429 + Retry-After naming the setting, while
+  another client is served.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from http_server import serving
+from local_fleet import LocalFleet
+from raypaged.serve.client_gate import ClientGate
+from raypaged.serve.config import ServeOptions
+from raypaged.serve.dispatch import Dispatcher
+from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
+from raypaged.serve.http_app import build_http_app
+from raypaged.serve.metrics import RequestMetrics, render
+from raypaged.serve.routing import Router
+
+A, B = "127.0.0.2", "127.0.0.3"
+
+
+def body(letter: str, max_tokens: int = 40) -> dict:
+    # 200 prompt + 40 output tokens: 16 of the fake engine's 64 blocks, so 4 fit at once
+    return {"model": "fake-model", "prompt": letter * 200, "max_tokens": max_tokens,
+            "ignore_eos": True}
+
+
+def make_app(fleet: LocalFleet, options: ServeOptions):
+    metrics = RequestMetrics()
+    engine = next(iter(fleet.workers.values())).engine
+    info = ModelInfo("fake-model", engine.max_model_len, len(engine.tokenizer), 0)
+    gate = ClientGate(options.max_requests_per_client, options.fair_admission, fleet.snapshot,
+                      metrics)
+    dispatcher = Dispatcher(fleet, Router(options, engine.block_size), metrics, gate=gate)
+    app = build_http_app(OpenAIFrontend(dispatcher, engine.tokenizer, info), fleet.snapshot,
+                         metrics, lambda: render(fleet.snapshot(), metrics.snapshot(), info.name),
+                         None, 1 << 20)
+    return app, gate
+
+
+def recording(fleet: LocalFleet) -> list[str]:
+    """The letters of the prompts, in the order the worker's engine was given them."""
+    order: list[str] = []
+    engine = next(iter(fleet.workers.values())).engine
+    add, lock = engine.add_request, threading.Lock()
+
+    def add_request(request_id, prompt_token_ids, *args, **kw):
+        with lock:
+            order.append(chr(prompt_token_ids[0]))
+        return add(request_id, prompt_token_ids, *args, **kw)
+    engine.add_request = add_request
+    return order
+
+
+def post(url: str, source: str, payload: dict) -> httpx.Response:
+    with httpx.Client(transport=httpx.HTTPTransport(local_address=source), timeout=60) as c:
+        return c.post(url + "/v1/completions", json=payload)
+
+
+def wait_for(condition, within_s: float = 10) -> None:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def worker_order(fair: bool) -> tuple[list[str], list[int]]:
+    """8 requests of A (letters a-h) sent one after another, then 2 of B (x, y): the order the
+    worker got them in, and every status."""
+    fleet = LocalFleet(n=1, step_delay_s=0.02)
+    order = recording(fleet)
+    app, gate = make_app(fleet, ServeOptions(fair_admission=fair))
+    try:
+        with serving(app) as url, ThreadPoolExecutor(10) as pool:
+            sent = []
+            for i, (source, letter) in enumerate([(A, c) for c in "abcdefgh"] + [(B, "x")]
+                                                 + [(B, "y")]):
+                sent.append(pool.submit(post, url, source, body(letter)))
+                # each in the gate before the next leaves: the arrival order is this one
+                wait_for(lambda: sum(gate.admission.in_flight.values()) == i + 1)
+            statuses = [f.result().status_code for f in sent]
+    finally:
+        fleet.shutdown()
+    return order, statuses
+
+
+def test_a_second_clients_requests_go_between_the_first_clients_flood():
+    order, statuses = worker_order(fair=True)
+    assert statuses == [200] * 10
+    # 4 fit at once; then, as each ends, A and B take turns: A waited first
+    assert order == list("abcde") + ["x", "f", "y", "g", "h"]
+
+
+def test_without_fair_admission_they_are_served_first_come_first_served():
+    order, statuses = worker_order(fair=False)
+    assert statuses == [200] * 10
+    assert order == list("abcdefgh") + ["x", "y"]
+
+
+def test_a_client_at_its_cap_gets_429_with_retry_after_naming_the_setting():
+    fleet = LocalFleet(n=1, step_delay_s=0.02)
+    app, gate = make_app(fleet, ServeOptions(max_requests_per_client=2))
+    try:
+        with serving(app) as url, ThreadPoolExecutor(4) as pool:
+            running = [pool.submit(post, url, A, body(c, max_tokens=50)) for c in "ab"]
+            wait_for(lambda: gate.admission.in_flight[A] == 2)
+            refused = post(url, A, body("c"))
+            other = post(url, B, body("x", max_tokens=4))  # another client: served meanwhile
+            assert [f.result().status_code for f in running] == [200, 200]
+            again = post(url, A, body("d", max_tokens=4))  # its requests done: room again
+            metrics = httpx.get(url + "/metrics").text
+    finally:
+        fleet.shutdown()
+    assert refused.status_code == 429
+    assert refused.headers["retry-after"] == "1"
+    assert refused.json()["error"] == {
+        "message": "too many requests in flight from this client (2, the most one client may "
+                   "have on this server): wait for one to finish, or raise the server's setting "
+                   "max_requests_per_client (--max-requests-per-client; 0: no cap)",
+        "type": "rate_limit_error", "param": None, "code": "rate_limit_exceeded"}
+    assert (other.status_code, again.status_code) == (200, 200)
+    shed = 'raypaged:shed_requests_total{model_name="fake-model",reason="client_cap"} 1.0'
+    assert shed in metrics
+    assert gate.admission.in_flight == {}  # every ticket given back
