@@ -88,9 +88,10 @@ class ServeOptions:
         "to glibc with a warning where it is not installed) or the system's (glibc)",
         group=FLEET, choices=("tcmalloc", "system"))
     routing: str = setting(
-        "hash", "hash: rendezvous hashing on the prompt's first blocks under a load bound; "
-        "cache_aware: the worker where the request adds the least prefill, from each worker's "
-        "published cache summary and queue; round_robin: for comparison",
+        "cache_aware", "cache_aware: the worker holding the longest prefix of the prompt among "
+        "those within --route-cache-slack tokens of the least prefill added + queued, from each "
+        "worker's published cache summary and queue; hash: rendezvous hashing on the prompt's "
+        "first blocks under a load bound; round_robin: for comparison",
         group=ROUTING, choices=("hash", "cache_aware", "round_robin"))
     route_prefix_blocks: int = setting(DEFAULT_ROUTE_PREFIX_BLOCKS,
                                        "prompt blocks hashed into the routing key",
@@ -98,6 +99,10 @@ class ServeOptions:
     route_load_factor: float = setting(
         1.25, "a worker above this x the mean requests in flight passes a request on",
         group=ROUTING, ge=1)
+    route_cache_slack: int = setting(
+        2048, "cache_aware: a worker holding a longer prefix of the prompt takes it while its "
+        "cost (prefill added + queued) is within this many tokens of the cheapest worker's",
+        group=ROUTING, ge=0)
     route_cache_sample: int = setting(
         16, "routers see only the cached-block keys of every N-th block of a prompt and of its "
         "blocks 1, 2, 4, 8, ... (~N x fewer snapshot bytes per router; cache_aware estimates "
@@ -145,9 +150,10 @@ class ServeOptions:
         "or running; past it 429 + Retry-After. The client: its address (docs/limits.md); "
         "0: no cap", group=SERVER, ge=0)
     fair_admission: bool = setting(
-        True, "a router sends a worker no more than the fleet's KV cache holds (each request at "
-        "its prompt + n x max_tokens) and releases the rest round robin over clients instead "
-        "of first come first served (docs/limits.md)", group=SERVER)
+        True, "a router sends the workers no more than the fleet's KV cache holds (each request "
+        "at its prompt + n x max_tokens) but a client's fair share of it, and releases the rest "
+        "round robin over clients instead of first come first served (docs/limits.md)",
+        group=SERVER)
     max_prompts_per_request: int = setting(
         64, "prompts in one completions request (a list of strings or token lists)",
         group=LIMITS, ge=1)
