@@ -28,6 +28,9 @@ between them:
                        budget), every connection reset at the same moment: seconds until every
                        dropped stream is aborted on its worker (the fleet's load back to the load
                        clients' own) and a small request is answered within 3x of idle
+The flood, the probe and the load clients each send from a loopback address of their own
+(127.0.0.2, .3, .1), which the server takes as three clients: the flood is one client flooding
+while another probes (--fairness off: the server admits first come first served, no cap).
 Throughout, a small probe request (4 tokens, streamed) is sent every 0.5 s; its TTFT and total
 are reported per phase as multiples of the same probe's p50 on the idle service, measured before
 the load starts (issue 24: within 3x of idle during each attack). The phases themselves live in
@@ -338,12 +341,17 @@ def main(argv=None) -> int:
                    help="the server's --router-replicas (default: its default, 1)")
     p.add_argument("--num-cpus", type=int, default=None,
                    help="the server's --num-cpus (Ray's CPUs; default: the machine's)")
+    p.add_argument("--fairness", choices=("on", "off"), default="on",
+                   help="off: the server's --no-fair-admission --max-requests-per-client 0 "
+                        "(first come first served, no per-client cap: the A/B of issue 24)")
     p.add_argument("--name", default="chaos")
     ns = p.parse_args(argv)
     log = Path(tempfile.gettempdir()) / f"{ns.name}_serve.log"
     flags = ["--workers", str(ns.workers), "--kv-memory-mb", "64", "--max-model-len", "512",
              "--body-timeout-s", str(BODY_TIMEOUT_S),
              "--worker-unresponsive-timeout-s", str(ns.unresponsive_timeout_s)]
+    if ns.fairness == "off":
+        flags += ["--no-fair-admission", "--max-requests-per-client", "0"]
     if ns.ingress is not None:
         flags += ["--ingress", ns.ingress]
     if ns.num_cpus is not None:

@@ -16,6 +16,10 @@ from benchmarks.serve_process import descendants
 
 BODY_TIMEOUT_S = 5
 CLIENT_TIMEOUT_S = 120
+# Loopback addresses of their own (Linux routes all of 127/8 to lo), so that the server tells
+# the 400-stream flood, the probe and the load clients (127.0.0.1) apart as clients: a router
+# identifies a client by its address (raypaged/serve/client_gate.py)
+FLOOD_ADDRESS, PROBE_ADDRESS = "127.0.0.2", "127.0.0.3"
 
 POISON = [
     {"prompt": "hi", "max_tokens": 2, "min_tokens": 1, "stop_token_ids": [99999999]},
@@ -241,16 +245,22 @@ class Probe:
             sample["status"] = type(exc).__name__
         return sample
 
+    @staticmethod
+    def client() -> httpx.AsyncClient:
+        """A client that sends from the probe's own address (a client apart from the load)."""
+        return httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S, transport=httpx.AsyncHTTPTransport(
+            local_address=PROBE_ADDRESS))
+
     async def idle(self, n: int = 8) -> dict:
         """p50 of n probes one after another, nothing else running."""
-        async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as client:
+        async with self.client() as client:
             got = [await self.once(client) for _ in range(n)]
         ok = [s for s in got if s["status"] == "200"]
         return {"n": len(ok), "ttft_p50_s": statistics.median(s["ttft_s"] for s in ok),
                 "total_p50_s": statistics.median(s["total_s"] for s in ok)}
 
     async def run(self) -> None:
-        async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as client:
+        async with self.client() as client:
             while not self._stop.is_set():
                 self.samples.append(await self.once(client))
                 await asyncio.sleep(self.every_s)
@@ -284,7 +294,8 @@ async def _open_stream(port: int, i: int, max_tokens: int):
     """A streamed completion on a raw connection (so it can be dropped with a reset)."""
     body = json.dumps({"prompt": f"Disconnect {i}: tell a long story.", "max_tokens": max_tokens,
                        "ignore_eos": True, "temperature": 0, "stream": True}).encode()
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port,
+                                                   local_addr=(FLOOD_ADDRESS, 0))
     writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
     await writer.drain()
@@ -322,7 +333,7 @@ async def mass_disconnect(url: str, probe_idle: dict, concurrency: int, n: int =
            "statuses_at_drop": statuses,
            "fleet_load_at_drop": load_at_drop, "aborted_s": None, "probe_normal_s": None}
     probe = Probe(url)
-    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as client:
+    async with probe.client() as client:
         while time.monotonic() - dropped < limit_s:
             now = round(time.monotonic() - dropped, 2)
             # + 1: the probe of the previous round may still be counted

@@ -1,5 +1,6 @@
 """FairAdmission: which of a router's requests go to the workers now, and in what order the rest
-follow: round robin over clients, so that one client's flood costs the others one turn each.
+follow: round robin over clients, and a fair share of the KV cache for each, so that one
+client's flood costs the others (almost) nothing.
 
 A worker queues first come first served (its scheduler's waiting queue), so once a router has
 sent it 400 requests of one client, a small request of another waits behind all of them. The
@@ -7,16 +8,21 @@ router therefore sends no more than the fleet's KV cache holds and keeps the res
 queue per client, where their order can still be chosen:
 
     admitted   blocks of the requests sent, together (each at its longest: blocks_needed)
-    a request is sent at once if nothing waits and it fits: admitted + its blocks <= capacity
+    share      capacity // clients with requests here (waiting or admitted)
+    a request is sent when it fits (admitted + its blocks <= capacity) and no request that does
+    not fit waits ahead of it, or when its client's admitted blocks with it stay within its
+    share (the cache may then be overcommitted: by at most one share per client, as a client
+    over its share gets nothing more until it is back under)
     else it waits in its client's queue; as requests finish, the clients take turns: the first
-    waiting request of the client whose turn it is goes next, if it fits (else everyone waits
-    for more room: a large request is never overtaken for ever), and its client goes to the
-    back of the rotation (a client seen for the first time joins at the back)
+    waiting request of the client whose turn it is goes next if it may, and its client goes to
+    the back of the rotation (a client seen for the first time joins at the back)
 
-With nothing admitted, any request is sent (one larger than the whole cache is the worker's to
-refuse). `capacity` None: no bound (fairness off; only the per-client cap counts). Every
-operation is O(1) but a release, which is O(requests released). Pure: the router (serve/
-client_gate.py) wakes the released requests and tells it the capacity from its fleet snapshot.
+The share is what keeps a flood from costing others its requests' whole length: a flood that
+came first holds the cache, and waiting for its requests to end would cost a newcomer as much
+as a queue behind them; under its share, the newcomer goes at once. With nothing admitted, any
+request is sent (one larger than the whole cache is the worker's to refuse). `capacity` None:
+no bound (fairness off; only the per-client cap counts). Pure: the router (serve/client_gate.py)
+wakes the released requests and tells it the capacity from its fleet snapshot.
 """
 from __future__ import annotations
 
@@ -48,6 +54,7 @@ class FairAdmission:
         self.admitted_blocks = 0
         self.num_admitted = 0
         self.in_flight: collections.Counter[str] = collections.Counter()  # waiting + admitted
+        self.blocks_of: collections.Counter[str] = collections.Counter()  # admitted, per client
         # client -> its waiting tickets in arrival order (dicts as ordered sets: O(1) removal);
         # the outer order is the rotation: the first client has the next turn
         self._waiting: dict[str, dict[Ticket, None]] = {}
@@ -60,7 +67,7 @@ class FairAdmission:
         over_cap first: the cap is its to refuse."""
         ticket = Ticket(client, blocks)
         self.in_flight[client] += 1
-        if not self._waiting and self._fits(blocks):
+        if (not self._waiting and self._fits(blocks)) or self._in_share(ticket):
             self._admit(ticket)
         else:
             self._waiting.setdefault(client, {})[ticket] = None
@@ -68,17 +75,21 @@ class FairAdmission:
 
     def leave(self, ticket: Ticket) -> list[Ticket]:
         """A request finished, failed or gave up waiting; the tickets this lets in."""
+        client = ticket.client
         if ticket.admitted:
             self.admitted_blocks -= ticket.blocks
             self.num_admitted -= 1
+            self.blocks_of[client] -= ticket.blocks
+            if not self.blocks_of[client]:
+                del self.blocks_of[client]
         else:
-            queue = self._waiting[ticket.client]
+            queue = self._waiting[client]
             del queue[ticket]
             if not queue:
-                del self._waiting[ticket.client]
-        self.in_flight[ticket.client] -= 1
-        if not self.in_flight[ticket.client]:
-            del self.in_flight[ticket.client]
+                del self._waiting[client]
+        self.in_flight[client] -= 1
+        if not self.in_flight[client]:
+            del self.in_flight[client]
         return self._release()
 
     def set_capacity(self, capacity: int | None) -> list[Ticket]:
@@ -90,22 +101,35 @@ class FairAdmission:
         return (self.capacity is None or not self.num_admitted
                 or self.admitted_blocks + blocks <= self.capacity)
 
+    def _in_share(self, ticket: Ticket) -> bool:
+        if self.capacity is None:
+            return True
+        share = self.capacity // len(self.in_flight)
+        return self.blocks_of[ticket.client] + ticket.blocks <= share
+
     def _admit(self, ticket: Ticket) -> None:
         ticket.admitted = True
         self.admitted_blocks += ticket.blocks
         self.num_admitted += 1
+        self.blocks_of[ticket.client] += ticket.blocks
 
     def _release(self) -> list[Ticket]:
+        """Clients in turn, each its first waiting request, until none may go: one that does not
+        fit stops those behind it from going by room (never overtaken for ever), not by share.
+        O(clients) per request released."""
         released = []
-        while self._waiting:
-            client, queue = next(iter(self._waiting.items()))
-            ticket = next(iter(queue))
-            if not self._fits(ticket.blocks):
-                break
+        while True:
+            blocked = False
+            for client, queue in self._waiting.items():
+                ticket = next(iter(queue))
+                if (not blocked and self._fits(ticket.blocks)) or self._in_share(ticket):
+                    break
+                blocked = True
+            else:
+                return released
             del queue[ticket]
             del self._waiting[client]
             if queue:  # its turn is used: to the back of the rotation
                 self._waiting[client] = queue
             self._admit(ticket)
             released.append(ticket)
-        return released

@@ -41,6 +41,7 @@ class ClientGate:
         self._snapshot, self.metrics = snapshot, metrics
         self._seen: FleetSnapshot | None = None
         self._block_size, self._max_model_len = 16, 0  # from the first snapshot with stats
+        self._loop: asyncio.AbstractEventLoop | None = None  # the router's, from enter()
 
     def check(self, client: str) -> None:
         """429 if the client has its cap in flight here: before the body is read (http_app) and
@@ -59,13 +60,14 @@ class ClientGate:
                     n: int) -> Ticket:
         """This prompt's ticket, once it may go to a worker (waiting its client's turn)."""
         self.check(client)
+        self._loop = asyncio.get_running_loop()
         self._refresh()
         blocks = blocks_needed(num_prompt_tokens, max_tokens, n, self._block_size,
                                self._max_model_len)
         ticket = self.admission.arrive(client, blocks)
         if ticket.admitted:
             return ticket
-        ticket.waker = asyncio.get_running_loop().create_future()
+        ticket.waker = self._loop.create_future()
         try:
             await ticket.waker
         except BaseException:  # the deadline or a departed client: give the place up
@@ -75,6 +77,12 @@ class ClientGate:
 
     def leave(self, ticket: Ticket) -> None:
         self._wake(self.admission.leave(ticket))
+
+    def leave_later(self, ticket: Ticket) -> None:
+        """leave(), from a finalizer: the garbage collector may run it in any thread, or on the
+        loop's in the middle of leave(); so on the loop, at its next turn."""
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.leave, ticket)
 
     def _refresh(self) -> None:
         """The capacity: every ready worker's KV blocks, as of the latest snapshot."""

@@ -28,11 +28,11 @@ import asyncio
 import collections
 import dataclasses
 import time
+import weakref
 from typing import AsyncIterator
 
 from raypaged.core.contracts import Continuation
 from raypaged.core.engine_core import ERROR
-from raypaged.core.fair_admission import Ticket
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.outputs import SequenceOutput
 from raypaged.serve.client_gate import CLIENT
@@ -68,7 +68,7 @@ class Generation:
         self._routed = False
         self._watched_at = time.monotonic()
         self.client = CLIENT.get()  # of the HTTP request that started it
-        self._ticket: Ticket | None = None  # its place in the gate, from start() to close()
+        self._ticket = self._unclosed = None  # its place in the gate, from start() to close()
 
     @property
     def num_output_tokens(self) -> int:
@@ -81,8 +81,13 @@ class Generation:
     # -- routing and retries -----------------------------------------------------------------
     async def start(self) -> None:
         # its client's turn first (client_gate.py): until then it holds no worker
-        self._ticket = await self.d.gate.enter(self.client, len(self.token_ids),
-                                               self.params.max_tokens, self.params.n)
+        ticket = await self.d.gate.enter(self.client, len(self.token_ids),
+                                         self.params.max_tokens, self.params.n)
+        # given back by close(), or when this is collected without it: a stream whose client
+        # left before its response started is never iterated, so never closed, and a ticket
+        # kept for ever would shrink the fleet's room for everyone
+        self._ticket, self._unclosed = ticket, weakref.finalize(self, self.d.gate.leave_later,
+                                                                ticket)
         if self.d.poison:  # costs a hash of the prompt only while something is remembered
             reason = self.d.poison.refused(self._fingerprint())
             if reason is not None:
@@ -188,9 +193,8 @@ class Generation:
         twice."""
         for leg in self._legs:
             self._close_leg(leg)
-        if self._ticket is not None:
-            self.d.gate.leave(self._ticket)
-            self._ticket = None
+        if self._unclosed is not None and self._unclosed.detach() is not None:
+            self.d.gate.leave(self._ticket)  # detach(): None once given back
 
     # -- failover ----------------------------------------------------------------------------
     def _in_fleet(self, worker_id: str) -> bool:

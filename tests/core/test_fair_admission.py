@@ -38,14 +38,28 @@ def test_the_waiting_are_released_round_robin_over_clients_not_in_arrival_order(
     assert fa.num_admitted == 8
 
 
-def test_a_request_that_does_not_fit_waits_and_is_not_overtaken():
+def test_a_request_that_does_not_fit_is_overtaken_by_share_only_never_by_room():
     fa = FairAdmission()
     fa.set_capacity(10)
     big = fa.arrive("a", 8)
-    huge = fa.arrive("b", 6)      # does not fit beside big
-    small = fa.arrive("c", 1)     # would fit, but b's turn comes first
-    assert (big.admitted, huge.admitted, small.admitted) == (True, False, False)
-    assert admitted(fa.leave(big)) == ["b6", "c1"]
+    huge = fa.arrive("b", 6)   # fits nowhere beside big, and over b's share (10 // 2)
+    more = fa.arrive("a", 1)   # would fit, but b's waits ahead, and a is over its share
+    small = fa.arrive("c", 1)  # within c's share (10 // 3): goes at once
+    assert [t.admitted for t in (big, huge, more, small)] == [True, False, False, True]
+    assert admitted(fa.leave(big)) == ["b6", "a1"]
+
+
+def test_a_newcomer_within_its_share_goes_at_once_while_a_flood_holds_the_whole_cache():
+    fa = FairAdmission()
+    fa.set_capacity(100)
+    flood = [fa.arrive("f", 20) for _ in range(10)]
+    assert sum(t.admitted for t in flood) == 5
+    probe = fa.arrive("p", 2)  # share 100 // 2: admitted, the cache overcommitted
+    assert probe.admitted and fa.admitted_blocks == 102
+    # the flood, over its share, gets nothing more until its requests fit again
+    assert fa.leave(flood[0]) == []
+    assert admitted(fa.leave(flood[1])) == ["f20"]
+    assert (fa.blocks_of["f"], fa.blocks_of["p"]) == (80, 2)
 
 
 def test_with_nothing_admitted_a_request_larger_than_the_cache_still_goes():
@@ -58,7 +72,7 @@ def test_a_waiting_request_that_leaves_gives_its_place_up():
     fa = FairAdmission()
     fa.set_capacity(1)
     running = fa.arrive("a", 1)
-    gone, stays = fa.arrive("b", 1), fa.arrive("c", 1)
+    gone, stays = fa.arrive("b", 1), fa.arrive("c", 1)  # shares of 1 // 2, 1 // 3: none
     assert fa.leave(gone) == []          # nothing freed: nobody released
     assert "b" not in fa.in_flight and "b" not in fa._waiting
     assert fa.leave(running) == [stays]

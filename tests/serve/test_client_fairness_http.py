@@ -3,13 +3,16 @@ whose KV cache holds 4 of the load requests, no Ray). Clients are told apart by 
 each sends from a loopback address of its own (127.0.0.2, 127.0.0.3).
 
 - fair admission: 8 requests of one client, then 2 of another: the second client's go to the
-  worker between the first's (round robin), not after all 8 (first come first served, the same
-  run with fair_admission off);
+  worker ahead of the first's waiting ones (its share of the cache), not after all 8 (first come
+  first served, the same run with fair_admission off);
 - the cap: a client at max_requests_per_client gets 429 + Retry-After naming the setting, while
-  another client is served.
+  another client is served;
+- a request never closed (its stream never started) gives its place back once collected.
 """
 from __future__ import annotations
 
+import asyncio
+import gc
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,10 +21,12 @@ import httpx
 
 from http_server import serving
 from local_fleet import LocalFleet
+from raypaged.core.sampling_params import SamplingParams
 from raypaged.serve.client_gate import ClientGate
 from raypaged.serve.config import ServeOptions
 from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
+from raypaged.serve.generation import Generation
 from raypaged.serve.http_app import build_http_app
 from raypaged.serve.metrics import RequestMetrics, render
 from raypaged.serve.routing import Router
@@ -94,11 +99,12 @@ def worker_order(fair: bool) -> tuple[list[str], list[int]]:
     return order, statuses
 
 
-def test_a_second_clients_requests_go_between_the_first_clients_flood():
+def test_a_second_client_goes_ahead_of_the_first_clients_flood():
     order, statuses = worker_order(fair=True)
     assert statuses == [200] * 10
-    # 4 fit at once; then, as each ends, A and B take turns: A waited first
-    assert order == list("abcde") + ["x", "f", "y", "g", "h"]
+    # 4 fit at once and A waits with the rest; B's two are within its share of the cache
+    # (64 // 2 blocks): they go at once, so the worker runs them next
+    assert order == list("abcd") + ["x", "y"] + list("efgh")
 
 
 def test_without_fair_admission_they_are_served_first_come_first_served():
@@ -132,3 +138,25 @@ def test_a_client_at_its_cap_gets_429_with_retry_after_naming_the_setting():
     shed = 'raypaged:shed_requests_total{model_name="fake-model",reason="client_cap"} 1.0'
     assert shed in metrics
     assert gate.admission.in_flight == {}  # every ticket given back
+
+
+def test_a_generation_never_closed_gives_its_place_back_once_collected():
+    """A stream whose client left before its response started is never iterated, so never
+    closed: its place in the gate comes back when it is collected, not never."""
+    fleet = LocalFleet(n=1)
+    gate = ClientGate(0, True, fleet.snapshot, RequestMetrics())
+    dispatcher = Dispatcher(fleet, Router(ServeOptions(), 16), RequestMetrics(), gate=gate)
+
+    async def main():
+        g = Generation(dispatcher, "r", [97] * 10, SamplingParams(max_tokens=2), None, 0.0)
+        await g.start()
+        assert (gate.admission.num_admitted, gate.admission.admitted_blocks) == (1, 2)
+        del g
+        gc.collect()
+        await asyncio.sleep(0)  # given back at the loop's next turn
+        return gate.admission.num_admitted, gate.admission.admitted_blocks
+
+    try:
+        assert asyncio.run(main()) == (0, 0)
+    finally:
+        fleet.shutdown()
