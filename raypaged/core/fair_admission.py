@@ -12,7 +12,8 @@ queue per client, where their order can still be chosen:
     a request is sent when it fits (admitted + its blocks <= capacity) and no request that does
     not fit waits ahead of it, or when its client's admitted blocks with it stay within its
     share (the cache may then be overcommitted: by at most one share per client, as a client
-    over its share gets nothing more until it is back under)
+    over its share gets nothing more until it is back under); either way its client holds no
+    more than 7/8 of the capacity (RESERVE_FOR_OTHERS), unless it is its only request
     else it waits in its client's queue; as requests finish, the clients take turns: the first
     waiting request of the client whose turn it is goes next if it may, and its client goes to
     the back of the rotation (a client seen for the first time joins at the back)
@@ -29,6 +30,13 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 from typing import Any
+
+
+# 1/8 of the cache is never filled by one client alone (but by a single request): a newcomer's
+# requests then start at once, however long a flood that came first holds the rest (a worker
+# queues what its cache cannot hold, first come first served). A single client loses 1/8 of the
+# cache's worst-case room (requests at their longest: most of it is free in practice).
+RESERVE_FOR_OTHERS = 8
 
 
 def blocks_needed(num_prompt_tokens: int, max_tokens: int | None, n: int, block_size: int,
@@ -67,7 +75,7 @@ class FairAdmission:
         over_cap first: the cap is its to refuse."""
         ticket = Ticket(client, blocks)
         self.in_flight[client] += 1
-        if (not self._waiting and self._fits(blocks)) or self._in_share(ticket):
+        if (not self._waiting and self._fits(ticket)) or self._in_share(ticket):
             self._admit(ticket)
         else:
             self._waiting.setdefault(client, {})[ticket] = None
@@ -97,15 +105,24 @@ class FairAdmission:
         self.capacity = capacity
         return self._release()
 
-    def _fits(self, blocks: int) -> bool:
-        return (self.capacity is None or not self.num_admitted
-                or self.admitted_blocks + blocks <= self.capacity)
+    def _fits(self, ticket: Ticket) -> bool:
+        if self.capacity is None or not self.num_admitted:
+            return True
+        return (self.admitted_blocks + ticket.blocks <= self.capacity
+                and self._within_own_limit(ticket))
 
     def _in_share(self, ticket: Ticket) -> bool:
         if self.capacity is None:
             return True
         share = self.capacity // len(self.in_flight)
-        return self.blocks_of[ticket.client] + ticket.blocks <= share
+        return self.blocks_of[ticket.client] + ticket.blocks <= share and self._within_own_limit(
+            ticket)
+
+    def _within_own_limit(self, ticket: Ticket) -> bool:
+        """A client holds at most capacity - capacity // RESERVE_FOR_OTHERS but for its first
+        request: the rest is kept for the next client to start at once."""
+        held, cap = self.blocks_of[ticket.client], self.capacity
+        return not held or held + ticket.blocks <= cap - cap // RESERVE_FOR_OTHERS
 
     def _admit(self, ticket: Ticket) -> None:
         ticket.admitted = True
@@ -122,7 +139,7 @@ class FairAdmission:
             blocked = False
             for client, queue in self._waiting.items():
                 ticket = next(iter(queue))
-                if (not blocked and self._fits(ticket.blocks)) or self._in_share(ticket):
+                if (not blocked and self._fits(ticket)) or self._in_share(ticket):
                     break
                 blocked = True
             else:

@@ -49,17 +49,31 @@ def test_a_request_that_does_not_fit_is_overtaken_by_share_only_never_by_room():
     assert admitted(fa.leave(big)) == ["b6", "a1"]
 
 
-def test_a_newcomer_within_its_share_goes_at_once_while_a_flood_holds_the_whole_cache():
+def test_a_flood_alone_fills_7_8_of_the_cache_and_a_newcomer_starts_at_once_in_the_rest():
     fa = FairAdmission()
     fa.set_capacity(100)
     flood = [fa.arrive("f", 20) for _ in range(10)]
-    assert sum(t.admitted for t in flood) == 5
-    probe = fa.arrive("p", 2)  # share 100 // 2: admitted, the cache overcommitted
-    assert probe.admitted and fa.admitted_blocks == 102
+    assert sum(t.admitted for t in flood) == 4  # a fifth would hold 100 > 100 - 100 // 8
+    assert fa.arrive("p", 2).admitted and fa.admitted_blocks == 82
+    assert fa.arrive("big", 90).admitted is False  # a client's only request may exceed 7/8...
+    assert admitted(fa.leave(flood[0])) == ["f20"]  # the flood's turn came first: it refills
+    for t in flood[1:4]:
+        assert fa.leave(t) == []  # big's turn now: nobody passes it by room
+    # once it fits it goes; the flood, now under its share (100 // 3), goes beside it
+    assert admitted(fa.leave(flood[4])) == ["big90", "f20"]
+
+
+def test_a_newcomer_within_its_share_goes_at_once_even_over_a_full_cache():
+    fa = FairAdmission()
+    fa.set_capacity(100)
+    flood = [fa.arrive("f", 20) for _ in range(10)]  # 4 admitted: 80
+    other = fa.arrive("g", 20)                        # fits: 100
+    probe = fa.arrive("p", 2)  # no room, but within its share (100 // 3): overcommitted
+    assert other.admitted and probe.admitted and fa.admitted_blocks == 102
     # the flood, over its share, gets nothing more until its requests fit again
     assert fa.leave(flood[0]) == []
     assert admitted(fa.leave(flood[1])) == ["f20"]
-    assert (fa.blocks_of["f"], fa.blocks_of["p"]) == (80, 2)
+    assert (fa.blocks_of["f"], fa.blocks_of["g"], fa.blocks_of["p"]) == (60, 20, 2)
 
 
 def test_with_nothing_admitted_a_request_larger_than_the_cache_still_goes():
