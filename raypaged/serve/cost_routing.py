@@ -1,18 +1,30 @@
-"""Cache-aware routing: send a request where it costs least to serve, counting what is cached.
+"""Cache-aware routing: send a request where it costs least to serve, counting what is cached,
+and keep a prefix where it already lives while that costs little.
 
 For each ready worker, from the fleet snapshot (each worker's cache summary and queue):
 
     hit(w)   = leading prompt blocks w's prefix cache holds x block_size   (CacheView: one set
                lookup per block, thanks to the chain hash)
     cost(w)  = (prompt tokens - hit(w))          the prefill this request would add on w
-             + queued_tokens(w)                  prefill already waiting on w (it runs first)
+             + queued_tokens(w)                  prefill waiting on w (it runs first): the
+                                                 snapshot's, plus what this router sent since
 
-and the request goes to the cheapest worker under the concurrency cap (a worker may hold at most
-ceil(factor x (requests in flight + 1) / workers)), ties broken by rendezvous order. A prompt
-that no worker holds any block of goes to the first worker of its rendezvous order under the
-cap, as `--routing hash` would: cold prefixes spread over the fleet by their hash, and the next
-request with the same prefix finds it cached there (or in flight there, before the summary
-shows it: same key, same worker). Every replica with the same snapshot makes the same choice.
+Among the workers under the concurrency cap (a worker may hold at most
+ceil(factor x (requests in flight + 1) / workers)), the candidates are those within `slack`
+tokens of the cheapest; of them the one holding the longest prefix wins, ties to the cheaper,
+then to fewer requests in flight, then by rendezvous order. The slack is what a hit is worth
+beyond this request: where a prefix lives, its next requests hit too, and a second copy
+elsewhere splits them (the rule with slack 0 lost to `hash` on three of four synthetic
+workloads for that reason; docs/fleet_sim.md). A prompt that no worker under the cap holds any
+block of goes to the first of its rendezvous order under the cap, as `--routing hash` would:
+cold prefixes spread over the fleet by their hash, and the next request with the same prefix
+finds it cached there (or in flight there, before the summary shows it: same key, same
+worker). Every replica with the same snapshot and the same requests sent makes the same choice.
+
+The chosen worker is charged with the prefill the choice predicts there (prompt tokens - its
+hit) until the next snapshot, so a burst between two snapshots spreads by what it adds: a
+request that hits adds its suffix only (charging the whole prompt made a hot prefix's worker
+look loaded by tokens it never computes, and pushed the prefix's next requests away).
 
 At 1,000 workers per-worker Python is the cost, so the choice is made in numpy over the
 workers' arrays (fleet_loads.py, kept from one snapshot to the next), and when the views belong
@@ -50,10 +62,10 @@ def prompt_block_keys(token_ids: Sequence[int], block_size: int,
 
 def cheapest(num_tokens: int, keys: Sequence[int], block_size: int, loads: FleetLoads,
              priority: np.ndarray, concurrency_factor: float,
-             blocks_at: Sequence[int] | None = None) -> tuple[int, bool]:
-    """(position in `loads` of the cheapest ready worker under the cap, whether its cache holds
-    some of the prompt). `priority` (uint64 [W]) is the rendezvous order: ties, and the cold
-    choice, go to the highest. A few numpy calls over W: no Python per worker."""
+             blocks_at: Sequence[int] | None = None, slack: int = 0) -> tuple[int, int]:
+    """(position in `loads` of the chosen ready worker, the prompt tokens its cache holds).
+    `priority` (uint64 [W]) is the rendezvous order: ties, and the cold choice, go to the
+    highest. A few numpy calls over W: no Python per worker."""
     requests = loads.requests
     if loads.count == len(requests):  # no worker left out: no masks to apply
         cap = math.ceil(concurrency_factor * (requests.sum() + 1) / len(requests))
@@ -67,11 +79,18 @@ def cheapest(num_tokens: int, keys: Sequence[int], block_size: int, loads: Fleet
     hits = (held if blocks_at is None else np.asarray(blocks_at, np.int64)[held]) * block_size
     if not hits[eligible].any():
         candidates = np.flatnonzero(eligible)
-        return int(candidates[np.argmax(priority[candidates])]), False
-    cost = np.where(eligible, num_tokens - hits + loads.queued, np.iinfo(np.int64).max)
-    ties = np.flatnonzero(cost == cost.min())
-    best = int(ties[np.argmax(priority[ties])]) if ties.size > 1 else int(ties[0])
-    return best, bool(hits[best])
+        return int(candidates[np.argmax(priority[candidates])]), 0
+    cost = num_tokens - hits + loads.queued
+    cheapest_cost = cost[eligible].min()
+    candidates = np.flatnonzero(eligible & (cost <= cheapest_cost + slack))
+    # the longest hit, then the lowest cost, then the fewest requests in flight
+    for column in (-hits, cost, requests):
+        values = column[candidates]
+        candidates = candidates[values == values.min()]
+        if candidates.size == 1:
+            return int(candidates[0]), int(hits[candidates[0]])
+    best = int(candidates[np.argmax(priority[candidates])])
+    return best, int(hits[best])
 
 
 def held_keys(keys: Sequence[int], loads: FleetLoads) -> np.ndarray:

@@ -176,9 +176,12 @@ class Router:
             return ids[start:] + ids[:start], ROUND_ROBIN
         weights = rendezvous_weights(prompt.route_key, loads.salts)
         if self.config.routing == "cache_aware":
-            best, cached = cheapest(prompt.num_tokens, prompt.block_keys, self.block_size, loads,
-                                    weights, self.config.route_load_factor, prompt.blocks_at)
-            return Ranking(loads, weights, best), CACHED if cached else COLD
+            best, hit = cheapest(prompt.num_tokens, prompt.block_keys, self.block_size, loads,
+                                 weights, self.config.route_load_factor, prompt.blocks_at,
+                                 self.config.route_cache_slack)
+            # charged until the next snapshot: the prefill this request adds there (cost_routing)
+            loads.queued[best] += prompt.num_tokens - hit
+            return Ranking(loads, weights, best), CACHED if hit else COLD
         best, top = _first_under_bound(loads, weights, self.config.route_load_factor)
         return Ranking(loads, weights, best), AFFINITY if best == top else LOAD_BOUND
 

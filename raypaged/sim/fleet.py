@@ -95,7 +95,7 @@ class Fleet:
         self.starting: dict[str, float] = {}              # worker id -> when it was added
         self.views: dict = {}
         self.queued: dict[str, int] = {}                  # queued tokens as of the snapshot
-        self.sent_since = collections.Counter()           # prompt tokens sent since then
+        self.sent_since = collections.Counter()           # tokens charged since then
         self.inflight = collections.Counter()
         self.snapshot_bytes = 0
         self._loads: FleetLoads | None = None             # the router's arrays (fleet_loads.py)
@@ -138,7 +138,7 @@ class Fleet:
 
     def loads(self) -> FleetLoads:
         """What the router chooses from: in flight (exact), queued tokens (as of the snapshot,
-        plus what was sent since) and cache views; rebuilt after each snapshot or change of
+        plus what the policy charged for what it sent since) and cache views; rebuilt after each snapshot or change of
         membership, kept up to date in between as requests come and go."""
         if self._loads is None:
             ids = sorted(self.serving)
@@ -187,16 +187,17 @@ class Fleet:
                 rec.arrival_s = now
                 tokens = req.prompt()
                 loads = self.loads()
+                queued_before = int(loads.queued.sum())
                 t0 = time.perf_counter()
                 wid = self.policy.choose(tokens, loads)
                 decisions.append(time.perf_counter() - t0)
                 rid = f"r{what}"
                 owner[rid], rec.worker = what, wid
                 self.inflight[wid] += 1
-                self.sent_since[wid] += len(tokens)
-                i = loads.at[wid]
-                loads.requests[i] += 1
-                loads.queued[i] += len(tokens)
+                # what the policy charged the worker (the Router: the prefill it predicts
+                # there), kept for a rebuild of the arrays before the next snapshot
+                self.sent_since[wid] += int(loads.queued.sum()) - queued_before
+                loads.requests[loads.at[wid]] += 1
                 hashes = self.policy.last_hashes  # the router's, sent with the request
                 path_s = self.workers[wid].cost.path_s
                 if path_s:

@@ -5,7 +5,7 @@ that serving does not offer.
     round_robin, hash, cache_aware   raypaged.serve.routing.Router, routing=<name>
     least_loaded                     power of two choices on queued prompt tokens: two workers
                                      drawn at random, the one with fewer tokens queued (as of
-                                     the snapshot, plus what this router sent it since)
+                                     the snapshot, plus the prompts this router sent it since)
 The oracle (one worker holding the whole fleet's KV cache) is not a policy: see fleet.py.
 """
 from __future__ import annotations
@@ -57,7 +57,9 @@ class LeastLoaded:
         ids = workers.ready_ids()
         a, b = self._rng.sample(ids, 2) if len(ids) > 1 else (ids[0], ids[0])
         at, queued, requests = workers.at, workers.queued, workers.requests
-        return min((a, b), key=lambda w: (queued[at[w]], requests[at[w]]))
+        best = min((a, b), key=lambda w: (queued[at[w]], requests[at[w]]))
+        queued[at[best]] += len(token_ids)  # until the next snapshot: the prompt, all queued
+        return best
 
 
 def make_policy(name: str, block_size: int, seed: int = 0, **router_options) -> Policy:

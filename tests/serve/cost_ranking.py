@@ -13,17 +13,19 @@ from raypaged.serve.fleet_loads import FleetLoads, Ranking, WorkerLoad
 def rank_by_cost(num_tokens: int, keys: Sequence[int], block_size: int,
                  workers: Mapping[str, WorkerLoad], rendezvous: Sequence[str],
                  concurrency_factor: float,
-                 blocks_at: Sequence[int] | None = None) -> tuple[list[str], str]:
+                 blocks_at: Sequence[int] | None = None,
+                 slack: int = 0) -> tuple[list[str], str]:
     """(workers in the order to try, CACHED or COLD); `rendezvous` orders the same workers.
     The per-request form of `cost_routing.cheapest`, for tests that hold a dict of WorkerLoads.
 
     `blocks_at[j]`: the leading prompt blocks a view holding the first j of `keys` is known to
     hold (sampled views: `keys` are the prompt's sampled keys; None: every key, blocks_at[j] = j).
+    `slack` 0 (the default here, not serving's): the cheapest worker, the costs compared exactly.
     """
     loads = FleetLoads.of(workers)
     priority = np.zeros(len(loads.worker_ids), np.uint64)      # earlier in rendezvous: higher
     for rank, worker_id in enumerate(rendezvous):
         priority[loads.at[worker_id]] = len(rendezvous) - rank
-    best, cached = cheapest(num_tokens, keys, block_size, loads, priority, concurrency_factor,
-                            blocks_at)
-    return list(Ranking(loads, priority, best)), CACHED if cached else COLD
+    best, hit = cheapest(num_tokens, keys, block_size, loads, priority, concurrency_factor,
+                         blocks_at, slack)
+    return list(Ranking(loads, priority, best)), CACHED if hit else COLD

@@ -62,6 +62,44 @@ def test_a_cold_prompt_skips_its_rendezvous_first_when_that_one_is_full():
     assert rank(workers) == (["w0", "w2", "w1"], COLD)
 
 
+# -- the slack: a prefix stays where it lives while that costs little --------------------------
+def test_within_the_slack_the_longest_prefix_wins_over_a_shorter_queue():
+    # w1 holds 3 blocks (48 tokens): cost 65 - 48 + q; w0 holds nothing, idle: cost 65.
+    # Slack 2048: w1 while 17 + q <= 65 + 2048, i.e. q <= 2096
+    for queued, first in ((2096, "w1"), (2097, "w0")):
+        workers = {"w2": WorkerLoad(1, queued_tokens=9000), "w0": WorkerLoad(1),
+                   "w1": WorkerLoad(1, queued_tokens=queued, cache=view(KEYS[:3]))}
+        assert rank_by_cost(len(PROMPT), KEYS, BS, workers, ORDER, 1.5, slack=2048)[0][0] == first
+
+
+def test_within_the_slack_equal_hits_go_to_the_cheaper_then_the_less_busy():
+    # every worker holds 2 blocks; w2 and w0 cost 40 more than w1: inside the slack, but the
+    # hits are equal, so the cheaper wins
+    workers = {"w2": WorkerLoad(0, 40, view(KEYS[:2])), "w0": WorkerLoad(0, 40, view(KEYS[:2])),
+               "w1": WorkerLoad(2, 0, view(KEYS[:2]))}
+    assert rank_by_cost(len(PROMPT), KEYS, BS, workers, ORDER, 3.0, slack=100)[0] == \
+        ["w1", "w2", "w0"]
+    # equal costs: fewer requests in flight (w0), not rendezvous order (w2)
+    workers = {"w2": WorkerLoad(2, 0, view(KEYS[:2])), "w0": WorkerLoad(1, 0, view(KEYS[:2])),
+               "w1": WorkerLoad(2, 0, view(KEYS[:2]))}
+    assert rank_by_cost(len(PROMPT), KEYS, BS, workers, ORDER, 3.0, slack=100)[0] == \
+        ["w0", "w2", "w1"]
+
+
+def test_the_router_charges_its_choice_with_the_prefill_it_predicts_until_the_next_snapshot():
+    from raypaged.serve.fleet_loads import FleetLoads
+    router = Router(ServeOptions(routing="cache_aware"), BS)  # serving's defaults
+    assert (router.config.route_cache_slack, ServeOptions().routing) == (2048, "cache_aware")
+    loads = FleetLoads.of({"a": WorkerLoad(0, cache=view(KEYS[:2])), "b": WorkerLoad(0)})
+    order, reason = router.rank(PROMPT, None, loads)
+    # a holds 32 of the 65 tokens: it takes the request and is charged the 33 it computes
+    assert (list(order), reason, loads.queued.tolist()) == (["a", "b"], CACHED, [33, 0])
+    # a cold prompt: charged whole to its rendezvous first
+    cold = [t + 7000 for t in PROMPT]
+    first = list(router.rank(cold, None, loads)[0])[0]
+    assert loads.queued[loads.at[first]] == (33 if first == "a" else 0) + 65
+
+
 # -- through the fleet: worker summary -> controller mirror -> router views -------------------
 import asyncio  # noqa: E402
 import dataclasses  # noqa: E402
@@ -249,7 +287,8 @@ def test_the_router_walks_only_the_sampled_keys_of_the_prompt():
         v.apply(sampled(SummaryDelta(1, tuple(held), full=True,
                                      depths=tuple(range(len(held)))), 4))
         return v
-    router = Router(ServeOptions(routing="cache_aware", route_cache_sample=4), BS)
+    router = Router(ServeOptions(routing="cache_aware", route_cache_sample=4,
+                                 route_cache_slack=0), BS)  # the hits priced exactly
     for queued, winner in (((deep - shallow) * BS - 1, "w0"), ((deep - shallow) * BS + 1, "w1")):
         workers = {"w0": WorkerLoad(0, queued_tokens=queued, cache=sampled_view(keys)),
                    "w1": WorkerLoad(0, cache=sampled_view(keys[:deep - 1]))}

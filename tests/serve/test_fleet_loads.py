@@ -31,19 +31,24 @@ def spec_hash(prompt, workers: dict[str, WorkerLoad], factor: float):
     return [order[pick], *order[:pick], *order[pick + 1:]], AFFINITY if pick == 0 else LOAD_BOUND
 
 
-def spec_cost(prompt, workers: dict[str, WorkerLoad], factor: float):
-    """The rule as cost_routing.py states it, one view at a time: the cheapest worker under the
-    cap, ties and cold prompts by rendezvous order."""
+def spec_cost(prompt, workers: dict[str, WorkerLoad], factor: float, slack: int):
+    """The rule as cost_routing.py states it, one view at a time: of the workers under the cap
+    within `slack` tokens of the cheapest, the longest hit, then the lowest cost, then the
+    fewest requests, then rendezvous order; a prompt no worker under the cap holds: the first
+    of its rendezvous order under the cap."""
     order = rendezvous_order(routing_key(prompt, BS, 4), sorted(workers))
     keys = prompt_block_keys(prompt, BS)
     cap = math.ceil(factor * (sum(x.requests for x in workers.values()) + 1) / len(order))
     eligible = [w for w in order if workers[w].requests + 1 <= cap] or order
     hit = {w: BS * (workers[w].cache.cached_prefix_blocks(keys) if workers[w].cache else 0)
            for w in order}
+    cost = {w: len(prompt) - hit[w] + workers[w].queued_tokens for w in order}
     if not any(hit[w] for w in eligible):
         best = eligible[0]
     else:
-        best = min(eligible, key=lambda w: len(prompt) - hit[w] + workers[w].queued_tokens)
+        cheapest = min(cost[w] for w in eligible)
+        near = [w for w in eligible if cost[w] <= cheapest + slack]  # in rendezvous order
+        best = min(near, key=lambda w: (-hit[w], cost[w], workers[w].requests))
     return [best, *(w for w in order if w != best)], CACHED if hit[best] else COLD
 
 
@@ -63,17 +68,22 @@ def test_the_arrays_choose_as_the_per_worker_rule_on_random_fleets_with_workers_
             view.apply(SummaryDelta(1, tuple(held), full=True))
             workers[w] = WorkerLoad(rng.randrange(0, 6), rng.choice([0, 0, 16, rng.randrange(300)]),
                                     view if rng.random() < 0.9 else None)
-        loads = FleetLoads.of(workers)
         out = set(rng.sample(ids, rng.randrange(0, len(ids))))
         left = {w: x for w, x in workers.items() if w not in out}
-        for factor in (1.0, 1.25, 3.0):
-            routers = {r: Router(ServeOptions(routing=r, route_load_factor=factor,
-                                              route_cache_sample=1), BS)  # every key: the spec
-                       for r in ("hash", "cache_aware")}
+        for factor, slack in ((1.0, 0), (1.25, 2048), (3.0, 100)):
+            hashed = Router(ServeOptions(routing="hash", route_load_factor=factor), BS)
+            costed = Router(ServeOptions(routing="cache_aware", route_load_factor=factor,
+                                         route_cache_slack=slack,
+                                         route_cache_sample=1), BS)  # every key: the spec
             for p in prompts:
-                for routing, spec in (("hash", spec_hash), ("cache_aware", spec_cost)):
-                    order, reason = routers[routing].rank(p, None, loads.excluding(out))
-                    assert (list(order), reason) == spec(p, left, factor), (trial, routing)
+                loads = FleetLoads.of(workers)  # fresh: a cache_aware choice charges its worker
+                assert _ranked(hashed, p, loads, out) == spec_hash(p, left, factor), trial
+                assert _ranked(costed, p, loads, out) == spec_cost(p, left, factor, slack), trial
+
+
+def _ranked(router, prompt, loads, out):
+    order, reason = router.rank(prompt, None, loads.excluding(out))
+    return list(order), reason
 
 
 def test_a_ranking_sorts_the_fallbacks_only_when_asked_past_the_first():
