@@ -229,6 +229,11 @@ async def scenario(proc, url: str, ns) -> dict:
             extra["health_max_flood_s"] = max((s for t, s in health if t < dropped), default=None)
             extra["health_max_after_drop_s"] = max((s for t, s in health if t >= dropped),
                                                    default=None)
+            # when in the flood /health was slow: at the burst of connections, or throughout
+            flood = [(round(t - at, 2), round(s, 3)) for t, s in health if t < dropped]
+            extra["health_flood_over_1s"] = [ts for ts in flood if ts[1] > 1.0]
+            extra["health_flood_p50_s"] = (sorted(s for _, s in flood)[len(flood) // 2]
+                                           if flood else None)
             extra["probe_flood"] = ratios(probe.samples, probe_idle, at, dropped)
             extra["probe_after_drop"] = ratios(probe.samples, probe_idle, dropped,
                                                dropped + ns.phase_s)
@@ -386,7 +391,8 @@ def main(argv=None) -> int:
     for ph in summary["phases"]:
         if ph["phase"] == "mass_disconnect":
             print("mass_disconnect:", json.dumps({k: ph[k] for k in (
-                "health_max_flood_s", "health_max_after_drop_s", "probe_flood",
+                "health_max_flood_s", "health_flood_p50_s", "health_flood_over_1s",
+                "health_max_after_drop_s", "probe_flood",
                 "probe_after_drop")}))
         if ph["phase"] in ("hang_worker", "crash_twice"):
             print(f"{ph['phase']}:", json.dumps({k: v for k, v in ph.items() if k not in (

@@ -29,6 +29,12 @@ DEFAULT_INGRESS = "python"
 RAY_FOR_HAPROXY = (2, 55)  # the first Ray Serve with the HAProxy ingress
 
 
+def behind_haproxy() -> bool:
+    """Whether this process's cluster serves through HAProxy: then every request's peer is
+    HAProxy (Ray Serve's config adds no X-Forwarded-For), and clients cannot be told apart."""
+    return os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"
+
+
 class IngressUnavailable(RuntimeError):
     """The ingress asked for cannot run here; the message names the fix."""
 
