@@ -31,6 +31,7 @@ class Dispatcher:
         # per-client cap and fair admission; none given: no cap, every request sent at once
         self.gate = gate or ClientGate(0, False, fleet.snapshot, metrics)
         self.inflight: collections.Counter[str] = collections.Counter()  # ours, per worker
+        self.blocks: collections.Counter[str] = collections.Counter()  # theirs at their longest
         self._suspect_until: dict[str, float] = {}
         self.suspect_s = suspect_s
         self.poison = PoisonMemory()  # requests refused as suspected poison (generation.py)
@@ -83,3 +84,20 @@ class Dispatcher:
     def closed(self, worker_id: str) -> None:
         self.inflight[worker_id] -= 1
         self._loads.opened(worker_id, -1)
+
+    def placed(self, worker_id: str, blocks: int) -> None:
+        """A leg of `blocks` (its request at its longest, as the gate counts it) opened on the
+        worker; negative: closed."""
+        self.blocks[worker_id] += blocks
+
+    def room_first(self, order: list[str], snap: FleetSnapshot, blocks: int) -> list[str]:
+        """The routing order with the workers whose KV cache this replica has not filled
+        (its requests there at their longest, with this one) first, in the same order: the
+        gate kept room in the fleet for a newcomer (client_gate.py), which is no use to it on a
+        worker that a flood already holds whole (it would wait there behind the flood)."""
+        def has_room(worker_id: str) -> bool:
+            view = snap.worker(worker_id)
+            return (view is None or view.stats is None
+                    or self.blocks[worker_id] + blocks <= view.stats.budget.num_blocks)
+        room = [w for w in order if has_room(w)]
+        return room + [w for w in order if w not in room] if len(room) < len(order) else order

@@ -69,6 +69,7 @@ class Generation:
         self._watched_at = time.monotonic()
         self.client = CLIENT.get()  # of the HTTP request that started it
         self._ticket = self._unclosed = None  # its place in the gate, from start() to close()
+        self._blocks = 0  # the KV blocks the gate counts it at (each leg counted at as many)
 
     @property
     def num_output_tokens(self) -> int:
@@ -88,6 +89,7 @@ class Generation:
         # kept for ever would shrink the fleet's room for everyone
         self._ticket, self._unclosed = ticket, weakref.finalize(self, self.d.gate.leave_later,
                                                                 ticket)
+        self._blocks = ticket.blocks
         if self.d.poison:  # costs a hash of the prompt only while something is remembered
             reason = self.d.poison.refused(self._fingerprint())
             if reason is not None:
@@ -112,6 +114,8 @@ class Generation:
             # rank() in two halves, to keep the prompt's hashes for the worker
             keys = self.d.router.prompt_keys(tokens, self.cache_salt, loads)
             order, reason = self.d.router.choose(keys, loads)
+            if self.d.gate.fair:
+                order = self.d.room_first(order, snap, self._blocks)
             if not self._routed:
                 self.d.metrics.inc("routing_decisions", reason)
                 self._routed = True
@@ -145,6 +149,8 @@ class Generation:
                           else f"{self.request_id}-{self._opens - 1}")
         self.worker_id = leg.worker_id
         self.d.opened(leg.worker_id)
+        leg.blocks = self._blocks
+        self.d.placed(leg.worker_id, leg.blocks)
         self._legs.append(leg)
         try:
             leg.link = self.d.fleet.link(view)
@@ -187,6 +193,8 @@ class Generation:
         finished = all(self.progress.samples[i].finish_reason for i in leg.indexes)
         if leg.close(finished):
             self.d.closed(leg.worker_id)
+            if leg.blocks:  # placed by _submit (0: no blocks counted for it)
+                self.d.placed(leg.worker_id, -leg.blocks)
 
     async def close(self) -> None:
         """Leave every worker (cancelling unfinished requests) and the gate; safe to call

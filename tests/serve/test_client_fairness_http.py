@@ -72,7 +72,7 @@ def post(url: str, source: str, payload: dict) -> httpx.Response:
         return c.post(url + "/v1/completions", json=payload)
 
 
-def wait_for(condition, within_s: float = 10) -> None:
+def wait_for(condition, within_s: float = 30) -> None:
     deadline = time.monotonic() + within_s
     while not condition():
         assert time.monotonic() < deadline, "timed out"
@@ -158,5 +158,21 @@ def test_a_generation_never_closed_gives_its_place_back_once_collected():
 
     try:
         assert asyncio.run(main()) == (0, 0)
+    finally:
+        fleet.shutdown()
+
+
+def test_workers_this_router_has_filled_go_last_in_the_routing_order():
+    fleet = LocalFleet(n=3)  # 64 blocks each
+    try:
+        d = Dispatcher(fleet, Router(ServeOptions(), 16), RequestMetrics())
+        snap = fleet.snapshot()
+        d.placed("worker-0", 60)
+        d.placed("worker-2", 64)
+        order = ["worker-2", "worker-0", "worker-1"]
+        assert d.room_first(order, snap, 4) == ["worker-0", "worker-1", "worker-2"]
+        assert d.room_first(order, snap, 5) == ["worker-1", "worker-2", "worker-0"]
+        d.placed("worker-2", -64)  # its legs closed
+        assert d.room_first(order, snap, 4) == order
     finally:
         fleet.shutdown()
