@@ -172,6 +172,13 @@ torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key, torch::Tensor
   return out;
 }
 
+// cpu_paged_prefill.cpp, built into the same extension
+torch::Tensor paged_prefill(torch::Tensor query, torch::Tensor key, torch::Tensor value,
+                            torch::Tensor block_table, int64_t seq_len, double scale);
+bool paged_prefill_built();
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "decode attention over a paged KV cache, read in place");
+  m.def("paged_prefill", &paged_prefill, "causal prefill attention over a paged KV cache (bf16)");
+  m.def("paged_prefill_built", &paged_prefill_built, "whether this build has the prefill kernel");
 }

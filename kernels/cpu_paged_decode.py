@@ -1,4 +1,5 @@
-"""Build and load the C++ decode attention for CPUs (`cpu_paged_decode.cpp`).
+"""Build and load the C++ attention for CPUs: decode (`cpu_paged_decode.cpp`, any x86/ARM CPU)
+and bf16 prefill (`cpu_paged_prefill.cpp`, CPUs with AVX512-BF16), one extension.
 
 Built once per machine with the local C++ compiler through torch's extension mechanism
 (`torch.utils.cpp_extension.load`: ninja, cached under TORCH_EXTENSIONS_DIR, default
@@ -27,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("cpu_paged_decode.cpp")
+SOURCES = [Path(__file__).with_name("cpu_paged_decode.cpp"),
+           Path(__file__).with_name("cpu_paged_prefill.cpp")]
 # Mirrors the limits at the top of cpu_paged_decode.cpp.
 MAX_GROUP, MAX_DIM, MAX_BLOCK = 16, 256, 64
 QUERY_DTYPES = (torch.float32, torch.bfloat16)
@@ -49,6 +51,24 @@ def unsupported(query_dtype: torch.dtype, cache_dtype: torch.dtype, num_heads: i
     return None
 
 
+def prefill_unsupported(query_dtype: torch.dtype, cache_dtype: torch.dtype, num_heads: int,
+                        num_kv_heads: int, head_dim: int) -> str | None:
+    """Why the prefill kernel cannot serve this model and cache, or None when it can (checked
+    before building: whether this CPU has AVX512-BF16 is prefill_built()'s answer)."""
+    if query_dtype != torch.bfloat16 or cache_dtype != torch.bfloat16:
+        return f"{query_dtype} queries over a {cache_dtype} cache (the kernel takes bf16 only)"
+    if num_heads % num_kv_heads or num_heads // num_kv_heads > MAX_GROUP:
+        return f"{num_heads} query heads over {num_kv_heads} KV heads (at most {MAX_GROUP} per KV head)"
+    if head_dim not in (64, 128):
+        return f"head dim {head_dim} (64 or 128)"
+    return None
+
+
+def prefill_built() -> bool:
+    """Whether the build for this CPU has the prefill kernel (it needs AVX512-BF16)."""
+    return bool(load().paged_prefill_built())
+
+
 def _build_digest() -> str:
     """A short digest of what the build is for: the CPU's model and feature flags (-march=native)
     and torch's version (its C++ ABI; torch's own cache key covers only sources and flags)."""
@@ -66,7 +86,7 @@ def _build_digest() -> str:
 
 @functools.cache
 def load():
-    """-> the extension module (its `paged_decode`). Raises RuntimeError, naming the cause, when
+    """-> the extension module (`paged_decode`, `paged_prefill`). Raises RuntimeError, naming the cause, when
     it cannot be built here (no C++ compiler, no ninja, a compile error)."""
     from torch.utils.cpp_extension import get_default_build_root
     from torch.utils.cpp_extension import load as load_extension
@@ -78,11 +98,11 @@ def load():
         with _held(build_dir / "raypaged.flock"):
             (build_dir / "lock").unlink(missing_ok=True)
             return load_extension(
-                name=name, sources=[str(SOURCE)], build_directory=str(build_dir),
+                name=name, sources=[str(s) for s in SOURCES], build_directory=str(build_dir),
                 extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
                 extra_ldflags=["-fopenmp"], verbose=False)
     except (RuntimeError, OSError, ImportError) as e:
-        raise RuntimeError(f"the C++ decode attention could not be built ({e}); it needs a C++ "
+        raise RuntimeError(f"the C++ attention kernels could not be built ({e}); it needs a C++ "
                            "compiler (g++) and ninja") from e
 
 
@@ -103,3 +123,11 @@ def paged_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """query [n, H, D] (row b = sequence b), key/value [num_blocks, bs, Hkv, D], block_tables
     [n, max_blocks] int32, seq_lens [n] int32 (each >= 1) -> [n, H, D] in query's dtype."""
     return load().paged_decode(query, key, value, block_tables, seq_lens, scale, k_scale, v_scale)
+
+
+def paged_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  block_table: torch.Tensor, seq_len: int, scale: float) -> torch.Tensor:
+    """One sequence's prefill chunk: query [n, H, D] bf16 at positions seq_len-n .. seq_len-1,
+    key/value [num_blocks, bs, Hkv, D] bf16 holding its first seq_len tokens (this chunk's
+    included), block_table [>= ceil(seq_len / bs)] int32 -> [n, H, D] bf16, causal."""
+    return load().paged_prefill(query, key, value, block_table, seq_len, scale)

@@ -114,6 +114,11 @@ class EngineArgs:
         True, "CPU: decode attention by a C++ kernel that reads the paged KV cache in place "
         "(built once per machine with the local g++, then cached; where it cannot be built, "
         "a warning and the gather + SDPA path)", group=SCHEDULER)
+    # benchmarks/cpu_prefill_attention.py measures the kernel against SDPA per layer call
+    cpu_prefill_kernel: bool = setting(
+        True, "CPU, bf16: prefill attention by a C++ kernel on AVX512-BF16 that reads the paged "
+        "KV cache in place (~2x torch's SDPA on long prompts); other CPUs, dtypes and head dims "
+        "keep SDPA", group=SCHEDULER)
     # model/grammar.py: xgrammar's compile cannot be interrupted, so past this the request fails
     # and its thread finishes the compile in the background (later identical specs fail at once)
     max_structured_output_compile_s: float = setting(

@@ -116,10 +116,16 @@ class ModelSetup:
             # max_model_len) keeps decode launches identical between graph capture and replay
             return get_attention_backend(name, self.device, max_num_seqs=self.args.max_num_seqs,
                                          max_model_len=self.max_model_len)
-        if name == "torch" and self.device.type == "cpu" and self.args.cpu_decode_kernel:
+        if name == "torch" and self.device.type == "cpu" and (self.args.cpu_decode_kernel
+                                                              or self.args.cpu_prefill_kernel):
             from raypaged.model.attention.torch_backend import TorchAttentionBackend
-            return TorchAttentionBackend(cpu_decode_kernel(self.config, self.dtype,
-                                                           self.kv_cache_dtype, self.args.block_size))
+            decode = prefill = None
+            if self.args.cpu_decode_kernel:
+                decode = cpu_decode_kernel(self.config, self.dtype, self.kv_cache_dtype,
+                                           self.args.block_size)
+            if self.args.cpu_prefill_kernel:
+                prefill = cpu_prefill_kernel(self.config, self.dtype, self.kv_cache_dtype)
+            return TorchAttentionBackend(decode, prefill)
         return get_attention_backend(name, self.device)
 
     def load_model(self):
@@ -190,6 +196,29 @@ def cpu_decode_kernel(config: ModelConfig, dtype: torch.dtype, kv_dtype: torch.d
                     "ninja, or pass --no-cpu-decode-kernel to choose this path)", why)
         return None
     return cpu_paged_decode.paged_decode
+
+
+def cpu_prefill_kernel(config: ModelConfig, dtype: torch.dtype, kv_dtype: torch.dtype):
+    """The C++ bf16 prefill attention for this model and cache, or None where it does not apply
+    (fp32, an fp8 cache, another head dim: SDPA, as designed, logged at info) or cannot run here
+    (no AVX512-BF16, no compiler: SDPA, with a warning saying what it costs)."""
+    from raypaged.kernels import cpu_paged_decode
+
+    why = cpu_paged_decode.prefill_unsupported(dtype, kv_dtype, config.num_heads,
+                                               config.num_kv_heads, config.head_dim)
+    if why is not None:
+        log.info("C++ prefill attention off, SDPA instead: %s", why)
+        return None
+    try:
+        built = cpu_paged_decode.prefill_built()
+    except RuntimeError as e:
+        built, why = False, str(e)
+    if not built:
+        log.warning("C++ prefill attention off, SDPA instead (about half the speed on long "
+                    "prompts): %s (pass --no-cpu-prefill-kernel to choose SDPA)",
+                    why or "this CPU has no AVX512-BF16")
+        return None
+    return cpu_paged_decode.paged_prefill
 
 
 def plan_for(args: EngineArgs) -> KVPlan:

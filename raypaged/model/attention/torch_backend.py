@@ -13,6 +13,9 @@ A step's sequences are split by query length:
 Blocks are gathered with index_select (several times faster on CPU than advanced indexing).
 Given a `decode_kernel` (on CPUs, the C++ kernel of raypaged.kernels.cpu_paged_decode), decode
 rows skip the gather and the padded SDPA: the kernel reads each sequence's blocks in place.
+Given a `prefill_kernel` (bf16 on CPUs with AVX512-BF16, cpu_paged_decode.paged_prefill),
+prefill chunks skip the gather and SDPA likewise: torch's CPU SDPA computes in fp32 and was
+half of a 1,024-token prefill's time (docs/performance.md, "Long prompts").
 """
 from __future__ import annotations
 
@@ -54,13 +57,19 @@ class _StepPlan:
 # (query [n, H, D] contiguous, key cache, value cache, block_tables [n, mb] int32, seq_lens [n]
 #  int32, scale, k_scale, v_scale) -> [n, H, D]: raypaged.kernels.cpu_paged_decode.paged_decode
 DecodeKernel = Callable[..., torch.Tensor]
+# (query [n, H, D] contiguous, key cache, value cache, block_table [>= blocks] int32, seq_len,
+#  scale) -> [n, H, D], causal: raypaged.kernels.cpu_paged_decode.paged_prefill
+PrefillKernel = Callable[..., torch.Tensor]
 
 
 class TorchAttentionBackend:
     name = "torch"
 
-    def __init__(self, decode_kernel: DecodeKernel | None = None) -> None:
+    def __init__(self, decode_kernel: DecodeKernel | None = None,
+                 prefill_kernel: PrefillKernel | None = None) -> None:
+        """prefill_kernel: only for the query and cache dtypes it takes (the caller checks)."""
         self.decode_kernel = decode_kernel
+        self.prefill_kernel = prefill_kernel
         # (metadata, block size, plan): holding the metadata keeps `is` a safe identity test. A step's
         # metadata is never mutated once built (InputBuffers makes a new one each step).
         self._last: tuple[AttentionMetadata, int, _StepPlan] | None = None
@@ -121,6 +130,9 @@ class TorchAttentionBackend:
     def _prefill(self, q: torch.Tensor, cache: LayerKVCache, block_table: torch.Tensor,
                  seq_len: int, scale: float) -> torch.Tensor:
         """q [n, H, D] for positions seq_len-n .. seq_len-1 -> [n, H, D]."""
+        if self.prefill_kernel is not None:
+            return self.prefill_kernel(q.contiguous(), cache.key, cache.value, block_table,
+                                       seq_len, scale)
         n, H, D = q.shape
         Hkv = cache.key.shape[2]
         num_blocks = -(-seq_len // cache.block_size)
