@@ -81,6 +81,7 @@ def time_decisions(policy: str, prompts, loads, every: int = 1, repeats: int = 5
     prompt `repeats` times, so a p99 is over 99 in 100 decisions, not 3 unlucky ones in 300."""
     router = RouterPolicy(policy, BLOCK, route_cache_sample=every).router
     total, hashing, choice, whole, total_whole = [], [], [], [], []
+    queued = loads.queued.copy()  # a cache_aware choice charges its worker: each from the same
     for p in prompts * repeats:
         t0 = time.thread_time()
         keys = router.prompt_keys(p, None, loads)  # as Router.rank does: as deep as views reach
@@ -89,6 +90,7 @@ def time_decisions(policy: str, prompts, loads, every: int = 1, repeats: int = 5
         t2 = time.thread_time()
         router.prompt_keys(p, None)                # the whole prompt hashed (the rule before)
         t3 = time.thread_time()
+        loads.queued[:] = queued
         total.append(t2 - t0)
         hashing.append(t1 - t0)
         choice.append(t2 - t1)
