@@ -77,6 +77,7 @@ class ClientGate:
 
     def leave(self, ticket: Ticket) -> None:
         self._wake(self.admission.leave(ticket))
+        self._refresh()  # a worker that joined since the last arrival lets the waiting in too
 
     def leave_later(self, ticket: Ticket) -> None:
         """leave(), from a finalizer: the garbage collector may run it in any thread, or on the
