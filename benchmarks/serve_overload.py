@@ -14,7 +14,8 @@ Goodput = output tokens per second of the requests that finish within the SLO (T
 --ttft-slo-s and TPOT <= --tpot-slo-ms; TTFT of the attempt the server accepted: the wait
 before it, told by Retry-After, is reported apart as `p90_wait_s`, first send -> first token).
 Refusals (503 + Retry-After: the worker's queue of requests waiting for KV space is full,
---max-queued-requests) are counted, never as failures; failed = any other error. A `shed` load
+--max-queued-requests; 429 + Retry-After: this benchmark's one address at the server's
+--max-requests-per-client) are counted, never as failures; failed = any other error. A `shed` load
 serves fewer requests than saturation, so the drain at its end (the last requests decoding in
 a shrinking batch) weighs more in its goodput. Preemptions and recomputed tokens come from
 /metrics (docs/scheduling.md).
@@ -61,12 +62,15 @@ def engine_counters(url: str) -> dict[str, float]:
     return out
 
 
+# statuses that refuse a request before any work, with a Retry-After (never a failure)
+REFUSALS = ("503", "429")
+
 def goodput_row(served: list[tuple[Result, int, float]], duration: float, ns) -> dict:
     """`served`: (the last attempt's result, attempts, seconds from the first send to it)."""
     results = [r for r, _, _ in served]
     ok = [r for r in results if r.ok]
-    refused = [r for r in results if not r.ok and r.error.startswith("503")]
-    failed = [r for r in results if not r.ok and not r.error.startswith("503")]
+    refused = [r for r in results if not r.ok and r.error.startswith(REFUSALS)]
+    failed = [r for r in results if not r.ok and not r.error.startswith(REFUSALS)]
 
     def in_slo(r) -> bool:
         tpot = (r.e2e - r.ttft) / (r.output_tokens - 1) if r.output_tokens > 1 else 0.0
@@ -88,13 +92,14 @@ def goodput_row(served: list[tuple[Result, int, float]], duration: float, ns) ->
 
 
 async def request(client, url, model, prompt, out, retry: bool) -> tuple[Result, int, float]:
-    """One request; a `retry` client answered 503 + Retry-After waits that long and sends again."""
+    """One request; a `retry` client answered 503 or 429 + Retry-After waits that long and sends
+    again."""
     first, attempts = time.perf_counter(), 0
     while True:
         attempts += 1
         sent = time.perf_counter()
         res = await one_request(client, url, model, prompt, out)
-        if res.ok or not retry or not res.error.startswith("503") or res.retry_after is None:
+        if res.ok or not retry or not res.error.startswith(REFUSALS) or res.retry_after is None:
             return res, attempts, sent - first
         await asyncio.sleep(res.retry_after)
 
