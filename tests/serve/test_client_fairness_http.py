@@ -7,7 +7,8 @@ each sends from a loopback address of its own (127.0.0.2, 127.0.0.3).
   first served, the same run with fair_admission off);
 - the cap: a client at max_requests_per_client gets 429 + Retry-After naming the setting, while
   another client is served;
-- a request never closed (its stream never started) gives its place back once collected.
+- a request never closed (its stream never started) gives its place back once collected;
+- one past its deadline while it waits gets 504 and leaves the gate.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+from starlette.applications import Starlette
+from starlette.routing import Mount
 
 from http_server import serving
 from local_fleet import LocalFleet
@@ -40,17 +43,21 @@ def body(letter: str, max_tokens: int = 40) -> dict:
             "ignore_eos": True}
 
 
-def make_app(fleet: LocalFleet, options: ServeOptions):
+def make_app(fleet: LocalFleet, options: ServeOptions, dispatcher: Dispatcher | None = None,
+             request_timeout_s: float | None = None):
     metrics = RequestMetrics()
     engine = next(iter(fleet.workers.values())).engine
     info = ModelInfo("fake-model", engine.max_model_len, len(engine.tokenizer), 0)
-    gate = ClientGate(options.max_requests_per_client, options.fair_admission, fleet.snapshot,
-                      metrics)
-    dispatcher = Dispatcher(fleet, Router(options, engine.block_size), metrics, gate=gate)
-    app = build_http_app(OpenAIFrontend(dispatcher, engine.tokenizer, info), fleet.snapshot,
-                         metrics, lambda: render(fleet.snapshot(), metrics.snapshot(), info.name),
+    if dispatcher is None:
+        gate = ClientGate(options.max_requests_per_client, options.fair_admission,
+                          fleet.snapshot, metrics)
+        dispatcher = Dispatcher(fleet, Router(options, engine.block_size), metrics, gate=gate)
+    frontend = OpenAIFrontend(dispatcher, engine.tokenizer, info,
+                              request_timeout_s=request_timeout_s)
+    app = build_http_app(frontend, fleet.snapshot, metrics,
+                         lambda: render(fleet.snapshot(), metrics.snapshot(), info.name),
                          None, 1 << 20)
-    return app, gate
+    return app, dispatcher.gate
 
 
 def recording(fleet: LocalFleet) -> list[str]:
@@ -176,3 +183,27 @@ def test_workers_this_router_has_filled_go_last_in_the_routing_order():
         assert d.room_first(order, snap, 4) == order
     finally:
         fleet.shutdown()
+
+
+def test_a_request_past_its_deadline_while_waiting_gets_504_and_gives_its_place_up():
+    fleet = LocalFleet(n=1, step_delay_s=0.02)
+    # one router (one dispatcher, one gate), two frontends: /load without a deadline, / with
+    gate = ClientGate(256, True, fleet.snapshot, RequestMetrics())
+    dispatcher = Dispatcher(fleet, Router(ServeOptions(), 16), RequestMetrics(), gate=gate)
+    load_app, _ = make_app(fleet, ServeOptions(), dispatcher)
+    app, _ = make_app(fleet, ServeOptions(), dispatcher, request_timeout_s=0.3)
+    try:
+        with serving(Starlette(routes=[Mount("/load", app=load_app), Mount("/", app=app)])
+                     ) as url, ThreadPoolExecutor(4) as pool:
+            # 3 hold 7/8 of the cache (A alone may hold no more): the 4th waits in the gate
+            running = [pool.submit(post, url + "/load", A, body(c, max_tokens=50)) for c in "abc"]
+            wait_for(lambda: gate.admission.num_admitted == 3)
+            waiting = post(url, A, body("d"))
+            held = (dict(gate.admission.in_flight), gate.admission.num_admitted)
+            assert [f.result().status_code for f in running] == [200, 200, 200]
+    finally:
+        fleet.shutdown()
+    assert waiting.status_code == 504
+    assert waiting.json()["error"]["code"] == "request_timeout"
+    assert held == ({A: 3}, 3)  # the 4th left the gate; the 3 running kept their places
+
