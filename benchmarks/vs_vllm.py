@@ -144,10 +144,15 @@ def bench_server(name: str, start, client_python: str, model_dir: str, args, log
     proc, url = start(logs / f"{name}.{k}.log")
     rows = []
     try:
-        for input_len, output_len in args.workloads:
-            shape = argparse.Namespace(**{**vars(args), "input_len": input_len,
-                                          "output_len": output_len})
+        for w, (input_len, output_len) in enumerate(args.workloads):
             for c in args.concurrency:
+                # Every cell draws its own prompts (the same for every server and round): with
+                # one seed for all, a cell re-sent the prompts of the cells before it (the random
+                # dataset is a function of the seed), so its prefills hit the prefix cache of
+                # one server more than the other's.
+                shape = argparse.Namespace(**{**vars(args), "input_len": input_len,
+                                              "output_len": output_len,
+                                              "seed": args.seed + 1000 * w + c})
                 n = max(8, args.prompts_per_client * c)
                 r = run_client(client_python, url, model_dir, c, n, shape)
                 if r.get("failed"):
