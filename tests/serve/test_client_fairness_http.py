@@ -89,9 +89,12 @@ def wait_for(condition, within_s: float = 30) -> None:
 def worker_order(fair: bool) -> tuple[list[str], list[int]]:
     """8 requests of A (letters a-h) sent one after another, then 2 of B (x, y): the order the
     worker got them in, and every status."""
-    fleet = LocalFleet(n=1, step_delay_s=0.02)
+    # 50 ms a step: the first requests run >= 2 s, long past the last one's arrival
+    fleet = LocalFleet(n=1, step_delay_s=0.05)
     order = recording(fleet)
     app, gate = make_app(fleet, ServeOptions(fair_admission=fair))
+    arrived, arrive = [], gate.admission.arrive
+    gate.admission.arrive = lambda client, blocks: arrived.append(client) or arrive(client, blocks)
     try:
         with serving(app) as url, ThreadPoolExecutor(10) as pool:
             sent = []
@@ -99,7 +102,7 @@ def worker_order(fair: bool) -> tuple[list[str], list[int]]:
                                                  + [(B, "y")]):
                 sent.append(pool.submit(post, url, source, body(letter)))
                 # each in the gate before the next leaves: the arrival order is this one
-                wait_for(lambda: sum(gate.admission.in_flight.values()) == i + 1)
+                wait_for(lambda: len(arrived) == i + 1)
             statuses = [f.result().status_code for f in sent]
     finally:
         fleet.shutdown()
@@ -121,7 +124,7 @@ def test_without_fair_admission_they_are_served_first_come_first_served():
 
 
 def test_a_client_at_its_cap_gets_429_with_retry_after_naming_the_setting():
-    fleet = LocalFleet(n=1, step_delay_s=0.02)
+    fleet = LocalFleet(n=1, step_delay_s=0.05)
     app, gate = make_app(fleet, ServeOptions(max_requests_per_client=2))
     try:
         with serving(app) as url, ThreadPoolExecutor(4) as pool:
@@ -186,7 +189,7 @@ def test_workers_this_router_has_filled_go_last_in_the_routing_order():
 
 
 def test_a_request_past_its_deadline_while_waiting_gets_504_and_gives_its_place_up():
-    fleet = LocalFleet(n=1, step_delay_s=0.02)
+    fleet = LocalFleet(n=1, step_delay_s=0.05)
     # one router (one dispatcher, one gate), two frontends: /load without a deadline, / with
     gate = ClientGate(256, True, fleet.snapshot, RequestMetrics())
     dispatcher = Dispatcher(fleet, Router(ServeOptions(), 16), RequestMetrics(), gate=gate)
