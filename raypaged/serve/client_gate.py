@@ -16,6 +16,7 @@ import asyncio
 import contextvars
 from typing import Callable
 
+from raypaged.core.admission import OutputLengths
 from raypaged.core.fair_admission import FairAdmission, Ticket, blocks_needed
 from raypaged.serve.errors import APIError
 from raypaged.serve.fleet import FleetSnapshot
@@ -42,6 +43,10 @@ class ClientGate:
         self._seen: FleetSnapshot | None = None
         self._block_size, self._max_model_len = 16, 0  # from the first snapshot with stats
         self._loop: asyncio.AbstractEventLoop | None = None  # the router's, from enter()
+        # what finished outputs here came to: a request that leaves max_tokens open counts at
+        # their mean, as a worker's admission projects it, not at the rest of max_model_len
+        # (which would hold a client without max_tokens to ~max_model_len-long requests' worth)
+        self.output_lengths = OutputLengths()
 
     def check(self, client: str) -> None:
         """429 if the client has its cap in flight here: before the body is read (http_app) and
@@ -63,7 +68,7 @@ class ClientGate:
         self._loop = asyncio.get_running_loop()
         self._refresh()
         blocks = blocks_needed(num_prompt_tokens, max_tokens, n, self._block_size,
-                               self._max_model_len)
+                               self._max_model_len, self.open_output())
         ticket = self.admission.arrive(client, blocks)
         if ticket.admitted:
             return ticket
@@ -74,6 +79,16 @@ class ClientGate:
             self.leave(ticket)
             raise
         return ticket
+
+    def open_output(self) -> int:
+        """The output a request without max_tokens is counted at: the mean length seen, at
+        least a block (before any request has finished, as core/admission.py does)."""
+        return max(self.output_lengths.expected(0) or 0, self._block_size)
+
+    def finished(self, output_lengths: list[int]) -> None:
+        """A request's samples ended by themselves (not aborted): their lengths."""
+        for length in output_lengths:
+            self.output_lengths.record(length)
 
     def leave(self, ticket: Ticket) -> None:
         self._wake(self.admission.leave(ticket))

@@ -202,6 +202,8 @@ class Generation:
         for leg in self._legs:
             self._close_leg(leg)
         if self._unclosed is not None and self._unclosed.detach() is not None:
+            if self.progress.done and "abort" not in self.progress.finish_reasons.values():
+                self.d.gate.finished([len(s.token_ids) for s in self.progress.samples])
             self.d.gate.leave(self._ticket)  # detach(): None once given back
 
     # -- failover ----------------------------------------------------------------------------

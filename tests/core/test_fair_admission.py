@@ -12,6 +12,8 @@ def test_blocks_needed_counts_the_prompt_once_and_each_samples_output():
     assert blocks_needed(200, 40, 1, 16, 256) == 13 + 3
     assert blocks_needed(200, 40, 4, 16, 256) == 13 + 4 * 3
     assert blocks_needed(200, None, 1, 16, 256) == 13 + 4  # unset: the rest of max_model_len
+    assert blocks_needed(200, None, 1, 16, 4096, open_output=40) == 13 + 3  # the mean seen
+    assert blocks_needed(200, None, 1, 16, 256, open_output=400) == 13 + 4  # at most the rest
 
 
 def test_requests_that_fit_go_at_once_and_the_rest_wait():

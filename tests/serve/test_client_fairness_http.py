@@ -210,3 +210,34 @@ def test_a_request_past_its_deadline_while_waiting_gets_504_and_gives_its_place_
     assert waiting.json()["error"]["code"] == "request_timeout"
     assert held == ({A: 3}, 3)  # the 4th left the gate; the 3 running kept their places
 
+
+
+def test_a_request_without_max_tokens_counts_at_the_mean_output_seen_not_at_max_model_len():
+    """Counted at the rest of max_model_len, a client that never sets max_tokens could run only
+    a few requests at once; the gate counts it as the worker's admission projects it: one block
+    before any request has finished here, then the mean output length seen."""
+    fleet = LocalFleet(n=1)
+    gate = ClientGate(0, True, fleet.snapshot, RequestMetrics())
+    dispatcher = Dispatcher(fleet, Router(ServeOptions(), 16), RequestMetrics(), gate=gate)
+
+    async def run(rid: str, max_tokens, ignore_eos=False) -> tuple[int, int]:
+        g = Generation(dispatcher, rid, [97] * 20,
+                       SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos), None, 0.0)
+        await g.start()
+        blocks = g._ticket.blocks
+        async for _ in g.batches():  # to its end: a finished request's length is recorded
+            pass
+        return blocks, g.num_output_tokens
+
+    async def main():
+        first = await run("a", 40, ignore_eos=True)
+        second = await run("b", 72, ignore_eos=True)
+        third = await run("c", None)
+        return first, second, third
+
+    try:
+        first, second, third = asyncio.run(main())
+    finally:
+        fleet.shutdown()
+    assert first == (2 + 3, 40) and second == (2 + 5, 72)  # prompt 20 tokens: 2 blocks
+    assert third[0] == 2 + 4  # open: the mean seen, 56 tokens, not max_model_len's rest
