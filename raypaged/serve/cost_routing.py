@@ -61,10 +61,11 @@ def prompt_block_keys(token_ids: Sequence[int], block_size: int,
 
 
 def cheapest(num_tokens: int, keys: Sequence[int], block_size: int, loads: FleetLoads,
-             priority: np.ndarray, concurrency_factor: float,
+             priority, concurrency_factor: float,
              blocks_at: Sequence[int] | None = None, slack: int = 0) -> tuple[int, int]:
     """(position in `loads` of the chosen ready worker, the prompt tokens its cache holds).
-    `priority` (uint64 [W]) is the rendezvous order: ties, and the cold choice, go to the
+    `priority[positions]` (uint64; an array, or routing.RendezvousWeights, which computes only
+    the positions asked for) is the rendezvous order: ties, and the cold choice, go to the
     highest. A few numpy calls over W: no Python per worker."""
     requests = loads.requests
     if loads.count == len(requests):  # no worker left out: no masks to apply

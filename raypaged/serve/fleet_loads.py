@@ -109,7 +109,9 @@ class Ranking(Sequence[str]):
     refuses it, so their sort (~25 us at 1,000 workers: half a choice) waits until someone
     looks past the first."""
 
-    def __init__(self, loads: FleetLoads, priority: np.ndarray, first: int) -> None:
+    def __init__(self, loads: FleetLoads, priority, first: int) -> None:
+        """`priority[positions]`: the workers' rendezvous weights (an array, or a lazy
+        routing.RendezvousWeights)."""
         self._loads, self._priority, self._at = loads, priority, first
         self._first = loads.worker_ids[first]
         self._all: list[str] | None = None
