@@ -151,7 +151,8 @@ class ServeOptions:
         "0: no cap", group=SERVER, ge=0)
     fair_admission: bool = setting(
         True, "a router sends the workers no more than the fleet's KV cache holds (each request "
-        "at its prompt + n x max_tokens) but a client's fair share of it, and releases the rest "
+        "at its prompt + n x max_tokens, or n x the mean output seen when max_tokens is unset) "
+        "but a client's fair share of it, and releases the rest "
         "round robin over clients instead of first come first served (docs/limits.md)",
         group=SERVER)
     max_prompts_per_request: int = setting(
