@@ -19,9 +19,10 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_defaults_bind_localhost_and_route_by_prefix():
     ns = parse()
-    assert (ns.host, ns.port, ns.workers, ns.routing) == ("127.0.0.1", 8000, 1, "hash")
+    assert (ns.host, ns.port, ns.workers, ns.routing) == ("127.0.0.1", 8000, 1, "cache_aware")
     options, _ = serve_args_from(ns).split()
-    assert options.route_load_factor == 1.25 and options.workers == 1
+    assert (options.route_load_factor, options.route_cache_slack, options.workers) == \
+        (1.25, 2048, 1)
 
 
 def test_flags_map_onto_the_application_arguments():
