@@ -147,8 +147,11 @@ def measure(root: int, url: str, concurrency: int, args, model_dir: str) -> dict
         generated_tokens(url), engine_steps(url), time.monotonic()
     threads_before = {p: thread_cpu(p) for p in workers}
     num_prompts = max(8, args.prompts_per_client * concurrency)
+    # each concurrency its own prompts (one seed for all re-sent earlier cells' prompts, which
+    # then hit the prefix cache: benchmarks/vs_vllm.py bench_server)
+    cell = argparse.Namespace(**{**vars(args), "seed": args.seed + concurrency})
     result = run_client(args.vllm_python or sys.executable, url, model_dir, concurrency,
-                        num_prompts, args)
+                        num_prompts, cell)
     time.sleep(1.5)  # routers push their request metrics every second
     pids.update(descendants(root))
     tokens = generated_tokens(url) - tokens_before
