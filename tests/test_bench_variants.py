@@ -85,3 +85,24 @@ def test_the_workers_cpu_splits_into_step_thread_openmp_pool_and_the_rest():
              4: ("ray::IDLE", 0.25)}  # a thread started during the run counts from zero
     assert worker_threads_split(before, after) == \
         {"step_thread": 4.0, "omp_pool": 1.0, "rest": 0.75}
+
+
+def test_vs_vllm_gives_every_cell_its_own_prompts_the_same_for_every_server(monkeypatch, tmp_path):
+    """One seed for all cells re-sent the earlier cells' prompts, which then hit the prefix cache."""
+    import argparse
+
+    from benchmarks import vs_vllm
+
+    seen = []
+
+    def client(python, url, model_dir, c, n, shape):
+        seen.append((shape.input_len, c, shape.seed))
+        return {m: 1.0 for m in vs_vllm.METRICS}
+    monkeypatch.setattr(vs_vllm, "run_client", client)
+    monkeypatch.setattr(vs_vllm, "stop", lambda proc: None)
+    args = argparse.Namespace(workloads=[(256, 64), (1024, 128)], concurrency=[1, 4],
+                              prompts_per_client=2, seed=5)
+    for server in ("raypaged", "vllm"):
+        vs_vllm.bench_server(server, lambda log: (None, "http://x"), "py", "model", args, tmp_path)
+    cells = [(256, 1, 6), (256, 4, 9), (1024, 1, 1006), (1024, 4, 1009)]
+    assert seen == cells * 2
