@@ -50,7 +50,7 @@ def test_request_counters_match_what_was_sent(app, client, model_name):
         assert delta(after, before, f"raypaged:{hist}_count") == 4
     assert delta(after, before, "raypaged:inter_token_latency_seconds_count") == 3 * 4 + 3
     routed = sum(delta(after, before, "raypaged:routing_decisions_total", reason=r)
-                 for r in ("affinity", "load_bound", "round_robin"))
+                 for r in ("affinity", "load_bound", "round_robin", "cache_hit", "cold_prefix"))
     assert routed == 4
 
 
