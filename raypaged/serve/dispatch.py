@@ -47,14 +47,18 @@ class Dispatcher:
 
         The snapshot alone lags by up to a poll and a refresh: a burst would all see the same
         stale loads, and requests finished since would still count and push work away.
-        The arrays are built once per snapshot and kept up to date by opened/closed: a request
-        costs no pass of Python over the fleet (fleet_loads.py)."""
+        The arrays are built once per controller poll (snapshot version) and kept up to date by
+        opened/closed and the routing's charges: a request costs no pass of Python over the
+        fleet (fleet_loads.py). The fleet client hands out a new snapshot object every refresh
+        (0.25 s) but the controller polls every 0.5 s: a rebuild on a refresh of the same poll
+        would drop the prefill charged since it (cost_routing.py) while the workers' queues
+        still show none of it, and a burst would herd onto the worker that looked idle."""
         snap = self.fleet.snapshot()
-        if snap is not self._snapshot:
-            if snap.version != self._snapshot_version:
-                self._snapshot_version = snap.version
-                self._ours_at_snapshot = dict(self.inflight)
-            self._snapshot, self._loads = snap, self._loads_of(snap)
+        if self._snapshot is None or snap.version != self._snapshot_version:
+            self._snapshot_version = snap.version
+            self._ours_at_snapshot = dict(self.inflight)
+            self._loads = self._loads_of(snap)
+        self._snapshot = snap
         now = time.monotonic()
         if self._suspect_until:  # drop the ones whose time is up
             self._suspect_until = {w: t for w, t in self._suspect_until.items() if t >= now}

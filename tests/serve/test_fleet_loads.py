@@ -130,3 +130,19 @@ def test_the_dispatcher_counts_its_own_requests_in_the_arrays_between_snapshots(
     assert fresh is not loads and fresh.requests.tolist() == [5, 4]
     d.mark_suspect("w1")
     assert d.candidates(set())[1].ready_ids() == ["w0"]
+
+
+def test_a_refresh_of_the_same_poll_keeps_the_arrays_and_what_routing_charged_to_them():
+    """The fleet client refreshes its snapshot object every 0.25 s, the controller polls every
+    0.5 s: a new object of the same version must not drop the prefill charged since the poll."""
+    fleet = Fleet(FleetSnapshot(1, (view("w0", 0, 0), view("w1", 0, 0))))
+    d = Dispatcher(fleet, None, RequestMetrics())
+    _, loads = d.candidates(set())
+    loads.queued[0] += 500  # what a cache_aware choice charges (routing.py)
+    d.opened("w0")
+    fleet.snap = FleetSnapshot(1, (view("w0", 0, 0), view("w1", 0, 0)))  # same poll, new object
+    _, same = d.candidates(set())
+    assert same is loads and same.queued.tolist() == [500, 0] and same.requests.tolist() == [1, 0]
+    fleet.snap = FleetSnapshot(2, (view("w0", 1, 480), view("w1", 0, 0)))  # the next poll
+    _, fresh = d.candidates(set())
+    assert fresh.queued.tolist() == [480, 0] and fresh.requests.tolist() == [1, 0]
