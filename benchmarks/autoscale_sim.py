@@ -1,4 +1,4 @@
-"""Autoscaling at fleet scale, simulated (raypaged/sim/autoscaled.py): the serving autoscaler's
+"""Autoscaling at fleet scale, simulated (benchmarks/sim/autoscaled.py): the serving autoscaler's
 policy on the Mooncake conversation trace's real arrivals, GPU cost model (H100 x Llama-3.1-8B,
 docs/fleet_sim.md), against a fixed fleet sized for the peak.
 
@@ -26,10 +26,10 @@ from benchmarks.fleet_sim import COST, ENGINE  # noqa: E402
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
 from raypaged.core.autoscale_policy import ScalePolicy  # noqa: E402
 from raypaged.serve.config import ServeOptions  # noqa: E402
-from raypaged.sim.autoscaled import AutoscaledFleet  # noqa: E402
-from raypaged.sim.policies import DEFAULT_POLICY, make_policy  # noqa: E402
-from raypaged.sim.trace import find_trace, load_mooncake  # noqa: E402
-from raypaged.sim.worker import SimWorker  # noqa: E402
+from benchmarks.sim.autoscaled import AutoscaledFleet  # noqa: E402
+from benchmarks.sim.policies import DEFAULT_POLICY, make_policy  # noqa: E402
+from benchmarks.sim.trace import find_trace, load_mooncake  # noqa: E402
+from benchmarks.sim.worker import SimWorker  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -1,5 +1,5 @@
 """Routing at fleet scale, simulated: raypaged's own scheduler, block pool and router on the
-Mooncake conversation trace, with a GPU cost model (raypaged/sim; docs/fleet_sim.md).
+Mooncake conversation trace, with a GPU cost model (benchmarks/sim; docs/fleet_sim.md).
 
 For one fleet size: the saturation throughput is measured first (round robin, every request of
 the window offered at t = 0: the rate at which the first 90% of them finish, so the tail of the
@@ -24,11 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
-from raypaged.sim.cost_model import H100_LLAMA3_8B  # noqa: E402
-from raypaged.sim.experiment import ORACLE, simulate  # noqa: E402
-from raypaged.sim.policies import DEFAULT_POLICY, POLICIES  # noqa: E402
-from raypaged.sim.trace import find_trace, load_mooncake, time_scaled  # noqa: E402
-from raypaged.sim.worker import EngineShape  # noqa: E402
+from benchmarks.sim.cost_model import H100_LLAMA3_8B  # noqa: E402
+from benchmarks.sim.experiment import ORACLE, simulate  # noqa: E402
+from benchmarks.sim.policies import DEFAULT_POLICY, POLICIES  # noqa: E402
+from benchmarks.sim.trace import find_trace, load_mooncake, time_scaled  # noqa: E402
+from benchmarks.sim.worker import EngineShape  # noqa: E402
 
 BLOCK = 16
 COST = H100_LLAMA3_8B

@@ -1,6 +1,6 @@
 """The simulator's CPU calibration and its check against a real 2-worker `raypaged serve` run.
 
-1. Fit: a LinearCost (raypaged/sim/cost_model.py) fitted to the real engine's measured steps on
+1. Fit: a LinearCost (benchmarks/sim/cost_model.py) fitted to the real engine's measured steps on
    this machine, benchmarks/results/forward_step.json (`default` variant: SmolLM2-135M, the
    engine's CPU defaults, 1 thread = one serving worker's CPU; decode of 1/4/16/64 sequences
    and a prefill, at one context length, so the per-KV-token term is not fitted).
@@ -39,12 +39,12 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
 from benchmarks.serve_datasets import make_dataset  # noqa: E402
-from raypaged.sim.calibration import (fit_linear, fit_serving_overhead,  # noqa: E402
+from benchmarks.sim.calibration import (fit_linear, fit_serving_overhead,  # noqa: E402
                                       forward_step_points, probe_terms)
-from raypaged.sim.cost_model import CPU_SMOLLM2_135M  # noqa: E402
-from raypaged.sim.experiment import simulate  # noqa: E402
-from raypaged.sim.trace import from_prompts  # noqa: E402
-from raypaged.sim.worker import EngineShape  # noqa: E402
+from benchmarks.sim.cost_model import CPU_SMOLLM2_135M  # noqa: E402
+from benchmarks.sim.experiment import simulate  # noqa: E402
+from benchmarks.sim.trace import from_prompts  # noqa: E402
+from benchmarks.sim.worker import EngineShape  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 TOLERANCE = 0.25
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
     fitted = fit(Path(ns.forward_step))
     print(f"fitted from {ns.forward_step}: {fitted}")
     if fitted != CPU_SMOLLM2_135M:
-        print(f"note: raypaged/sim/cost_model.py's CPU_SMOLLM2_135M is {CPU_SMOLLM2_135M}: "
+        print(f"note: benchmarks/sim/cost_model.py's CPU_SMOLLM2_135M is {CPU_SMOLLM2_135M}: "
               "paste the fit there to use it")
     probe = json.loads(Path(ns.probe).read_text())
     served = probe_terms(fitted, probe)

@@ -29,10 +29,10 @@ from benchmarks.fleet_sim_calibrate import arrivals, fit  # noqa: E402
 from benchmarks.report import table, write  # noqa: E402
 from benchmarks.serve_bench import parse_args as serve_bench_args  # noqa: E402
 from benchmarks.serve_datasets import make_dataset  # noqa: E402
-from raypaged.sim.calibration import probe_terms  # noqa: E402
-from raypaged.sim.experiment import simulate  # noqa: E402
-from raypaged.sim.trace import from_prompts  # noqa: E402
-from raypaged.sim.worker import EngineShape  # noqa: E402
+from benchmarks.sim.calibration import probe_terms  # noqa: E402
+from benchmarks.sim.experiment import simulate  # noqa: E402
+from benchmarks.sim.trace import from_prompts  # noqa: E402
+from benchmarks.sim.worker import EngineShape  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 

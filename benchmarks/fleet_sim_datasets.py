@@ -1,4 +1,4 @@
-"""The routing default on workloads it was not tuned on: the fleet simulator (raypaged/sim) on
+"""The routing default on workloads it was not tuned on: the fleet simulator (benchmarks/sim) on
 serve_bench's synthetic datasets instead of the Mooncake trace the load factor was chosen on.
 
 For each dataset (benchmarks/serve_datasets.py, seeded): round robin's saturation (every
@@ -24,10 +24,10 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
 from benchmarks.serve_datasets import make_dataset  # noqa: E402
-from raypaged.sim.cost_model import H100_LLAMA3_8B  # noqa: E402
-from raypaged.sim.experiment import simulate  # noqa: E402
-from raypaged.sim.trace import from_prompts  # noqa: E402
-from raypaged.sim.worker import EngineShape  # noqa: E402
+from benchmarks.sim.cost_model import H100_LLAMA3_8B  # noqa: E402
+from benchmarks.sim.experiment import simulate  # noqa: E402
+from benchmarks.sim.trace import from_prompts  # noqa: E402
+from benchmarks.sim.worker import EngineShape  # noqa: E402
 
 BLOCK = 16
 COST = H100_LLAMA3_8B

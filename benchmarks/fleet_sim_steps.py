@@ -30,8 +30,8 @@ from benchmarks.report import table, write  # noqa: E402
 from raypaged.config import EngineArgs  # noqa: E402
 from raypaged.core.sampling_params import SamplingParams  # noqa: E402
 from raypaged.engine import Engine  # noqa: E402
-from raypaged.sim.calibration import probe_terms  # noqa: E402
-from raypaged.sim.cost_model import CPU_SMOLLM2_135M, step_shape  # noqa: E402
+from benchmarks.sim.calibration import probe_terms  # noqa: E402
+from benchmarks.sim.cost_model import CPU_SMOLLM2_135M, step_shape  # noqa: E402
 
 KINDS = ("decode", "prefill", "mixed")
 

@@ -48,8 +48,8 @@ from raypaged.core.sampling_params import SamplingParams  # noqa: E402
 from raypaged.serve.config import ServeOptions  # noqa: E402
 from raypaged.serve.cost_routing import prompt_block_keys  # noqa: E402
 from raypaged.serve.fleet_loads import FleetLoads, WorkerLoad  # noqa: E402
-from raypaged.sim.policies import ROUTER_POLICIES, RouterPolicy  # noqa: E402
-from raypaged.sim.trace import find_trace, load_mooncake  # noqa: E402
+from benchmarks.sim.policies import ROUTER_POLICIES, RouterPolicy  # noqa: E402
+from benchmarks.sim.trace import find_trace, load_mooncake  # noqa: E402
 
 BLOCK = 16
 TARGET_DECISION_P99_US, TARGET_SNAPSHOT_BYTES_S = 100.0, 1e6

@@ -4,7 +4,7 @@ kernels/        -> torch, triton only       (never raypaged.*, never ray)
 raypaged/core   -> stdlib + config          (never torch, ray, triton)
 raypaged/model  -> core, kernels, torch     (never ray)
 raypaged/config, raypaged/settings and raypaged/serve/config (the settings) -> never torch
-raypaged/sim     -> core, the serve Router's pure modules (never torch, ray)
+benchmarks/sim  -> core, the serve Router's pure modules (never torch, ray)
 only raypaged/serve and raypaged/batch import ray
 """
 import ast
@@ -43,7 +43,7 @@ def test_core_imports_neither_torch_ray_nor_triton():
 
 def test_the_fleet_simulator_imports_neither_torch_nor_ray():
     """It runs the serving Router's own code, which must stay importable without Ray."""
-    mods = modules_loaded_by("raypaged.sim")
+    mods = modules_loaded_by("benchmarks.sim")
     assert not top(mods) & {"torch", "ray", "triton"}
     assert {"raypaged.serve.routing", "raypaged.core.scheduler"} <= mods
 

@@ -4,11 +4,11 @@ worker from spawn to leaving."""
 import pytest
 
 from raypaged.core.autoscale_policy import ScalePolicy
-from raypaged.sim.autoscaled import AutoscaledFleet
-from raypaged.sim.cost_model import LinearCost
-from raypaged.sim.policies import make_policy
-from raypaged.sim.trace import SimRequest
-from raypaged.sim.worker import EngineShape, SimWorker
+from benchmarks.sim.autoscaled import AutoscaledFleet
+from benchmarks.sim.cost_model import LinearCost
+from benchmarks.sim.policies import make_policy
+from benchmarks.sim.trace import SimRequest
+from benchmarks.sim.worker import EngineShape, SimWorker
 
 # one 100-token prompt per step (token budget 100), 10 ms a token: a prefill step is 1 s
 SHAPE = EngineShape(num_blocks=256, block_size=16, max_model_len=1024,

@@ -8,8 +8,8 @@ import pytest
 from raypaged.core.scheduler import Scheduler
 from raypaged.core.request import Request
 from raypaged.core.sampling_params import SamplingParams
-from raypaged.sim.calibration import fit_linear, forward_step_points
-from raypaged.sim.cost_model import CPU_SMOLLM2_135M, H100_LLAMA3_8B, LinearCost, step_shape
+from benchmarks.sim.calibration import fit_linear, forward_step_points
+from benchmarks.sim.cost_model import CPU_SMOLLM2_135M, H100_LLAMA3_8B, LinearCost, step_shape
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +24,7 @@ def test_a_step_shape_counts_new_tokens_sequences_and_the_context_read():
 
 
 def test_the_roofline_is_memory_bound_in_decode_and_compute_bound_in_prefill():
-    from raypaged.sim.cost_model import StepShape
+    from benchmarks.sim.cost_model import StepShape
     h = H100_LLAMA3_8B
     decode = h.seconds(StepShape(1, 1, 1000, 1000, 1))
     weights_read = 2 * 8.03e9 / (3.35e12 * 0.8)
@@ -36,7 +36,7 @@ def test_the_roofline_is_memory_bound_in_decode_and_compute_bound_in_prefill():
 
 def test_fit_linear_recovers_the_coefficients_that_made_the_points():
     truth = LinearCost("t", per_step=0.01, per_token=0.002, per_seq=0.0005, per_kv=0.0)
-    from raypaged.sim.cost_model import StepShape
+    from benchmarks.sim.cost_model import StepShape
     points = [(n, s, 0, truth.seconds(StepShape(n, s, 0, 0, s)))
               for n, s in [(1, 1), (4, 4), (64, 64), (256, 1), (512, 2)]]
     fit = fit_linear("t", points, terms=("per_step", "per_token", "per_seq"))
@@ -57,22 +57,22 @@ def test_the_cpu_calibration_is_the_fit_of_the_committed_forward_step_measuremen
 
 
 def test_the_serving_overhead_is_what_makes_the_simulated_tpot_the_measured_one():
-    from raypaged.sim.calibration import fit_serving_overhead
+    from benchmarks.sim.calibration import fit_serving_overhead
     forward = LinearCost("t", per_step=0.01, per_token=0.001, per_seq=0.0, per_kv=0.0)
     # a fleet whose batches grow with the step: TPOT = 1.2 x step time + 2 ms
     tpot = lambda c: 1.2 * (c.per_step + c.per_step_serving) + 0.002  # noqa: E731
     served = fit_serving_overhead(forward, tpot, real_tpot_s=0.050)
     assert served.per_step_serving == pytest.approx(0.03)      # 1.2 x 0.04 + 0.002 = 0.050
     assert (served.per_step, served.per_token) == (0.01, 0.001)
-    from raypaged.sim.cost_model import StepShape
+    from benchmarks.sim.cost_model import StepShape
     assert served.seconds(StepShape(3, 1, 0, 0, 1)) == pytest.approx(0.01 + 0.03 + 0.003)
     # a fleet already slower in the simulator than measured: no negative overhead
     assert fit_serving_overhead(forward, tpot, real_tpot_s=0.005).per_step_serving == 0.0
 
 
 def test_a_step_costs_its_attended_pairs_and_the_probe_terms_are_what_the_probe_measured():
-    from raypaged.sim.calibration import probe_terms
-    from raypaged.sim.cost_model import StepShape
+    from benchmarks.sim.calibration import probe_terms
+    from benchmarks.sim.cost_model import StepShape
     forward = LinearCost("t", per_step=0.01, per_token=0.001, per_seq=0.0005, per_kv=0.0)
     truth = dataclasses.replace(forward, per_step_serving=0.004, per_pair=2e-6, path_s=0.015)
     # a 100-token prefill attends 100 x 101 / 2 = 5,050 pairs: 10 + 4 + 100 + 0.5 + 10.1 ms
@@ -96,7 +96,7 @@ def test_a_step_costs_its_attended_pairs_and_the_probe_terms_are_what_the_probe_
 
 
 def test_the_committed_probe_gives_positive_terms():
-    from raypaged.sim.calibration import probe_terms
+    from benchmarks.sim.calibration import probe_terms
     probe = json.loads((ROOT / "benchmarks/results/fleet_sim_probe.json").read_text())
     got = probe_terms(CPU_SMOLLM2_135M, probe)
     assert got.per_step_serving > 0 and got.per_pair > 0 and got.path_s > 0

@@ -2,10 +2,10 @@
 import pytest
 
 from raypaged.serve.routing import rendezvous_order, routing_key
-from raypaged.sim.cost_model import LinearCost
-from raypaged.sim.experiment import ORACLE, build_fleet, simulate
-from raypaged.sim.trace import SimRequest
-from raypaged.sim.worker import EngineShape
+from benchmarks.sim.cost_model import LinearCost
+from benchmarks.sim.experiment import ORACLE, build_fleet, simulate
+from benchmarks.sim.trace import SimRequest
+from benchmarks.sim.worker import EngineShape
 
 SHAPE = EngineShape(num_blocks=64, block_size=16, max_model_len=1024)
 # 1 s per step + 1 ms per token: a 100-token prompt's prefill step takes 1.1 s

@@ -9,8 +9,8 @@ from fake_runner import FakeRunner
 from raypaged.core.engine_core import EngineCore
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.scheduler import Scheduler
-from raypaged.sim.cost_model import LinearCost
-from raypaged.sim.worker import SIM_EOS, SIM_TOKEN, EngineShape, SimWorker
+from benchmarks.sim.cost_model import LinearCost
+from benchmarks.sim.worker import SIM_EOS, SIM_TOKEN, EngineShape, SimWorker
 
 SHAPE = EngineShape(num_blocks=10, block_size=4, max_model_len=40, max_num_seqs=4,
                     max_num_batched_tokens=16)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from raypaged.core.block_hash import hash_block_tokens
-from raypaged.sim.trace import (TRACE_BLOCK, block_tokens, find_trace, load_mooncake,
+from benchmarks.sim.trace import (TRACE_BLOCK, block_tokens, find_trace, load_mooncake,
                                 time_scaled, trace_prompt)
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,7 +20,7 @@ from raypaged.core.contracts import ModelRunner, RequestDelta, ScheduledBatch, S
 from raypaged.core.engine_core import EngineCore
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.scheduler import Scheduler
-from raypaged.sim.cost_model import step_shape
+from benchmarks.sim.cost_model import step_shape
 
 # What the simulated model samples: SIM_TOKEN, and SIM_EOS as a request's last output token.
 SIM_TOKEN, SIM_EOS = 1, 2

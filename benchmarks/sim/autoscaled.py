@@ -16,10 +16,10 @@ from typing import Callable, Sequence
 
 from raypaged.core.autoscale_policy import ScalePolicy, ScaleRound, WorkerCounters
 from raypaged.core.contracts import EngineStats
-from raypaged.sim.fleet import Fleet
-from raypaged.sim.policies import Policy
-from raypaged.sim.trace import SimRequest
-from raypaged.sim.worker import SimWorker
+from benchmarks.sim.fleet import Fleet
+from benchmarks.sim.policies import Policy
+from benchmarks.sim.trace import SimRequest
+from benchmarks.sim.worker import SimWorker
 
 
 @dataclass

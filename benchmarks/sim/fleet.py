@@ -36,9 +36,9 @@ from raypaged.core.cache_index import CacheIndex
 from raypaged.core.cache_summary import sampled
 from raypaged.core.contracts import EngineStats
 from raypaged.serve.fleet_loads import FleetLoads
-from raypaged.sim.policies import Policy
-from raypaged.sim.trace import SimRequest
-from raypaged.sim.worker import SimWorker
+from benchmarks.sim.policies import Policy
+from benchmarks.sim.trace import SimRequest
+from benchmarks.sim.worker import SimWorker
 
 STEP_END, ARRIVAL, DELIVER, SNAPSHOT, JOIN, KICK = 0, 1, 2, 3, 4, 5
 

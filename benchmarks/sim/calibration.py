@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Sequence
 
-from raypaged.sim.cost_model import LinearCost
+from benchmarks.sim.cost_model import LinearCost
 
 TERMS = ("per_step", "per_token", "per_seq", "per_kv")
 

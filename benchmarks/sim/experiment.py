@@ -11,10 +11,10 @@ import statistics
 from typing import Sequence
 
 from raypaged.serve.config import ServeOptions
-from raypaged.sim.fleet import Fleet, FleetRun
-from raypaged.sim.policies import make_policy
-from raypaged.sim.trace import SimRequest
-from raypaged.sim.worker import EngineShape, SimWorker
+from benchmarks.sim.fleet import Fleet, FleetRun
+from benchmarks.sim.policies import make_policy
+from benchmarks.sim.trace import SimRequest
+from benchmarks.sim.worker import EngineShape, SimWorker
 
 ORACLE = "oracle"
 
