@@ -272,51 +272,20 @@ class Generation:
             if all(self.progress.samples[i].finish_reason for i in leg.indexes):
                 self._close_leg(leg)
 
-    async def batches(self) -> AsyncIterator[list[SequenceOutput]]:
-        """Every step's outputs, failing over lost workers on the way."""
-        completed = False
-        try:
-            while True:
-                while self._pending:
-                    yield self._pending.popleft()
-                if self.progress.done:
-                    break
-                if time.monotonic() - self._watched_at >= WATCH_S:
-                    await self._watch()
-                    continue
-                if self._queue.empty():
-                    try:
-                        leg, items = await asyncio.wait_for(self._queue.get(), WATCH_S)
-                    except asyncio.TimeoutError:
-                        continue
-                else:
-                    leg, items = self._queue.get_nowait()
-                if leg.closed:
-                    continue  # left over from a leg already failed over
-                try:
-                    outs = self._outputs(items)
-                except WorkerUnavailable:
-                    await self._fail_over(leg)
-                    continue
-                self._take(leg, outs)
-                yield outs
-            completed = True
-        except (GeneratorExit, asyncio.CancelledError):
-            self.progress.record_finished(len(self.token_ids))  # the client left: an abort
-            raise
-        finally:
-            await self.close()
-        if completed:
-            self.progress.record_finished(len(self.token_ids))
+    def batches(self) -> AsyncIterator[list[SequenceOutput]]:
+        """Every step's outputs, one batch a step, failing over lost workers on the way."""
+        return self.stream(merge=False)
 
-    async def stream(self, deadline: float | None = None) -> AsyncIterator[list[SequenceOutput]]:
-        """batches() with less work per token (the setting stream_path "fast"):
-        - every item waiting is taken at once and yielded as one batch, so a router behind its
-          workers sends one SSE chunk for several engine steps instead of one per step;
+    async def stream(self, deadline: float | None = None,
+                     merge: bool = True) -> AsyncIterator[list[SequenceOutput]]:
+        """Every step's outputs, failing over lost workers on the way, with little work per
+        token:
+        - `merge` (the setting stream_path "fast"): every item waiting is taken at once and
+          yielded as one batch, so a router behind its workers sends one SSE chunk for several
+          engine steps instead of one per step;
         - a wait is one `queue.get()`: no task and no timeout per token. Two timers per stream
           wake it instead: one every WATCH_S (the fleet watch) and one at `deadline` (then
-          DeadlinePassed), each by putting a marker in the queue.
-        Failover, the watch and the metrics are batches()'s, item by item."""
+          DeadlinePassed), each by putting a marker in the queue."""
         loop = asyncio.get_running_loop()
         queue, ticker = self._queue, None
 
@@ -327,7 +296,6 @@ class Generation:
         ticker = loop.call_later(WATCH_S, tick)
         alarm = None if deadline is None else loop.call_at(
             deadline, queue.put_nowait, (None, _DEADLINE))
-        completed = False
         try:
             while True:
                 while self._pending:
@@ -355,12 +323,12 @@ class Generation:
                             break
                         self._take(leg, outs)
                         ready.extend(outs)
-                    if queue.empty():
+                    if not merge or queue.empty():
                         break
                     item = queue.get_nowait()
                 if ready:
                     yield ready
-            completed = True
+            self.progress.record_finished(len(self.token_ids))
         except (GeneratorExit, asyncio.CancelledError, DeadlinePassed):
             self.progress.record_finished(len(self.token_ids))  # the client left: an abort
             raise
@@ -369,12 +337,9 @@ class Generation:
             if alarm is not None:
                 alarm.cancel()
             await self.close()
-        if completed:
-            self.progress.record_finished(len(self.token_ids))
 
     async def collect(self, fast: bool = False) -> list[SequenceOutput]:
-        batches = self.stream() if fast else self.batches()
-        return [out async for batch in batches for out in batch]
+        return [out async for batch in self.stream(merge=fast) for out in batch]
 
 
 class DeadlinePassed(Exception):
