@@ -96,7 +96,7 @@ class FleetSnapshot:
             if w.stats is not None:
                 s = w.stats
                 item.update(
-                    pid=s.pid, load=s.num_active, kv_cache_usage=s.kv_cache_usage,
+                    pid=s.pid, load=s.num_active, kv_cache_usage=s.engine.kv_cache_usage,
                     budget=s.budget_json(), memory=vars(s.engine.memory),
                     num_running=s.engine.num_running, num_waiting=s.engine.num_waiting,
                     num_preemptions=s.engine.num_preemptions, num_steps=s.engine.num_steps,

@@ -64,10 +64,6 @@ class WorkerStats:
     eager_steps: int = 0      # model steps run eagerly
     cache: SummaryDelta | None = None  # prefix-cache changes since the version asked for
 
-    @property
-    def kv_cache_usage(self) -> float:
-        return self.engine.kv_cache_usage
-
     def budget_json(self) -> dict:
         return {k: getattr(self.budget, k) for k in BUDGET_FIELDS}
 

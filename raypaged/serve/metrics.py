@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from operator import attrgetter
 from typing import Iterable
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -51,6 +52,39 @@ COUNTERS = {  # name -> (help, label name or None)
                       "(ttft_slo: a time to first token predicted over --ttft-slo-s; client_cap: 429, a client "
                       "at --max-requests-per-client).", "reason"),
 }
+
+
+# A ready worker's series: (family, name, its WorkerStats attribute, help).
+GAUGE, COUNTER = GaugeMetricFamily, CounterMetricFamily
+WORKER_SERIES = (
+    (GAUGE, "num_requests_running", "engine.num_running",
+     "Sequences running in the worker's engine."),
+    (GAUGE, "num_requests_waiting", "engine.num_waiting",
+     "Requests waiting in the worker's engine."),
+    (GAUGE, "kv_cache_usage_perc", "engine.kv_cache_usage",
+     "KV-cache usage: blocks in use / blocks (0..1)."),
+    (GAUGE, "kv_cache_budget_bytes", "budget.kv_budget_bytes", "Bytes of the KV-cache budget."),
+    (GAUGE, "kv_cache_bytes_per_token", "budget.bytes_per_token", "KV-cache bytes per token."),
+    (GAUGE, "kv_cache_max_tokens", "budget.num_tokens", "Tokens that fit in the KV cache."),
+    (GAUGE, "kv_cache_max_concurrency", "budget.max_seqs_at_max_model_len",
+     "Sequences of max_model_len that fit in the KV cache at once."),
+    (COUNTER, "prefix_cache_queries", "engine.memory.prefix_queries",
+     "Prompt tokens looked up in the prefix cache."),
+    (COUNTER, "prefix_cache_hits", "engine.memory.prefix_hits",
+     "Prompt tokens served from the prefix cache."),
+    (COUNTER, "prefix_cache_evictions", "engine.memory.evictions",
+     "Cached blocks evicted for new data."),
+    (COUNTER, "num_preemptions", "engine.num_preemptions",
+     "Requests preempted (recomputed) for lack of blocks."),
+    (COUNTER, "computed_tokens", "engine.preemption.computed_tokens",
+     "Tokens fed to the model: prefill, decode and recompute."),
+    (COUNTER, "recomputed_tokens", "engine.preemption.recomputed_tokens",
+     "Tokens computed again after a preemption (prefix cache hits on resume excluded)."),
+    (COUNTER, "preempted_seconds", "engine.preemption.preempted_seconds",
+     "Seconds requests spent preempted, summed."),
+    (COUNTER, "kv_cache_cow_copies", "engine.memory.cow_copies",
+     "Copy-on-write block copies (n > 1 sampling)."),
+)
 
 
 class RequestMetrics:
@@ -127,35 +161,17 @@ def request_families(snap: dict, model_name: str):
 
 def fleet_families(fleet: FleetSnapshot, model_name: str):
     labels = ["model_name", "worker"]
-
-    def gauge(name, doc, extra=()):
-        return GaugeMetricFamily(P + name, doc, labels=labels + list(extra))
-
-    def counter(name, doc):
-        return CounterMetricFamily(P + name, doc, labels=labels)
-
-    up = gauge("worker_up", "1 when the worker is ready to take requests.")
-    restarts = counter("worker_restarts", "Times the worker process came back after a crash.")
-    running = gauge("num_requests_running", "Sequences running in the worker's engine.")
-    waiting = gauge("num_requests_waiting", "Requests waiting in the worker's engine.")
-    usage = gauge("kv_cache_usage_perc", "KV-cache usage: blocks in use / blocks (0..1).")
-    blocks = gauge("kv_cache_blocks", "KV-cache blocks by state.", ["state"])
-    budget = gauge("kv_cache_budget_bytes", "Bytes of the KV-cache budget.")
-    per_token = gauge("kv_cache_bytes_per_token", "KV-cache bytes per token.")
-    fit_tokens = gauge("kv_cache_max_tokens", "Tokens that fit in the KV cache.")
-    fit_seqs = gauge("kv_cache_max_concurrency",
-                     "Sequences of max_model_len that fit in the KV cache at once.")
-    queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
-    hits = counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.")
-    evictions = counter("prefix_cache_evictions", "Cached blocks evicted for new data.")
-    preempt = counter("num_preemptions", "Requests preempted (recomputed) for lack of blocks.")
-    computed = counter("computed_tokens", "Tokens fed to the model: prefill, decode and recompute.")
-    recomputed = counter("recomputed_tokens", "Tokens computed again after a preemption (prefix "
-                         "cache hits on resume excluded).")
-    preempted_s = counter("preempted_seconds", "Seconds requests spent preempted, summed.")
+    up = GaugeMetricFamily(P + "worker_up", "1 when the worker is ready to take requests.",
+                           labels=labels)
+    restarts = CounterMetricFamily(P + "worker_restarts",
+                                   "Times the worker process came back after a crash.",
+                                   labels=labels)
+    series = [(kind(P + name, doc, labels=labels), attrgetter(path))
+              for kind, name, path, doc in WORKER_SERIES]
+    blocks = GaugeMetricFamily(P + "kv_cache_blocks", "KV-cache blocks by state.",
+                               labels=labels + ["state"])
     per_request = HistogramMetricFamily(P + "request_preemptions", "Times each finished sequence "
                                         "was preempted.", labels=labels)
-    cow = counter("kv_cache_cow_copies", "Copy-on-write block copies (n > 1 sampling).")
     steps = CounterMetricFamily(P + "engine_steps", "Model steps run, by mode (cuda_graph, eager).",
                                 labels=labels + ["mode"])
     for w in fleet.workers:
@@ -165,33 +181,16 @@ def fleet_families(fleet: FleetSnapshot, model_name: str):
         s = w.stats
         if s is None or w.state != READY:
             continue
-        m = s.engine.memory
-        running.add_metric(lv, s.engine.num_running)
-        waiting.add_metric(lv, s.engine.num_waiting)
-        usage.add_metric(lv, s.kv_cache_usage)
-        for state, value in (("used", m.blocks_used), ("cached", m.blocks_cached),
-                             ("free", m.blocks_free)):
-            blocks.add_metric(lv + [state], value)
-        budget.add_metric(lv, s.budget.kv_budget_bytes)
-        per_token.add_metric(lv, s.budget.bytes_per_token)
-        fit_tokens.add_metric(lv, s.budget.num_tokens)
-        fit_seqs.add_metric(lv, s.budget.max_seqs_at_max_model_len)
-        queries.add_metric(lv, m.prefix_queries)
-        hits.add_metric(lv, m.prefix_hits)
-        evictions.add_metric(lv, m.evictions)
-        preempt.add_metric(lv, s.engine.num_preemptions)
-        p = s.engine.preemption
-        computed.add_metric(lv, p.computed_tokens)
-        recomputed.add_metric(lv, p.recomputed_tokens)
-        preempted_s.add_metric(lv, p.preempted_seconds)
-        per_request.add_metric(lv, preemption_buckets(p.preempted_per_request),
-                               sum_value=sum(k * n for k, n in enumerate(p.preempted_per_request)))
-        cow.add_metric(lv, m.cow_copies)
+        for family, value in series:
+            family.add_metric(lv, value(s))
+        for state in ("used", "cached", "free"):
+            blocks.add_metric(lv + [state], getattr(s.engine.memory, "blocks_" + state))
+        times = s.engine.preemption.preempted_per_request
+        per_request.add_metric(lv, preemption_buckets(times),
+                               sum_value=sum(k * n for k, n in enumerate(times)))
         steps.add_metric(lv + ["cuda_graph"], s.graph_steps)
         steps.add_metric(lv + ["eager"], s.eager_steps)
-    yield from (up, restarts, running, waiting, usage, blocks, budget, per_token, fit_tokens,
-                fit_seqs, queries, hits, evictions, preempt, computed, recomputed, preempted_s,
-                per_request, cow, steps)
+    yield from (up, restarts, *(family for family, _ in series), blocks, per_request, steps)
 
 
 def preemption_buckets(per_request: tuple[int, ...]) -> list[tuple[str, int]]:

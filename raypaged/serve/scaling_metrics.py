@@ -18,19 +18,17 @@ def scaling_families(scaling: dict, model_name: str):
     if not scaling:
         return
     lv = [model_name]
+
+    def single(kind, name: str, doc: str, value: float):
+        family = kind(P + name, doc, labels=["model_name"])
+        family.add_metric(lv, value)
+        return family
+
     workers = GaugeMetricFamily(P + "autoscaler_workers", "Workers by autoscaler state: desired "
                                 "(the policy's count), serving, starting, draining; min/max: its "
                                 "bounds.", labels=["model_name", "state"])
     for state in ("desired", "serving", "starting", "draining", "min_workers", "max_workers"):
         workers.add_metric(lv + [state], scaling[state])
-    wait = GaugeMetricFamily(P + "autoscaler_predicted_wait_seconds", "Queued tokens / (serving "
-                             "workers x capacity): the queue wait the policy scales out on.",
-                             labels=["model_name"])
-    wait.add_metric(lv, scaling["predicted_wait_s"])
-    capacity = GaugeMetricFamily(P + "autoscaler_worker_capacity_tokens_per_second", "One "
-                                 "worker's tokens per second, measured while it was saturated.",
-                                 labels=["model_name"])
-    capacity.add_metric(lv, scaling["capacity_tokens_per_s"])
     decisions = CounterMetricFamily(P + "autoscaler_decisions", "Scale decisions by direction "
                                     "(out, in) and reason.",
                                     labels=["model_name", "direction", "reason"])
@@ -38,20 +36,22 @@ def scaling_families(scaling: dict, model_name: str):
     counts.update({(d["direction"], d["reason"]): d["count"] for d in scaling["decisions_total"]})
     for (direction, reason), n in sorted(counts.items()):
         decisions.add_metric(lv + [direction, reason], n)
-    yield from (workers, wait, capacity, decisions)
+    yield workers
+    yield single(GaugeMetricFamily, "autoscaler_predicted_wait_seconds", "Queued tokens / "
+                 "(serving workers x capacity): the queue wait the policy scales out on.",
+                 scaling["predicted_wait_s"])
+    yield single(GaugeMetricFamily, "autoscaler_worker_capacity_tokens_per_second", "One "
+                 "worker's tokens per second, measured while it was saturated.",
+                 scaling["capacity_tokens_per_s"])
+    yield decisions
     for name, key, doc in (
             ("autoscaler_drain_seconds", "drains", "Seconds from a worker's drain to its leaving "
              "the fleet."),
             ("autoscaler_cold_start_seconds", "cold_starts", "Seconds from a new worker's "
              "spawn to its first answer (model load included).")):
-        total = CounterMetricFamily(P + name, doc, labels=["model_name"])
-        total.add_metric(lv, scaling[key]["seconds_sum"])
-        count = CounterMetricFamily(P + name.replace("_seconds", "s"), doc + " (count)",
-                                    labels=["model_name"])
-        count.add_metric(lv, scaling[key]["count"])
-        yield from (total, count)
-    moved = CounterMetricFamily(P + "autoscaler_drain_streams_moved", "Streams a draining "
-                                "worker still ran at its drain deadline, continued elsewhere.",
-                                labels=["model_name"])
-    moved.add_metric(lv, scaling["drains"]["streams_moved"])
-    yield moved
+        yield single(CounterMetricFamily, name, doc, scaling[key]["seconds_sum"])
+        yield single(CounterMetricFamily, name.replace("_seconds", "s"), doc + " (count)",
+                     scaling[key]["count"])
+    yield single(CounterMetricFamily, "autoscaler_drain_streams_moved", "Streams a draining "
+                 "worker still ran at its drain deadline, continued elsewhere.",
+                 scaling["drains"]["streams_moved"])
