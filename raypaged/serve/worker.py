@@ -17,6 +17,7 @@ a router's stream that ends for any reason (closed, cancelled, broken) cancels i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 import uuid
@@ -31,13 +32,13 @@ from raypaged.serve.messages import Health, Lost, Rejected, WorkerStats
 from raypaged.serve.queue_bound import QueueBound
 
 
+@dataclasses.dataclass(slots=True)
 class _Accepted:
     """A request between its accepted submit and its end."""
 
-    __slots__ = ("outbox", "samples_left", "blocks")
-
-    def __init__(self, outbox: _Outbox, samples_left: int, blocks: int):
-        self.outbox, self.samples_left, self.blocks = outbox, samples_left, blocks
+    outbox: _Outbox
+    samples_left: int
+    blocks: int
 
 
 class _Outbox:
@@ -50,11 +51,7 @@ class _Outbox:
         self.closed = False  # its stream ended: a submit still on its way is refused
 
     def put(self, request_id: str, item) -> None:
-        items = self.pending.get(request_id)
-        if items is None:
-            self.pending[request_id] = [item]
-        else:
-            items.append(item)
+        self.pending.setdefault(request_id, []).append(item)
         self.ready.set()
 
 
@@ -83,7 +80,7 @@ class Worker:
         loop = self._engine_loop()
         if request_id in self._requests:
             return Rejected(f"request id {request_id!r} is already in use")
-        if self._queue_full():
+        if self.bound.full():
             return Rejected(f"worker {self.worker_id} has {self.bound.max_queued} requests "
                             "waiting for KV cache space", queue_full=True,
                             retry_after_s=self.bound.retry_after_s())
@@ -182,9 +179,6 @@ class Worker:
             self._loop = EngineLoop(self.engine, self._event_loop,
                                     on_outputs=self._deliver, on_crash=self._fail_all)
         return self._loop
-
-    def _queue_full(self) -> bool:
-        return self.bound.full()
 
     def _forget(self, request_id: str) -> bool:
         """The request no longer counts (finished, refused, cancelled); False if it did not."""

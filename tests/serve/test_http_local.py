@@ -70,7 +70,7 @@ def test_a_stream_whose_every_worker_dies_ends_with_an_error_event_then_done():
 
 def full(worker) -> None:
     """As if max_queued requests were waiting for its KV space (Worker tests cover when)."""
-    worker._queue_full = lambda: True
+    worker.bound.full = lambda: True
 
 
 def test_full_queues_everywhere_give_503_with_retry_after():
