@@ -61,14 +61,6 @@ class Autoscaler:
     def desired(self, n: int) -> None:
         self.round.desired = n
 
-    @property
-    def samples(self) -> collections.deque[LoadSample]:
-        return self.round.samples
-
-    @property
-    def capacity(self):
-        return self.round.capacity
-
     # -- one round, after each poll -------------------------------------------------------
     def step(self, controller, now: float) -> None:
         views = controller.views()
@@ -93,9 +85,7 @@ class Autoscaler:
             v.stats.engine.preemption.computed_tokens, v.stats.engine.num_preemptions,
             v.stats.engine.num_queued_tokens, v.draining_since is not None, v.stats.incarnation)
             for v in views if v.state == READY and v.stats is not None}
-        return self.round.sample(now, interval, counters, serving=sum(v.ready for v in views),
-                                 starting=len(_pending(views)),
-                                 draining=sum(v.draining_since is not None for v in views))
+        return self.round.sample(now, interval, counters, **_counts(views))
 
     def _converge(self, controller, views, now: float) -> None:
         current = [v for v in views if v.draining_since is None and v.state != DEAD]
@@ -122,9 +112,7 @@ class Autoscaler:
             moved = v.load if v.state == READY else 0
             logger.info("%s drained in %.1f s (%d streams continue elsewhere)", v.worker_id,
                         waited, moved)
-            self.drains["count"] += 1
-            self.drains["seconds_sum"] += waited
-            self.drains["last_s"] = waited
+            _tally(self.drains, waited)
             self.drains["streams_moved"] += moved
             controller.remove_worker(v.worker_id)
             self._retiring.append((now + DRAIN_GRACE_S, v.handle))
@@ -140,29 +128,36 @@ class Autoscaler:
             started = self._spawned_at.get(v.worker_id)
             if started is not None and v.state == READY:
                 del self._spawned_at[v.worker_id]
-                self.cold_starts["count"] += 1
-                self.cold_starts["seconds_sum"] += now - started
-                self.cold_starts["last_s"] = now - started
+                _tally(self.cold_starts, now - started)
 
     # -- what /fleet and /metrics show ------------------------------------------------------
     def to_json(self, views) -> dict:
-        last = self.samples[-1] if self.samples else None
+        samples = self.round.samples
         return {
             "min_workers": self.policy.min_workers, "max_workers": self.policy.max_workers,
-            "desired": self.desired, "serving": sum(v.ready for v in views),
-            "starting": len(_pending(views)),
-            "draining": sum(v.draining_since is not None for v in views),
-            "capacity_tokens_per_s": self.capacity.tokens_per_s,
-            "predicted_wait_s": last.wait_s if last else 0.0,
+            "desired": self.desired, **_counts(views),
+            "capacity_tokens_per_s": self.round.capacity.tokens_per_s,
+            "predicted_wait_s": samples[-1].wait_s if samples else 0.0,
             "decisions": list(self.decisions),
             "decisions_total": [{"direction": d, "reason": r, "count": n}
                                 for (d, r), n in sorted(self.decision_counts.items())],
             "drains": dict(self.drains), "cold_starts": dict(self.cold_starts)}
 
 
-def _pending(views) -> list:
-    """Workers on their way to serving: starting, restarting, not answering."""
-    return [v for v in views if v.draining_since is None and v.state not in (READY, DEAD)]
+def _counts(views) -> dict[str, int]:
+    """Workers serving, on their way to serving (starting, restarting, not answering) and
+    draining."""
+    return {"serving": sum(v.ready for v in views),
+            "starting": sum(v.draining_since is None and v.state not in (READY, DEAD)
+                            for v in views),
+            "draining": sum(v.draining_since is not None for v in views)}
+
+
+def _tally(times: dict, seconds: float) -> None:
+    """One more drain or cold start that took `seconds`."""
+    times["count"] += 1
+    times["seconds_sum"] += seconds
+    times["last_s"] = seconds
 
 
 def _index(worker_id: str) -> int:
