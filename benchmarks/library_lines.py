@@ -81,7 +81,7 @@ def main() -> None:
         print(f"{p:22}" + "".join(f"{c['lines']:>14} / {c['code']:>5}" for c in cells))
     out = ROOT / "benchmarks" / "results" / f"{args.name}.json"
     out.write_text(json.dumps(columns, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {out.relative_to(ROOT)}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
