@@ -92,13 +92,11 @@ def wait_until_gone(gone: Callable[[], bool | None], period_s: float,
             missing = missing + 1 if answer else 0
 
 
-def watch_application(app_name: str, period_s: float = APP_CHECK_S) -> threading.Thread:
+def watch_application(app_name: str) -> None:
     """From inside a worker actor: exit for good (no restart) once the application is gone."""
     def run() -> None:
-        wait_until_gone(lambda: application_gone(app_name), period_s)
+        wait_until_gone(lambda: application_gone(app_name), APP_CHECK_S)
         logger.info("application %r is gone: worker exits", app_name)
         ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
-    thread = threading.Thread(target=run, name="raypaged-app-watch", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=run, name="raypaged-app-watch", daemon=True).start()

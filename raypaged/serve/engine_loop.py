@@ -102,8 +102,7 @@ class EngineLoop:
                 self.stats = self.engine.stats()
                 if outputs:
                     self._post(self._on_outputs, outputs)
-            else:
-                self.stats = self.engine.stats()
+            else:  # idle: _drain_inbox has published the stats
                 self._wake.wait(timeout=1.0)
 
     def _drain_inbox(self) -> None:

@@ -42,10 +42,7 @@ class Leg:
             return False
         self.closed = True
         if self.link is not None:
-            if finished:
-                self.link.finished(self.request_id)
-            else:
-                self.link.leave(self.request_id)
+            (self.link.finished if finished else self.link.leave)(self.request_id)
         return True
 
     def is_lost(self, snap: FleetSnapshot) -> bool:

@@ -111,8 +111,6 @@ class RayFleetClient:
                 if failing:
                     logger.info("fleet refresh works again")
                 failing = False
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:  # noqa: BLE001 - keep the last snapshot, try again
                 if not failing:  # once per outage, not every refresh_s
                     logger.warning("fleet refresh failed, routing from the last snapshot: %r",

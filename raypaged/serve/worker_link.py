@@ -82,8 +82,6 @@ class WorkerLink:
                     if sink is not None:  # None: left; the worker has its cancel
                         sink(items)
             lost = WorkerUnavailable(f"{self.worker_id}: its output stream ended")
-        except asyncio.CancelledError:
-            raise
         except (RayActorError, RayTaskError) as exc:
             lost = WorkerUnavailable(f"{self.worker_id}: {type(exc).__name__}")
         except Exception as exc:  # noqa: BLE001 - any broken stream: fail over
