@@ -27,19 +27,11 @@ def kv_storage_dtype(dtype: torch.dtype, kv_dtype: str) -> torch.dtype:
 
 
 def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                       device: torch.device | str = "cpu", k_scale: float = 1.0,
-                       v_scale: float = 1.0) -> list[LayerKVCache]:
+                       device: torch.device | str = "cpu") -> list[LayerKVCache]:
     """One LayerKVCache per layer storing `dtype` (kv_storage_dtype's answer), zero-filled (a
     never-written slot reads as 0, not NaN, which keeps masked-out garbage finite in the
-    attention kernels)."""
-    if num_blocks < 1 or block_size < 1:
-        raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
+    attention kernels), with unit scales (the module's docstring says why)."""
     shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
-    if dtype != torch.float8_e4m3fn:
-        k_scale = v_scale = 1.0  # scales only mean something for fp8 storage
-    return [
-        LayerKVCache(key=torch.zeros(shape, dtype=dtype, device=device),
-                     value=torch.zeros(shape, dtype=dtype, device=device),
-                     k_scale=k_scale, v_scale=v_scale)
-        for _ in range(config.num_layers)
-    ]
+    return [LayerKVCache(key=torch.zeros(shape, dtype=dtype, device=device),
+                         value=torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(config.num_layers)]

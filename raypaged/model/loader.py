@@ -42,10 +42,8 @@ def resolve_dtype_name(dtype: str, device: torch.device | str) -> str:
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device | str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        if dtype not in DTYPES.values():
-            raise ValueError(f"unsupported dtype {dtype}; choices: {', '.join(DTYPE_CHOICES)}")
-        return dtype
+    if isinstance(dtype, torch.dtype):  # already resolved (ModelSetup's): checked by name
+        dtype = str(dtype).removeprefix("torch.")
     return DTYPES[resolve_dtype_name(dtype, device)]
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from raypaged.core.contracts import ScheduledBatch, StepResult
-from raypaged.model.attention.base import AttentionMetadata, LayerKVCache
+from raypaged.model.attention.base import LayerKVCache
 from raypaged.model.cuda_graphs import CudaGraphDecoder
 from raypaged.model.input_buffers import InputBuffers
 from raypaged.model.llama import LlamaModel
@@ -21,18 +21,19 @@ from raypaged.model.sampler import SampleRow, Sampler
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, kv_caches: list[LayerKVCache], buffers: InputBuffers,
-                 sampler: Sampler | None = None, graphs: CudaGraphDecoder | None = None,
-                 decode_threads: int | None = None) -> None:
-        """decode_threads: torch CPU threads for decode-only steps; the others keep the threads
-        set when the runner is built (None: one count for every step)."""
+                 sampler: Sampler, graphs: CudaGraphDecoder | None = None,
+                 num_threads: int | None = None, decode_threads: int | None = None) -> None:
+        """num_threads: torch CPU threads, set here (None: as they are); decode_threads: those of
+        decode-only steps, every other step runs with num_threads (None: one count for all)."""
         self.model = model
         self.decode_threads = decode_threads
-        self.full_threads = torch.get_num_threads()
-        self._threads = self.full_threads
+        self._threads = torch.get_num_threads()
+        self.full_threads = num_threads or self._threads
+        self._set_threads(self.full_threads)
         self.kv_caches = kv_caches
         self.buffers = buffers
         self.device = buffers.device
-        self.sampler = sampler or Sampler()
+        self.sampler = sampler
         self.graphs = graphs
         self.num_graph_steps = 0
         self.num_eager_steps = 0
@@ -43,7 +44,7 @@ class ModelRunner:
             self._copy_blocks(batch.block_copies)
         if self.decode_threads is not None:
             self._set_threads(self.decode_threads if batch.is_pure_decode else self.full_threads)
-        input_ids, positions, meta = self.prepare(batch)
+        input_ids, positions, meta = self.buffers.prepare(batch)
         hidden = None
         if self.graphs is not None and batch.is_pure_decode:
             hidden = self.graphs.run(meta.num_seqs)  # None: no bucket fits
@@ -87,9 +88,6 @@ class ModelRunner:
         if n != self._threads:
             torch.set_num_threads(n)
             self._threads = n
-
-    def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        return self.buffers.prepare(batch)
 
     def _copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
         src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=self.device)

@@ -8,10 +8,10 @@ weights all go through it, so no two of them can decide differently.
       .attention_backend()       chosen once: torch (+ the C++ decode kernel on CPU) or Triton
                                  (its split-K workspace sized for this engine), refusing what
                                  the GPU at hand cannot run
-      .load_model()              threads and kernel caches set, weights read into that backend,
-                                 linears packed for oneDNN where they can be
-      .build_runner(model)       KV cache sized by the plan, input buffers, CUDA graphs, sampler
-      .build_core(model)         that runner under a Scheduler built from these same args
+      .load_model()              kernel caches bounded, weights read into that backend, linears
+                                 packed for oneDNN where they can be
+      .build_core(model)         KV cache sized by the plan, input buffers, CUDA graphs, sampler,
+                                 threads: the runner, under a Scheduler built from these same args
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from raypaged.config import EngineArgs, KVPlan, KVShape, plan_kv_cache
 from raypaged.core.engine_core import EngineCore
 from raypaged.core.scheduler import Scheduler
 from raypaged.core.scheduling_policy import policy_of
-from raypaged.model.attention import AttentionBackend, get_attention_backend
+from raypaged.model.attention import AttentionBackend, TorchAttentionBackend, get_attention_backend
 from raypaged.model.kv_cache import kv_storage_dtype
 from raypaged.model.loader import checkpoint_files, resolve_dtype
 from raypaged.model.model_config import ModelConfig
@@ -42,21 +42,6 @@ def resolve_model_dir(model: str | None) -> Path:
         from raypaged.model.default_model import default_model_dir
         return default_model_dir()
     return Path(model).expanduser()
-
-
-def resolve_device(device: str | None) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def resolve_max_model_len(requested: int | None, model_limit: int) -> int:
-    if requested is None:
-        return model_limit
-    if requested > model_limit:
-        raise ValueError(f"max_model_len={requested} is longer than the model's limit of "
-                         f"{model_limit} tokens: set max_model_len <= {model_limit}")
-    return requested
 
 
 @dataclass(frozen=True)
@@ -77,9 +62,13 @@ class ModelSetup:
             if not model_dir.is_dir():
                 checkpoint_files(model_dir)  # raises: "model folder ... does not exist"
             config = ModelConfig.from_dir(model_dir)
-        device = resolve_device(args.device)
+        limit = config.max_model_len
+        if (args.max_model_len or 0) > limit:
+            raise ValueError(f"max_model_len={args.max_model_len} is longer than the model's limit "
+                             f"of {limit} tokens: set max_model_len <= {limit}")
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         return cls(args, config, device, resolve_dtype(args.dtype, device),
-                   resolve_max_model_len(args.max_model_len, config.max_model_len), model_dir)
+                   args.max_model_len or limit, model_dir)
 
     @property
     def model_name(self) -> str:
@@ -106,27 +95,22 @@ class ModelSetup:
         return plan_kv_cache(self.kv_shape, self.args, self.max_model_len, free)
 
     def attention_backend(self) -> AttentionBackend:
-        name = self.args.attention_backend or ("triton" if self.device.type == "cuda" else "torch")
-        if name == "triton":
-            if self.device.type == "cuda":  # refuse what its kernels cannot run on this GPU
-                from raypaged.model.attention.gpu_support import check_triton_kv_dtype
-                check_triton_kv_dtype(torch.cuda.get_device_capability(self.device),
-                                      self.args.kv_dtype, str(self.dtype).removeprefix("torch."))
-            # the split-K workspace for this engine's batch; a fixed split rule (from
-            # max_model_len) keeps decode launches identical between graph capture and replay
-            return get_attention_backend(name, self.device, max_num_seqs=self.args.max_num_seqs,
-                                         max_model_len=self.max_model_len)
-        if name == "torch" and self.device.type == "cpu" and (self.args.cpu_decode_kernel
-                                                              or self.args.cpu_prefill_kernel):
-            from raypaged.model.attention.torch_backend import TorchAttentionBackend
-            decode = prefill = None
-            if self.args.cpu_decode_kernel:
-                decode = cpu_decode_kernel(self.config, self.dtype, self.kv_cache_dtype,
-                                           self.args.block_size)
-            if self.args.cpu_prefill_kernel:
-                prefill = cpu_prefill_kernel(self.config, self.dtype, self.kv_cache_dtype)
-            return TorchAttentionBackend(decode, prefill)
-        return get_attention_backend(name, self.device)
+        args, cuda = self.args, self.device.type == "cuda"
+        if (args.attention_backend or ("triton" if cuda else "torch")) == "torch":
+            cpu = self.device.type == "cpu"
+            return TorchAttentionBackend(
+                cpu_decode_kernel(self.config, self.dtype, self.kv_cache_dtype, args.block_size)
+                if cpu and args.cpu_decode_kernel else None,
+                cpu_prefill_kernel(self.config, self.dtype, self.kv_cache_dtype)
+                if cpu and args.cpu_prefill_kernel else None)
+        if cuda:  # refuse what its kernels cannot run on this GPU
+            from raypaged.model.attention.gpu_support import check_triton_kv_dtype
+            check_triton_kv_dtype(torch.cuda.get_device_capability(self.device), args.kv_dtype,
+                                  str(self.dtype).removeprefix("torch."))
+        # the split-K workspace for this engine's batch; a fixed split rule (from max_model_len)
+        # keeps decode launches identical between graph capture and replay
+        return get_attention_backend("triton", self.device, max_num_seqs=args.max_num_seqs,
+                                     max_model_len=self.max_model_len)
 
     def load_model(self):
         """The model's weights on the device, in the dtype and backend decided here."""
@@ -135,16 +119,16 @@ class ModelSetup:
         from raypaged.model.packed_linear import can_pack, pack_linears
 
         bound_kernel_caches(self.args.onednn_cache_capacity)  # before the first matmul reads it
-        if self.args.num_threads:
-            torch.set_num_threads(self.args.num_threads)  # the runner keeps it for prefill steps
         model, _ = load_model(self.model_dir, self.dtype, self.device, self.attention_backend())
         if self.args.packed_linears and can_pack(self.dtype, self.device):
             pack_linears(model)
         return model
 
-    def build_runner(self, model, grammars=None) -> tuple[ModelRunner, KVPlan]:
-        """Model in hand -> its runner: KV cache sized by the plan, buffers, CUDA graphs.
-        grammars: the GrammarCache constrained requests compile into (None: none accepted)."""
+    def build_core(self, model, grammars=None) -> tuple[EngineCore, KVPlan, ModelRunner]:
+        """A loaded (or randomly initialised) model -> its runner (KV cache sized by the plan,
+        buffers, CUDA graphs, sampler) under a scheduler of the same plan. GPU tests and
+        benchmarks call this with random weights of real shapes. grammars: the GrammarCache
+        constrained requests compile into (None: none accepted)."""
         from raypaged.model.cuda_graphs import CudaGraphDecoder
         from raypaged.model.input_buffers import InputBuffers
         from raypaged.model.kv_cache import allocate_kv_caches
@@ -162,16 +146,9 @@ class ModelSetup:
                                       buffers)
             if not graphs.capture():
                 graphs = None
-        decode_threads = args.decode_threads if self.device.type == "cpu" else None
         runner = ModelRunner(model, kv_caches, buffers, Sampler(args.seed, grammars), graphs,
-                             decode_threads)
-        return runner, plan
-
-    def build_core(self, model, grammars=None) -> tuple[EngineCore, KVPlan, ModelRunner]:
-        """A loaded (or randomly initialised) model -> its runner and scheduler, sized by the
-        plan. GPU tests and benchmarks call this with random weights of real shapes."""
-        args = self.args
-        runner, plan = self.build_runner(model, grammars)
+                             args.num_threads,
+                             args.decode_threads if self.device.type == "cpu" else None)
         scheduler = Scheduler(plan.num_blocks, args.block_size, plan.max_model_len,
                               args.max_num_seqs, args.max_num_batched_tokens,
                               args.enable_prefix_caching, policy_of(args))

@@ -18,18 +18,17 @@ def get_attention_backend(name: str | None, device: torch.device | str,
     CPU installs never need it to import cleanly. triton_options: TritonAttentionBackend's
     (max_num_seqs, max_model_len: its split-K workspace)."""
     device = torch.device(device)
-    if name is None:
-        name = "triton" if device.type == "cuda" else "torch"
+    name = name or ("triton" if device.type == "cuda" else "torch")
     if name == "torch":
         return TorchAttentionBackend()
-    if name == "triton":
-        if device.type != "cuda" or not torch.cuda.is_available():
-            raise ValueError(f"attention backend 'triton' needs a CUDA device, got {device} "
-                             f"(cuda available: {torch.cuda.is_available()}); use 'torch' on CPU")
-        try:
-            from raypaged.model.attention.triton_backend import TritonAttentionBackend
-        except ImportError as e:
-            raise ImportError(f"attention backend 'triton' could not be imported ({e}); "
-                              "install triton or choose 'torch'") from e
-        return TritonAttentionBackend(**triton_options)
-    raise ValueError(f"unknown attention backend {name!r}; choices: {', '.join(BACKEND_NAMES)}")
+    if name != "triton":
+        raise ValueError(f"unknown attention backend {name!r}; choices: {', '.join(BACKEND_NAMES)}")
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise ValueError(f"attention backend 'triton' needs a CUDA device, got {device} "
+                         f"(cuda available: {torch.cuda.is_available()}); use 'torch' on CPU")
+    try:
+        from raypaged.model.attention.triton_backend import TritonAttentionBackend
+    except ImportError as e:
+        raise ImportError(f"attention backend 'triton' could not be imported ({e}); "
+                          "install triton or choose 'torch'") from e
+    return TritonAttentionBackend(**triton_options)

@@ -10,11 +10,12 @@ private pool serves) and never syncs with the host. The number of splits is a fu
 host integers only (batch size, kv heads, SM count and max_model_len when given), so a graph
 captured for a batch size stays valid at every replay; results never depend on it.
 
-On CPU tensors it runs when TRITON_INTERPRET=1 was set before triton was imported (tests do).
+On CPU tensors it runs when TRITON_INTERPRET=1 was set before triton was imported (tests do);
+otherwise `get_attention_backend` refuses it on a device without CUDA, once, at engine start.
 """
 from __future__ import annotations
 
-import os
+import functools
 
 import torch
 
@@ -32,33 +33,28 @@ class TritonAttentionBackend:
     name = "triton"
 
     def __init__(self, max_num_seqs: int = 256, max_model_len: int | None = None,
-                 split_k: bool = True, max_splits: int = MAX_SPLITS) -> None:
+                 split_k: bool = True) -> None:
         """max_model_len, when given, replaces each step's max_seq_len in the split rule, which
         makes the split count depend on the batch size alone (what CUDA-graph capture wants).
         split_k=False turns split-K off (one program per sequence and kv head)."""
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.split_k = split_k
-        self.max_splits = max_splits
         self._workspace: DecodeWorkspace | None = None
         self._retired: list[DecodeWorkspace] = []
-        self._num_sms: dict[torch.device, int] = {}
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, cache: LayerKVCache,
                  meta: AttentionMetadata) -> None:
-        _check_device(key)
         store_kv(key, value, cache.key, cache.value, meta.slot_mapping,
                  cache.k_scale, cache.v_scale)
 
     def attend(self, query: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata,
                scale: float) -> torch.Tensor:
-        _check_device(query)
         num_seqs = meta.seq_lens.shape[0]
         if meta.is_pure_decode and query.shape[0] == num_seqs:
             splits = self.num_splits(num_seqs, cache.key.shape[2], meta.max_seq_len, query.device)
-            workspace = None
-            if splits > 1:
-                workspace = self.workspace(num_seqs, query.shape[1], query.shape[2], query.device)
+            workspace = (self.workspace(num_seqs, query.shape[1], query.shape[2], query.device)
+                         if splits > 1 else None)
             return paged_decode(query, cache.key, cache.value, meta.block_tables, meta.seq_lens,
                                 scale, cache.k_scale, cache.v_scale, num_splits=splits,
                                 workspace=workspace)
@@ -71,33 +67,26 @@ class TritonAttentionBackend:
         if not self.split_k:
             return 1
         max_len = self.max_model_len if self.max_model_len is not None else max_seq_len
-        return choose_num_splits(num_seqs, num_kv_heads, max_len, self._sm_count(device),
-                                 self.max_splits)
+        return choose_num_splits(num_seqs, num_kv_heads, max_len, _sm_count(device))
 
     def workspace(self, batch: int, num_heads: int, head_dim: int,
                   device: torch.device) -> DecodeWorkspace:
         """The split-K scratch; call once before CUDA-graph capture to allocate it up front."""
         ws = self._workspace
         if (ws is None or ws.part_out.device != device
-                or not ws.fits(batch, num_heads, head_dim, self.max_splits)):
+                or not ws.fits(batch, num_heads, head_dim, MAX_SPLITS)):
             # Grows only past max_num_seqs or for another model's head shape. The old one is
             # kept alive: a CUDA graph captured with it still writes to its memory on replay.
             if ws is not None:
                 self._retired.append(ws)
             ws = DecodeWorkspace.allocate(max(batch, self.max_num_seqs), num_heads, head_dim,
-                                          device, self.max_splits)
+                                          device)
             self._workspace = ws
         return ws
 
-    def _sm_count(self, device: torch.device) -> int:
-        if device.type != "cuda":
-            return INTERPRETER_NUM_SMS
-        if device not in self._num_sms:
-            self._num_sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
-        return self._num_sms[device]
 
-
-def _check_device(x: torch.Tensor) -> None:
-    if x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("1", "true"):
-        raise RuntimeError("the triton attention backend got CPU tensors; use the 'torch' backend "
-                           "on CPU, or set TRITON_INTERPRET=1 before importing triton (tests)")
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_NUM_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
