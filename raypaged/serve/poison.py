@@ -38,11 +38,7 @@ class PoisonMemory:
         return bool(self._until)
 
     def remember(self, key: bytes, reason: str, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
-        self._until.pop(key, None)
-        self._until[key] = (now + self.remember_s, reason)
-        while len(self._until) > self.most:
-            self._until.popitem(last=False)
+        self.learn([(key, reason, self.remember_s)], now)
 
     def shared(self, now: float | None = None) -> list[tuple[bytes, str, float]]:
         """(key, reason, seconds left) of every request remembered: seconds left, not
