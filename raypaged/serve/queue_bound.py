@@ -26,13 +26,11 @@ PACE_WINDOW = 64  # finishes the pace is measured over
 
 
 class QueueBound:
-    def __init__(self, max_queued: int, num_blocks: int, block_size: int, max_model_len: int,
-                 clock=time.monotonic):
+    def __init__(self, max_queued: int, num_blocks: int, block_size: int, max_model_len: int):
         self.max_queued = max_queued
         self.num_blocks, self.block_size, self.max_model_len = num_blocks, block_size, max_model_len
         self.count = 0     # requests accepted and not finished
         self.blocks = 0    # the KV blocks they may grow to, together
-        self._clock = clock
         self._finished_at: collections.deque[float] = collections.deque(maxlen=PACE_WINDOW)
 
     def need(self, num_prompt_tokens: int, max_tokens: int | None, n: int) -> int:
@@ -57,7 +55,7 @@ class QueueBound:
     def remove(self, blocks: int) -> None:
         self.count -= 1
         self.blocks -= blocks
-        self._finished_at.append(self._clock())
+        self._finished_at.append(time.monotonic())
 
     def retry_after_s(self) -> int:
         """Seconds until the queue, at the pace requests have been finishing, has room."""

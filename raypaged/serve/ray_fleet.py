@@ -46,17 +46,14 @@ class RayFleetClient:
     def snapshot(self) -> FleetSnapshot:
         return self._snapshot
 
-    async def start(self, ready_timeout_s: float | None = None) -> FleetSnapshot:
+    async def start(self) -> FleetSnapshot:
         """Start refreshing; returns once at least one worker is ready."""
         await self._refresh()
         self._task = asyncio.get_running_loop().create_task(self._refresh_forever())
-        deadline = None if ready_timeout_s is None else time.monotonic() + ready_timeout_s
         while not self._snapshot.ready():
             if self._snapshot.all_dead():  # e.g. the engine refused its config: say why
                 causes = sorted({w.error or "unknown" for w in self._snapshot.workers})
                 raise RuntimeError(f"every worker failed to start: {'; '.join(causes)}")
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"no worker became ready in {ready_timeout_s} s")
             await asyncio.sleep(0.2)
         return self._snapshot
 
