@@ -68,8 +68,8 @@ class Generation:
         self._routed = False
         self._watched_at = time.monotonic()
         self.client = CLIENT.get()  # of the HTTP request that started it
-        self._ticket = self._unclosed = None  # its place in the gate, from start() to close()
-        self._blocks = 0  # the KV blocks the gate counts it at (each leg counted at as many)
+        # its place in the gate, from start() to close(); each leg counts at its blocks
+        self._ticket = self._unclosed = None
 
     @property
     def num_output_tokens(self) -> int:
@@ -89,7 +89,6 @@ class Generation:
         # kept for ever would shrink the fleet's room for everyone
         self._ticket, self._unclosed = ticket, weakref.finalize(self, self.d.gate.leave_later,
                                                                 ticket)
-        self._blocks = ticket.blocks
         if self.d.poison:  # costs a hash of the prompt only while something is remembered
             reason = self.d.poison.refused(self._fingerprint())
             if reason is not None:
@@ -115,7 +114,7 @@ class Generation:
             keys = self.d.router.prompt_keys(tokens, self.cache_salt, loads)
             order, reason = self.d.router.choose(keys, loads)
             if self.d.gate.fair:
-                order = self.d.room_first(order, snap, self._blocks)
+                order = self.d.room_first(order, snap, self._ticket.blocks)
             if not self._routed:
                 self.d.metrics.inc("routing_decisions", reason)
                 self._routed = True
@@ -149,7 +148,7 @@ class Generation:
                           else f"{self.request_id}-{self._opens - 1}")
         self.worker_id = leg.worker_id
         self.d.opened(leg.worker_id)
-        leg.blocks = self._blocks
+        leg.blocks = self._ticket.blocks
         self.d.placed(leg.worker_id, leg.blocks)
         self._legs.append(leg)
         try:
@@ -273,29 +272,31 @@ class Generation:
                 self._close_leg(leg)
 
     def batches(self) -> AsyncIterator[list[SequenceOutput]]:
-        """Every step's outputs, one batch a step, failing over lost workers on the way."""
-        return self.stream(merge=False)
+        """stream() as it was before the fast path: one batch per engine step, each waited for
+        with `asyncio.wait_for` (the setting stream_path "legacy", and requests of several
+        prompts)."""
+        return self.stream(fast=False)
 
     async def stream(self, deadline: float | None = None,
-                     merge: bool = True) -> AsyncIterator[list[SequenceOutput]]:
-        """Every step's outputs, failing over lost workers on the way, with little work per
-        token:
-        - `merge` (the setting stream_path "fast"): every item waiting is taken at once and
-          yielded as one batch, so a router behind its workers sends one SSE chunk for several
-          engine steps instead of one per step;
+                     fast: bool = True) -> AsyncIterator[list[SequenceOutput]]:
+        """Every step's outputs, failing over lost workers on the way; `fast` (the setting
+        stream_path "fast") with less work per token:
+        - every item waiting is taken at once and yielded as one batch, so a router behind its
+          workers sends one SSE chunk for several engine steps instead of one per step;
         - a wait is one `queue.get()`: no task and no timeout per token. Two timers per stream
           wake it instead: one every WATCH_S (the fleet watch) and one at `deadline` (then
           DeadlinePassed), each by putting a marker in the queue."""
         loop = asyncio.get_running_loop()
-        queue, ticker = self._queue, None
+        queue, ticker, alarm = self._queue, None, None
 
         def tick() -> None:
             nonlocal ticker
             queue.put_nowait((None, _TICK))
             ticker = loop.call_later(WATCH_S, tick)
-        ticker = loop.call_later(WATCH_S, tick)
-        alarm = None if deadline is None else loop.call_at(
-            deadline, queue.put_nowait, (None, _DEADLINE))
+        if fast:
+            ticker = loop.call_later(WATCH_S, tick)
+            if deadline is not None:
+                alarm = loop.call_at(deadline, queue.put_nowait, (None, _DEADLINE))
         try:
             while True:
                 while self._pending:
@@ -305,8 +306,14 @@ class Generation:
                 if time.monotonic() - self._watched_at >= WATCH_S:
                     await self._watch()
                     continue
+                if fast or not queue.empty():
+                    item = await queue.get()
+                else:  # a task and a timer per wait, for comparison (docs/performance.md)
+                    try:
+                        item = await asyncio.wait_for(queue.get(), WATCH_S)
+                    except asyncio.TimeoutError:
+                        continue
                 ready: list[SequenceOutput] = []
-                item = await queue.get()
                 while True:
                     leg, items = item
                     if leg is None:
@@ -323,7 +330,7 @@ class Generation:
                             break
                         self._take(leg, outs)
                         ready.extend(outs)
-                    if not merge or queue.empty():
+                    if not fast or queue.empty():
                         break
                     item = queue.get_nowait()
                 if ready:
@@ -333,13 +340,13 @@ class Generation:
             self.progress.record_finished(len(self.token_ids))  # the client left: an abort
             raise
         finally:
-            ticker.cancel()
-            if alarm is not None:
-                alarm.cancel()
+            for timer in (ticker, alarm):
+                if timer is not None:
+                    timer.cancel()
             await self.close()
 
     async def collect(self, fast: bool = False) -> list[SequenceOutput]:
-        return [out async for batch in self.stream(merge=fast) for out in batch]
+        return [out async for batch in self.stream(fast=fast) for out in batch]
 
 
 class DeadlinePassed(Exception):

@@ -10,9 +10,10 @@ from __future__ import annotations
 import bisect
 import math
 from operator import attrgetter
+from types import SimpleNamespace
 from typing import Iterable
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily)
 
@@ -123,20 +124,11 @@ def merge(snapshots: Iterable[dict]) -> dict:
     return total
 
 
-class _Collector:
-    def __init__(self, fleet: FleetSnapshot, requests: dict, model_name: str):
-        self.fleet, self.requests, self.model_name = fleet, requests, model_name
-
-    def collect(self):
-        yield from fleet_families(self.fleet, self.model_name)
-        yield from scaling_families(self.fleet.scaling, self.model_name)
-        yield from request_families(self.requests, self.model_name)
-
-
 def render(fleet: FleetSnapshot, requests: dict, model_name: str) -> bytes:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(fleet, requests, model_name))
-    return generate_latest(registry)
+    families = [*fleet_families(fleet, model_name), *scaling_families(fleet.scaling, model_name),
+                *request_families(requests, model_name)]
+    # generate_latest reads any collector; a registry would only hold this one
+    return generate_latest(SimpleNamespace(collect=lambda: families))
 
 
 def request_families(snap: dict, model_name: str):
