@@ -17,6 +17,10 @@ UNRESPONSIVE = "unresponsive"  # alive as far as Ray knows, but the last poll ti
 RESTARTING = "restarting"      # Ray is restarting the actor after a crash
 DEAD = "dead"                  # gone for good (killed without restart)
 
+# The KV plan's figures as /fleet shows them per worker (and totals() sums them).
+BUDGET_FIELDS = ("kv_budget_bytes", "bytes_per_token", "bytes_per_block", "num_blocks",
+                 "num_tokens", "max_seqs_at_max_model_len")
+
 
 @dataclass(frozen=True)
 class WorkerView:
@@ -97,7 +101,8 @@ class FleetSnapshot:
                 s = w.stats
                 item.update(
                     pid=s.pid, load=s.num_active, kv_cache_usage=s.engine.kv_cache_usage,
-                    budget=s.budget_json(), memory=vars(s.engine.memory),
+                    budget={k: getattr(s.budget, k) for k in BUDGET_FIELDS},
+                    memory=vars(s.engine.memory),
                     num_running=s.engine.num_running, num_waiting=s.engine.num_waiting,
                     num_preemptions=s.engine.num_preemptions, num_steps=s.engine.num_steps,
                     preemption=_preemption_json(s.engine.preemption),

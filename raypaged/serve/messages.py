@@ -15,10 +15,6 @@ from raypaged.config import KVPlan
 from raypaged.core.cache_summary import SummaryDelta
 from raypaged.core.contracts import EngineStats
 
-# The KV plan's figures as /fleet shows them per worker (and totals() sums them).
-BUDGET_FIELDS = ("kv_budget_bytes", "bytes_per_token", "bytes_per_block", "num_blocks",
-                 "num_tokens", "max_seqs_at_max_model_len")
-
 
 @dataclass(frozen=True)
 class Rejected:
@@ -63,9 +59,6 @@ class WorkerStats:
     graph_steps: int = 0      # model steps replayed from a CUDA graph
     eager_steps: int = 0      # model steps run eagerly
     cache: SummaryDelta | None = None  # prefix-cache changes since the version asked for
-
-    def budget_json(self) -> dict:
-        return {k: getattr(self.budget, k) for k in BUDGET_FIELDS}
 
 
 @dataclass(frozen=True)
