@@ -7,8 +7,10 @@ ray.init() keeps its cluster.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from pathlib import Path
+from typing import Callable
 
 import ray
 
@@ -29,41 +31,35 @@ def run_batch(input_path: str | Path, output_path: str | Path, engine: EngineArg
     the input or that another job holds, an input changed since the output answered it
     (InputChanged), engines that cannot start.
     """
-    job = BatchJob(input_path, output_path, engine, options)
+    return run_job(BatchJob(input_path, output_path, engine, options))
+
+
+def run_job(job: BatchJob, on_ray: Callable[[], object] = lambda: None) -> BatchSummary:
+    """Run the job on Ray (`on_ray`: called once Ray is up, before the engines start). On a
+    local Ray, the engines' unset resources are filled from this machine."""
     with ray_for(job.options) as local:
-        return asyncio.run(job.run(job_fleet_args(job, local)))
+        on_ray()
+        args = fleet_args(job.engine, job.options)
+        return asyncio.run(job.run(_local_resources(args) if local else args))
 
 
-def job_fleet_args(job: BatchJob, local: bool):
-    """The engines' arguments; on a local Ray, unset resources are filled from this machine."""
-    args = fleet_args(job.engine, job.options)
-    return _local_resources(args) if local else args
-
-
-class ray_for:
-    """Context: Ray joined or started for a job; yields whether this machine is the cluster."""
-
-    def __init__(self, options: BatchOptions):
-        self.options = options
-        self.started = False
-
-    def __enter__(self) -> bool:
-        if ray.is_initialized():
-            return False
-        address = self.options.address or os.environ.get("RAY_ADDRESS")
-        if address:
-            ray.init(address=address, namespace="raypaged-batch")
-            return False
-        # A new cluster (address="local"), never one some `ray start` left running on this
-        # machine; loopback only: a local job needs no port reachable from elsewhere.
-        ray.init(address="local", num_cpus=self.options.num_cpus or os.cpu_count(), include_dashboard=False,
-                 namespace="raypaged-batch", _node_ip_address="127.0.0.1")
-        self.started = True
-        return True
-
-    def __exit__(self, *exc) -> None:
-        if self.started:
-            ray.shutdown()
+@contextlib.contextmanager
+def ray_for(options: BatchOptions):
+    """Ray joined or started for a job; yields whether this machine is the cluster."""
+    address = options.address or os.environ.get("RAY_ADDRESS")
+    if address and not ray.is_initialized():
+        ray.init(address=address, namespace="raypaged-batch")
+    if ray.is_initialized():  # the cluster joined, or the driver's own: it stays up
+        yield False
+        return
+    # A new cluster (address="local"), never one some `ray start` left running on this
+    # machine; loopback only: a local job needs no port reachable from elsewhere.
+    ray.init(address="local", num_cpus=options.num_cpus or os.cpu_count(), include_dashboard=False,
+             namespace="raypaged-batch", _node_ip_address="127.0.0.1")
+    try:
+        yield True
+    finally:
+        ray.shutdown()
 
 
 def _local_resources(args):

@@ -41,20 +41,16 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run_batch_cli(ns: argparse.Namespace) -> int:
-    import asyncio
-
-    from raypaged.batch.api import job_fleet_args, ray_for
+    from raypaged.batch.api import run_job
     from raypaged.batch.engines import FleetFailed
     from raypaged.batch.job import BatchJob
 
     job = BatchJob(ns.input, ns.output, from_namespace(EngineArgs, ns),
                    from_namespace(BatchOptions, ns))
     try:
-        with ray_for(job.options) as local:
-            # after ray.init, which installs its own SIGTERM handler: `ray job stop` and kill
-            # then take the same way out as Ctrl-C (lines written stay whole, engines stop)
-            signal.signal(signal.SIGTERM, _interrupt)
-            summary = asyncio.run(job.run(job_fleet_args(job, local)))
+        # after ray.init, which installs its own SIGTERM handler: `ray job stop` and kill
+        # then take the same way out as Ctrl-C (lines written stay whole, engines stop)
+        summary = run_job(job, on_ray=lambda: signal.signal(signal.SIGTERM, _interrupt))
     except KeyboardInterrupt:
         print("raypaged batch: interrupted; the lines written so far are complete: re-run the "
               "same command to finish", file=sys.stderr, flush=True)
