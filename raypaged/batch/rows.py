@@ -19,7 +19,7 @@ from typing import BinaryIO, Iterator
 
 from raypaged.batch.compact import SeenIds
 from raypaged.batch.input import read_lines
-from raypaged.serve.errors import APIError, bad_request
+from raypaged.serve.errors import APIError
 from raypaged.serve.json_body import parse_json_body
 
 COMPLETIONS_URL = "/v1/completions"
@@ -44,18 +44,17 @@ def read_rows(f: BinaryIO, max_line_bytes: int) -> Iterator[Row]:
     seen = SeenIds()
     for line in read_lines(f, max_line_bytes):
         if line.raw is None:
-            row = Row(line.line_no, None, error=APIError(
-                413, f"line {line.line_no}: the line is {line.size:,} bytes, over the limit of "
-                f"{max_line_bytes:,}: shorten it, or raise --max-line-bytes",
-                code="line_too_long"))
+            row = _refused(line.line_no, None, f"the line is {line.size:,} bytes, over the limit "
+                           f"of {max_line_bytes:,}: shorten it, or raise --max-line-bytes",
+                           status=413, code="line_too_long")
         elif not line.raw.strip():
             continue
         else:
             row = parse_line(line.line_no, line.raw)
         if row.custom_id is not None and not seen.add(row.custom_id) and row.error is None:
-            row = Row(line.line_no, row.custom_id, error=bad_request(
-                f"line {line.line_no}: custom_id {row.custom_id!r} is a duplicate of an earlier "
-                "line's: give every line its own custom_id", "custom_id"))
+            row = _refused(line.line_no, row.custom_id, f"custom_id {row.custom_id!r} is a "
+                           "duplicate of an earlier line's: give every line its own custom_id",
+                           "custom_id")
         yield dataclasses.replace(row, digest=line.digest, end=line.end)
 
 
@@ -66,33 +65,31 @@ def parse_line(line_no: int, raw: bytes) -> Row:
     except APIError as exc:
         return Row(line_no, None, error=_at_line(line_no, exc))
     if not isinstance(obj, dict):
-        return Row(line_no, None, error=bad_request(
-            f"line {line_no}: a line must be a JSON object, got {type(obj).__name__}"))
+        return _refused(line_no, None, f"a line must be a JSON object, got {type(obj).__name__}")
     custom_id = obj.get("custom_id")
     if custom_id is not None and not (isinstance(custom_id, str) and custom_id):
-        return Row(line_no, None, error=bad_request(
-            f"line {line_no}: custom_id must be a non-empty string, got {custom_id!r}",
-            "custom_id"))
+        return _refused(line_no, None, f"custom_id must be a non-empty string, got "
+                        f"{custom_id!r}", "custom_id")
     if "body" in obj or "url" in obj or "method" in obj:
         return _openai_line(line_no, obj, custom_id)
     return _plain_row(line_no, obj, custom_id or f"line-{line_no}")
 
 
 def _openai_line(line_no: int, obj: dict, custom_id: str | None) -> Row:
-    def refuse(message: str, param: str) -> Row:
-        return Row(line_no, custom_id, error=bad_request(f"line {line_no}: {message}", param))
     if custom_id is None:
-        return refuse("custom_id is required on an OpenAI batch line", "custom_id")
+        return _refused(line_no, None, "custom_id is required on an OpenAI batch line",
+                        "custom_id")
     if obj.get("method", "POST") != "POST":
-        return refuse(f"method must be \"POST\", got {obj.get('method')!r}", "method")
+        return _refused(line_no, custom_id, f"method must be \"POST\", got {obj.get('method')!r}",
+                        "method")
     url = obj.get("url")
     if url not in URLS:
-        return Row(line_no, custom_id, error=APIError(
-            404, f"line {line_no}: url {url!r} is not supported: use one of {list(URLS)}",
-            param="url", code="unknown_url"))
+        return _refused(line_no, custom_id, f"url {url!r} is not supported: use one of "
+                        f"{list(URLS)}", "url", status=404, code="unknown_url")
     body = obj.get("body")
     if not isinstance(body, dict):
-        return refuse(f"body must be a JSON object, got {type(body).__name__}", "body")
+        return _refused(line_no, custom_id, f"body must be a JSON object, got "
+                        f"{type(body).__name__}", "body")
     return Row(line_no, custom_id, url, body)
 
 
@@ -100,16 +97,21 @@ def _plain_row(line_no: int, obj: dict, custom_id: str) -> Row:
     body = {k: v for k, v in obj.items() if k not in ("custom_id", "sampling_params")}
     extra = obj.get("sampling_params", {})
     if not isinstance(extra, dict):
-        return Row(line_no, custom_id, error=bad_request(
-            f"line {line_no}: sampling_params must be a JSON object, got {type(extra).__name__}",
-            "sampling_params"))
+        return _refused(line_no, custom_id, f"sampling_params must be a JSON object, got "
+                        f"{type(extra).__name__}", "sampling_params")
     body.update(extra)
     if ("prompt" in body) == ("messages" in body):
-        return Row(line_no, custom_id, error=bad_request(
-            f"line {line_no}: a plain row needs exactly one of \"prompt\" (a completion) or "
-            "\"messages\" (a chat), or the OpenAI batch fields custom_id, method, url, body",
-            "prompt"))
+        return _refused(line_no, custom_id, "a plain row needs exactly one of \"prompt\" (a "
+                        "completion) or \"messages\" (a chat), or the OpenAI batch fields "
+                        "custom_id, method, url, body", "prompt")
     return Row(line_no, custom_id, CHAT_URL if "messages" in body else COMPLETIONS_URL, body)
+
+
+def _refused(line_no: int, custom_id: str | None, message: str, param: str | None = None,
+             status: int = 400, code: str = "invalid_request") -> Row:
+    """The row refused before the frontend, as the HTTP API would refuse such a body."""
+    return Row(line_no, custom_id, error=APIError(status, f"line {line_no}: {message}",
+                                                  param=param, code=code))
 
 
 def _at_line(line_no: int, exc: APIError) -> APIError:
