@@ -87,33 +87,27 @@ class Shed:
     worker: int  # index of the best worker in the list given
 
 
-def _rates(workers: Sequence[WorkerQueue]) -> list[float] | None:
-    """Each worker's drain rate, the mean measured one for those not measured; None: none is."""
+def _best(prompt_tokens: int, workers: Sequence[WorkerQueue]) -> tuple[int, float, float] | None:
+    """(index, predicted TTFT, drain rate) of the worker that would start this prompt soonest;
+    None when no worker's rate is measured. Workers not measured take the mean measured rate."""
     measured = [w.tokens_per_s for w in workers if w.tokens_per_s is not None]
     if not measured:
         return None
     fallback = sum(measured) / len(measured)
-    return [fallback if w.tokens_per_s is None else w.tokens_per_s for w in workers]
-
-
-def _predicted(queued: int, prompt_tokens: int, rate: float) -> float:
-    return (queued + prompt_tokens) / rate if rate > 0 else math.inf  # 0: nothing drains
-
-
-def _best(prompt_tokens: int, workers: Sequence[WorkerQueue], rates: Sequence[float]
-          ) -> tuple[int, float]:
-    predicted = [_predicted(w.queued_tokens, prompt_tokens, r) for w, r in zip(workers, rates)]
+    rates = [fallback if w.tokens_per_s is None else w.tokens_per_s for w in workers]
+    predicted = [(w.queued_tokens + prompt_tokens) / r if r > 0 else math.inf  # 0: never drains
+                 for w, r in zip(workers, rates)]
     # ties (two workers measured at 0 drain) go to the shorter queue
     i = min(range(len(workers)), key=lambda k: (predicted[k], workers[k].queued_tokens))
-    return i, predicted[i]
+    return i, predicted[i], rates[i]
 
 
 def best_worker(prompt_tokens: int, workers: Sequence[WorkerQueue]
                 ) -> tuple[int, float] | None:
     """(index, predicted TTFT in seconds) of the worker that would start this prompt soonest;
     None when no worker's rate is measured (nothing to predict with)."""
-    rates = _rates(workers)
-    return None if rates is None else _best(prompt_tokens, workers, rates)
+    best = _best(prompt_tokens, workers)
+    return None if best is None else best[:2]
 
 
 def decide(slo_s: float, prompt_tokens: int, workers: Sequence[WorkerQueue]
@@ -121,11 +115,11 @@ def decide(slo_s: float, prompt_tokens: int, workers: Sequence[WorkerQueue]
     """(the worker that would start this prompt soonest, a Shed if even it is predicted to start
     later than `slo_s` because of the work queued there, else None to admit); None when no
     worker's rate is measured."""
-    rates = _rates(workers)
-    if rates is None:
+    best = _best(prompt_tokens, workers)
+    if best is None:
         return None
-    i, predicted = _best(prompt_tokens, workers, rates)
-    queued, rate = workers[i].queued_tokens, rates[i]
+    i, predicted, rate = best
+    queued = workers[i].queued_tokens
     if predicted <= slo_s or queued <= 0:
         return i, None
     if rate <= 0:
@@ -135,8 +129,3 @@ def decide(slo_s: float, prompt_tokens: int, workers: Sequence[WorkerQueue]
     wait = (queued - room) / rate
     return i, Shed(predicted, max(1, min(RETRY_AFTER_MAX_S, math.ceil(wait))), i)
 
-
-def shed(slo_s: float, prompt_tokens: int, workers: Sequence[WorkerQueue]) -> Shed | None:
-    """decide()'s Shed alone: None to admit."""
-    decision = decide(slo_s, prompt_tokens, workers)
-    return None if decision is None else decision[1]

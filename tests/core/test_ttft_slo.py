@@ -2,9 +2,15 @@
 import math
 
 from raypaged.core.sampling_params import SamplingParams
-from raypaged.core.ttft_slo import DrainRate, Shed, WorkerQueue, best_worker, shed
+from raypaged.core.ttft_slo import DrainRate, Shed, WorkerQueue, best_worker, decide
 
 from core_engine import make_engine
+
+
+def shed(slo_s: float, prompt_tokens: int, workers: list[WorkerQueue]) -> Shed | None:
+    """decide()'s Shed alone: None to admit."""
+    decision = decide(slo_s, prompt_tokens, workers)
+    return None if decision is None else decision[1]
 
 
 def test_prefill_counter_counts_what_leaves_the_queue_not_decode_tokens():
