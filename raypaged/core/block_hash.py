@@ -17,17 +17,19 @@ DIGEST_SIZE = 16
 _ROOT: BlockHash = b"raypaged-root-v1"
 
 
-def hash_block(parent: BlockHash | None, token_ids: Sequence[int], extra: bytes = b"") -> BlockHash:
-    h = hashlib.blake2b(digest_size=DIGEST_SIZE)
-    h.update(parent if parent is not None else _ROOT)
-    # array('q') packs the ints in C; little-endian always, so every host hashes alike.
-    tokens = array("q", token_ids)
+def little_endian(typecode: str, values: Sequence[int]) -> bytes:
+    """The ints packed in C by `array(typecode)`, little-endian always: every host hashes (and
+    reads cache deltas) alike."""
+    packed = array(typecode, values)
     if sys.byteorder == "big":  # pragma: no cover
-        tokens.byteswap()
-    h.update(len(tokens).to_bytes(4, "little"))
-    h.update(tokens.tobytes())
-    h.update(extra)
-    return h.digest()
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def hash_block(parent: BlockHash | None, token_ids: Sequence[int], extra: bytes = b"") -> BlockHash:
+    data = len(token_ids).to_bytes(4, "little") + little_endian("q", token_ids) + extra
+    return hashlib.blake2b((parent if parent is not None else _ROOT) + data,
+                           digest_size=DIGEST_SIZE).digest()
 
 
 def salt_key(cache_salt: str | None) -> bytes:
@@ -54,10 +56,7 @@ def hash_block_tokens(
         n_full = min(n_full, max_blocks)
     if n_full <= start:
         return []
-    tokens = array("q", token_ids[start * block_size:n_full * block_size])
-    if sys.byteorder == "big":  # pragma: no cover
-        tokens.byteswap()
-    data, step = tokens.tobytes(), 8 * block_size
+    data, step = little_endian("q", token_ids[start * block_size:n_full * block_size]), 8 * block_size
     head = block_size.to_bytes(4, "little")  # hash_block's length field: a full block
     blake2b = hashlib.blake2b
     out: list[BlockHash] = []

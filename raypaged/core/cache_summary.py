@@ -25,7 +25,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Sequence
 
-from raypaged.core.block_hash import BlockHash
+from raypaged.core.block_hash import BlockHash, little_endian
 
 # Changes kept for readers to catch up with; one who fell further behind gets the whole set.
 DEFAULT_LOG_SIZE = 65536
@@ -48,33 +48,23 @@ class SummaryDelta:
     def __reduce__(self):
         # Every router receives every worker's deltas: pickled as a tuple of ints a key costs
         # ~10.5 bytes (opcode, length, 8 or 9 bytes); packed as uint64, 8.
-        depths = None if self.depths is None else array("I", self.depths).tobytes()
-        return _unpack_delta, (self.version, _pack(self.added), _pack(self.removed), self.full,
-                               depths)
+        depths = None if self.depths is None else little_endian("I", self.depths)
+        return _unpack_delta, (self.version, little_endian("Q", self.added),
+                               little_endian("Q", self.removed), self.full, depths)
 
 
-def _pack(keys: Sequence[int]) -> bytes:
-    packed = array("Q", keys)
-    if sys.byteorder == "big":  # pragma: no cover - little-endian on the wire, like block_hash
-        packed.byteswap()
-    return packed.tobytes()
-
-
-def _unpack(data: bytes) -> tuple[int, ...]:
-    packed = array("Q")
+def _unpack(typecode: str, data: bytes) -> tuple[int, ...]:
+    packed = array(typecode)
     packed.frombytes(data)
-    if sys.byteorder == "big":  # pragma: no cover
+    if sys.byteorder == "big":  # pragma: no cover - little-endian on the wire
         packed.byteswap()
     return tuple(packed)
 
 
 def _unpack_delta(version: int, added: bytes, removed: bytes, full: bool,
                   depths: bytes | None = None) -> SummaryDelta:
-    if depths is not None:
-        packed = array("I")
-        packed.frombytes(depths)
-        depths = tuple(packed)
-    return SummaryDelta(version, _unpack(added), _unpack(removed), full, depths)
+    return SummaryDelta(version, _unpack("Q", added), _unpack("Q", removed), full,
+                        None if depths is None else _unpack("I", depths))
 
 
 def published(depth: int, every: int) -> bool:
