@@ -66,7 +66,7 @@ class FreeBlockQueue:
 
     def popleft(self) -> Block:
         first = self._head.next
-        if first is self._tail or first is None:
+        if first is self._tail:
             raise IndexError("no free blocks")
         self.remove(first)
         return first
@@ -141,9 +141,7 @@ class BlockPool:
         """Make a full block findable by its prefix hash. A prefix already cached in another
         block keeps that block (two requests computed the same prefix at once): first wins.
         `depth`: the block's index in its request (the cache summary samples by it)."""
-        if not self.enable_caching or block.block_hash is not None:
-            return
-        if block_hash in self.cached:
+        if not self.enable_caching or block.block_hash is not None or block_hash in self.cached:
             return
         block.block_hash = block_hash
         self.cached[block_hash] = block

@@ -20,9 +20,6 @@ class RequestQueue:
     def __len__(self) -> int:
         return len(self._q)
 
-    def __bool__(self) -> bool:
-        return bool(self._q)
-
     def __iter__(self) -> Iterator[Request]:
         return iter(self._q.values())
 
@@ -45,9 +42,7 @@ class RequestQueue:
 
     def insert(self, i: int, req: Request) -> None:
         """O(n): every request from position i on moves behind `req`."""
-        later = list(self._q.values())[i:]
-        for r in later:
-            del self._q[r.request_id]
+        later = list(self._q)[i:]
         self._q[req.request_id] = req
-        for r in later:
-            self._q[r.request_id] = r
+        for request_id in later:
+            self._q.move_to_end(request_id)
