@@ -70,47 +70,37 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
-        def bad(name: str, value, want: str) -> ValueError:
-            return ValueError(f"{name} must be {want}, got {value!r}")
-
-        # NaN compares false both ways and inf passes every lower bound: refuse both first.
-        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                     "repetition_penalty"):
+        # (field, whether its value is valid, what it must be), checked in this order. NaN
+        # compares false both ways and inf passes every lower bound: floats are refused first.
+        rules = [(name, _finite, "a finite number") for name in (
+            "temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+            "repetition_penalty")] + [
+            ("n", lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+            ("temperature", lambda v: v >= 0, ">= 0 (0 means greedy)"),
+            ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+            ("top_k", lambda v: _is_int(v) and (v >= 1 or v == -1) and v <= INT64_MAX,
+             f"-1 (off) or an integer in [1, {INT64_MAX}]"),
+            ("min_p", lambda v: 0 <= v <= 1, "in [0, 1]"),
+            ("max_tokens", lambda v: v is None or isinstance(v, int) and v >= 1,
+             "an integer >= 1 (or None for up to max_model_len)"),
+            ("min_tokens", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0"),
+            ("min_tokens", lambda v: self.max_tokens is None or v <= self.max_tokens,
+             f"<= max_tokens ({self.max_tokens})"),
+            ("logprobs", lambda v: v is None or isinstance(v, int) and 0 <= v <= 20,
+             "an integer in [0, 20]"),
+            ("presence_penalty", lambda v: -2 <= v <= 2, "in [-2, 2]"),
+            ("frequency_penalty", lambda v: -2 <= v <= 2, "in [-2, 2]"),
+            ("repetition_penalty", lambda v: v > 0, "> 0 (1 = off)"),
+            ("stop", lambda v: all(v), "non-empty strings"),
+            ("seed", lambda v: v is None or _is_int(v) and INT64_MIN <= v <= INT64_MAX,
+             f"an integer in [{INT64_MIN}, {INT64_MAX}]"),
+            ("stop_token_ids", lambda v: all(_is_int(t) and t >= 0 for t in v),
+             "non-negative integers")]
+        for name, valid, want in rules:
             value = getattr(self, name)
-            if (not isinstance(value, (int, float)) or isinstance(value, bool)
-                    or not math.isfinite(value)):
-                raise bad(name, value, "a finite number")
-        if not _is_int(self.n) or self.n < 1:
-            raise bad("n", self.n, "an integer >= 1")
-        if self.temperature < 0:
-            raise bad("temperature", self.temperature, ">= 0 (0 means greedy)")
-        if not 0 < self.top_p <= 1:
-            raise bad("top_p", self.top_p, "in (0, 1]")
-        if not _is_int(self.top_k) or (self.top_k < 1 and self.top_k != -1) or self.top_k > INT64_MAX:
-            raise bad("top_k", self.top_k, f"-1 (off) or an integer in [1, {INT64_MAX}]")
-        if not 0 <= self.min_p <= 1:
-            raise bad("min_p", self.min_p, "in [0, 1]")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
-            raise bad("max_tokens", self.max_tokens, "an integer >= 1 (or None for up to max_model_len)")
-        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
-            raise bad("min_tokens", self.min_tokens, "an integer >= 0")
-        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise bad("min_tokens", self.min_tokens, f"<= max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
-            raise bad("logprobs", self.logprobs, "an integer in [0, 20]")
-        if not -2 <= self.presence_penalty <= 2:
-            raise bad("presence_penalty", self.presence_penalty, "in [-2, 2]")
-        if not -2 <= self.frequency_penalty <= 2:
-            raise bad("frequency_penalty", self.frequency_penalty, "in [-2, 2]")
-        if not self.repetition_penalty > 0:
-            raise bad("repetition_penalty", self.repetition_penalty, "> 0 (1 = off)")
-        if any(not s for s in self.stop):
-            raise bad("stop", self.stop, "non-empty strings")
-        if self.seed is not None and (not _is_int(self.seed)
-                                      or not INT64_MIN <= self.seed <= INT64_MAX):
-            raise bad("seed", self.seed, f"an integer in [{INT64_MIN}, {INT64_MAX}]")
-        if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
-            raise bad("stop_token_ids", list(self.stop_token_ids), "non-negative integers")
+            if not valid(value):
+                shown = list(value) if name == "stop_token_ids" else value
+                raise ValueError(f"{name} must be {want}, got {shown!r}")
 
     def check_token_ids(self, vocab_size: int) -> None:
         """Token ids this request names must exist in the model's vocabulary; an id past it
@@ -142,8 +132,7 @@ def _bias_pairs(bias) -> tuple[tuple[int, float], ...] | None:
             tid = int(t) if isinstance(t, str) and t.strip().isdigit() else operator.index(t)
         except TypeError:
             raise ValueError(f"logit_bias keys must be token ids, got {t!r}") from None
-        if (not isinstance(b, (int, float)) or isinstance(b, bool) or not math.isfinite(b)
-                or not -100 <= b <= 100):
+        if not _finite(b) or not -100 <= b <= 100:
             raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {b!r} for "
                              f"token {t}")
         if tid < 0:
@@ -154,3 +143,7 @@ def _bias_pairs(bias) -> tuple[tuple[int, float], ...] | None:
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
