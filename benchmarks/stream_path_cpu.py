@@ -4,7 +4,7 @@ serve_cpu.py measures whole processes of `raypaged serve`; on a shared machine i
 figures move with the load by more than --stream-path changes. This isolates what the switch
 changes: a worker's per-step outputs arriving in a Generation's queue (as WorkerLink's sink puts
 them) -> the SSE strings of the stream (Generation.stream + sse_stream.sse_events, or
-Generation.batches + OpenAIFrontend._events) -> encoded to bytes, at `--concurrency` streams.
+Generation.batches + frontend.step_batches) -> encoded to bytes, at `--concurrency` streams.
 No Ray, HTTP, Starlette or Serve: their per-chunk cost is the same on both paths. Every step
 the consumers are let run until idle, so the router keeps up (one chunk per step on both paths:
 no coalescing is counted). CPU time of the process, interleaved rounds, median:
@@ -29,7 +29,7 @@ from benchmarks.report import bars_by_concurrency, plot_path, pyplot, table, wri
 from raypaged.core.sampling_params import SamplingParams  # noqa: E402
 from raypaged.outputs import SequenceOutput  # noqa: E402
 from raypaged.serve.fleet import READY  # noqa: E402
-from raypaged.serve.frontend import COMPLETIONS, OpenAIFrontend  # noqa: E402
+from raypaged.serve.frontend import COMPLETIONS, step_batches  # noqa: E402
 from raypaged.serve.generation import Generation  # noqa: E402
 from raypaged.serve.leg import Leg  # noqa: E402
 from raypaged.serve.metrics import RequestMetrics  # noqa: E402
@@ -55,25 +55,20 @@ class _Dispatcher:
         pass
 
 
-def _frontend() -> SimpleNamespace:
-    """The two things OpenAIFrontend._events uses of its frontend."""
-    ns = SimpleNamespace(info=SimpleNamespace(name="bench-model"), _timed_out=None)
-    ns._head = functools.partial(OpenAIFrontend._head, ns)
-    return ns
-
-
-def _events(path: str, g: Generation, frontend, shapes: Shapes):
+def _events(path: str, g: Generation, shapes: Shapes):
     chunk = functools.partial(shapes.completion_choice, False)
+    head = {"id": g.request_id, "object": COMPLETIONS.chunk_object, "created": int(time.time()),
+            "model": "bench-model"}
     if path == "fast":
-        head = frontend._head([g], COMPLETIONS)
-        return sse_events(g, 1, chunk, head, None, True, False, False, None, None)
-    return OpenAIFrontend._events(frontend, [g], 1, chunk, COMPLETIONS, False, False, None)
+        return sse_events([g], 1, chunk, head, None, True, False, False, None, None)
+    return sse_events([g], 1, chunk, head, None, False, False, False, None, None,
+                      step_batches([g], 1, None))
 
 
 async def _run(path: str, concurrency: int, tokens: int) -> tuple[float, int]:
     """(CPU seconds per streamed token, SSE events sent) of `concurrency` streams of `tokens`
     tokens."""
-    d, frontend, shapes = _Dispatcher(), _frontend(), Shapes(tokenizer=None)
+    d, shapes = _Dispatcher(), Shapes(tokenizer=None)
     gens, legs = [], []
     for i in range(concurrency):
         g = Generation(d, f"cmpl-{i}", [1, 2, 3], SamplingParams(max_tokens=tokens), None, 0.0)
@@ -84,7 +79,7 @@ async def _run(path: str, concurrency: int, tokens: int) -> tuple[float, int]:
     sent, events = [0] * concurrency, [0] * concurrency
 
     async def consume(i: int) -> None:
-        async for event in _events(path, gens[i], frontend, shapes):
+        async for event in _events(path, gens[i], shapes):
             sent[i] += len(event.encode())  # StreamingResponse encodes every str chunk
             events[i] += 1
 

@@ -19,7 +19,7 @@ import asyncio
 import functools
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncIterator, Callable
 
 from pydantic import ValidationError
@@ -31,7 +31,7 @@ from raypaged.outputs import SequenceOutput
 from raypaged.serve.config import MAX_N
 from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.errors import APIError, bad_request, from_validation_error, from_value_error
-from raypaged.serve.generation import Generation
+from raypaged.serve.generation import DeadlinePassed, Generation
 from raypaged.serve.limits import RequestLimits
 from raypaged.serve.prompt_bound import max_token_bytes
 from raypaged.serve.sse_stream import sse_events
@@ -39,8 +39,8 @@ from raypaged.serve.protocol import ChatCompletionRequest, CompletionRequest
 from raypaged.serve.structured import check_constraint
 from raypaged.serve.tool_calls import MAX_TOOL_CALLS, ToolCallChoices, with_tools
 from raypaged.serve.ttft_shed import TTFTShedder
-from raypaged.serve.responses import (WORKER_HEADER, Choice, Shapes, sse_data, sse_response,
-                                      usage, workers_header)
+from raypaged.serve.responses import (WORKER_HEADER, Choice, Shapes, sse_response, usage,
+                                      workers_header)
 
 
 @dataclass(frozen=True)
@@ -179,15 +179,17 @@ class OpenAIFrontend:
         gens = await self._start(route.id_prefix, prompts, params, req.cache_salt, arrival)
         if req.stream:  # the header goes out first: it names the workers streaming now
             opts = req.stream_options
-            include_usage = bool(opts and opts.include_usage)
-            continuous_usage = bool(opts and opts.continuous_usage_stats)
-            if self.fast and len(gens) == 1:
-                events = sse_events(gens[0], params.n, chunk, self._head(gens, route),
-                                    route.first_delta, self._plain(chunk, logprobs), include_usage,
-                                    continuous_usage, deadline, self._timed_out)
-            else:
-                events = self._events(gens, params.n, chunk, route, include_usage=include_usage,
-                                      continuous_usage=continuous_usage, deadline=deadline)
+            head = {"id": gens[0].request_id, "object": route.chunk_object,
+                    "created": int(time.time()), "model": self.info.name}
+            fast = self.fast and len(gens) == 1
+            # the fast path splices plain text chunks into a frame: Shapes' choices without
+            # logprobs, nor tool-call parsing around them
+            plain = fast and logprobs is None and not isinstance(chunk, ToolCallChoices)
+            batches = None if fast else step_batches(gens, params.n, deadline)
+            events = sse_events(gens, params.n, chunk, head, route.first_delta, plain,
+                                bool(opts and opts.include_usage),
+                                bool(opts and opts.continuous_usage_stats), deadline,
+                                self._timed_out, batches)
             return sse_response(events, {WORKER_HEADER: workers_header(gens)})
         choices = await self._collect(gens, params.n)
         header = {WORKER_HEADER: workers_header(gens)}  # after a failover: who finished it
@@ -302,51 +304,17 @@ class OpenAIFrontend:
                 choices[g * n + out.index].add(out)
         return choices
 
-    def _head(self, gens: list[Generation], route: Route) -> dict:
-        """The fields every chunk of a stream starts with."""
-        return {"id": gens[0].request_id, "object": route.chunk_object,
-                "created": int(time.time()), "model": self.info.name}
 
-    @staticmethod
-    def _plain(chunk: Callable, logprobs: int | None) -> bool:
-        """A chunk made by Shapes without logprobs (nor tool-call parsing around it): its
-        choice is text and finish fields only, so sse_stream may splice the text in."""
-        return logprobs is None and not isinstance(chunk, ToolCallChoices)
-
-    async def _events(self, gens: list[Generation], n: int, chunk: Callable, route: Route,
-                      include_usage: bool, continuous_usage: bool,
-                      deadline: float | None = None) -> AsyncIterator[str]:
-        head = self._head(gens, route)
-        try:
-            if route.first_delta is not None:
-                for i in range(len(gens) * n):
-                    yield sse_data({**head, "choices": [{"index": i, "delta": route.first_delta,
-                                                         "logprobs": None, "finish_reason": None}]})
-            async for g, batch in _until(_merge(gens), deadline):
-                by_choice: dict[int, Choice] = {}
-                for out in batch:
-                    by_choice.setdefault(g * n + out.index, Choice()).add(out)
-                choices = [chunk(i, c) for i, c in sorted(by_choice.items())]
-                # vLLM's continuous_usage_stats: the running usage on every chunk
-                extra = {"usage": usage(gens)} if continuous_usage else {}
-                yield sse_data({**head, "choices": choices, **extra})
-            if include_usage:
-                yield sse_data({**head, "choices": [], "usage": usage(gens)})
-        except APIError as exc:  # e.g. every worker tried was lost: 503 worker_unavailable
-            yield exc.sse()
-        except _DeadlinePassed:
-            yield self._timed_out().sse()
-        finally:
-            await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)
-        yield "data: [DONE]\n\n"
-
-
-class _DeadlinePassed(Exception):
-    pass
+def step_batches(gens: list[Generation], n: int, deadline: float | None
+                 ) -> AsyncIterator[list[SequenceOutput]]:
+    """The stream_path "legacy" (and several prompts): one batch per engine step of each
+    generation (Generation.batches), its samples numbered across the request, until
+    `deadline`."""
+    return _until(gens[0].batches() if len(gens) == 1 else _merge(gens, n), deadline)
 
 
 async def _until(items: AsyncIterator, deadline: float | None) -> AsyncIterator:
-    """`items` until the loop's clock reaches `deadline` (then _DeadlinePassed). The timeout
+    """`items` until the loop's clock reaches `deadline` (then DeadlinePassed). The timeout
     wraps only the wait for the next item, never the consumer's work between items, so what
     it cancels is that wait alone."""
     try:
@@ -359,19 +327,15 @@ async def _until(items: AsyncIterator, deadline: float | None) -> AsyncIterator:
                 return
             except TimeoutError:
                 if timeout.expired():
-                    raise _DeadlinePassed() from None
+                    raise DeadlinePassed() from None
                 raise
             yield item
     finally:
         await items.aclose()
 
 
-async def _merge(gens: list[Generation]) -> AsyncIterator[tuple[int, list[SequenceOutput]]]:
-    """Batches of several generations as they arrive, tagged with the generation's index."""
-    if len(gens) == 1:
-        async for batch in gens[0].batches():
-            yield 0, batch
-        return
+async def _merge(gens: list[Generation], n: int) -> AsyncIterator[list[SequenceOutput]]:
+    """Batches of several generations as they arrive, generation i's sample j as i * n + j."""
     queue: asyncio.Queue = asyncio.Queue()
     done = object()
 
@@ -393,7 +357,7 @@ async def _merge(gens: list[Generation]) -> AsyncIterator[tuple[int, list[Sequen
             elif isinstance(item, BaseException):
                 raise item
             else:
-                yield i, item
+                yield [replace(out, index=i * n + out.index) for out in item]
     finally:
         for t in tasks:
             t.cancel()

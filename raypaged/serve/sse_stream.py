@@ -1,23 +1,26 @@
-"""One Generation's SSE stream on the fast path (the setting stream_path "fast", the default).
+"""A request's SSE stream; for one Generation, on the fast path (the setting stream_path "fast",
+the default):
 
     Generation.stream(deadline) ─> a batch: every output that arrived since the last one
         ─> plain chunk (one sample, no logprobs, no tool-call parsing, not finished):
                the request's Frame with the text spliced in (one json.dumps of a string)
-        ─> any other chunk: the same dicts as frontend._events
+        ─> any other chunk: its choices' dicts
     ─> usage (if asked) ─> [DONE]
 
-Against frontend._events (stream_path "legacy", kept for comparison and for requests of several
-prompts) it drops, per token: the _merge and _until generators, a timeout object and a task
+Against frontend.step_batches (stream_path "legacy", kept for comparison and for requests of
+several prompts) it drops, per token: the _until generator, a timeout object and a task
 (Generation.stream), and the chunk's dicts and their serialisation. What the client reads is
 the same bytes, except that outputs which queued up while the router was busy arrive as one
 chunk instead of one per engine step.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from typing import AsyncIterator, Callable
 
+from raypaged.outputs import SequenceOutput
 from raypaged.serve.errors import APIError
 from raypaged.serve.generation import DeadlinePassed, Generation
 from raypaged.serve.responses import Choice, sse_data, usage
@@ -42,19 +45,24 @@ class Frame:
         return self.prefix + json.dumps(text, ensure_ascii=False) + self.suffix
 
 
-async def sse_events(g: Generation, n: int, chunk: Callable, head: dict,
+async def sse_events(gens: list[Generation], n: int, chunk: Callable, head: dict,
                      first_delta: dict | None, plain: bool, include_usage: bool,
                      continuous_usage: bool, deadline: float | None,
-                     timed_out: Callable[[], APIError]) -> AsyncIterator[str]:
-    """`plain`: `chunk` is Shapes' completion or chat choice without logprobs, so a chunk that
-    is only text is the frame with its text in."""
-    stream = g.stream(deadline)
+                     timed_out: Callable[[], APIError],
+                     batches: AsyncIterator[list[SequenceOutput]] | None = None
+                     ) -> AsyncIterator[str]:
+    """The request's SSE events: `n` samples of each generation, from `batches` (their outputs,
+    numbered across the request: frontend.step_batches) or, by default, the one generation's
+    Generation.stream. `plain`: `chunk` is Shapes' completion or chat choice without
+    logprobs, so a chunk that is only text is the frame with its text in."""
+    stream = gens[0].stream(deadline) if batches is None else batches
     try:
         if first_delta is not None:
-            for i in range(n):
+            for i in range(len(gens) * n):
                 yield sse_data({**head, "choices": [{"index": i, "delta": first_delta,
                                                      "logprobs": None, "finish_reason": None}]})
-        frame = Frame(head, chunk) if plain and n == 1 and not continuous_usage else None
+        one = plain and len(gens) * n == 1 and not continuous_usage
+        frame = Frame(head, chunk) if one else None
         async for batch in stream:
             if frame is not None and all(out.finish_reason is None for out in batch):
                 yield frame("".join([out.new_text for out in batch]))
@@ -64,15 +72,15 @@ async def sse_events(g: Generation, n: int, chunk: Callable, head: dict,
                 by_choice.setdefault(out.index, Choice()).add(out)
             choices = [chunk(i, c) for i, c in sorted(by_choice.items())]
             # vLLM's continuous_usage_stats: the running usage on every chunk
-            extra = {"usage": usage([g])} if continuous_usage else {}
+            extra = {"usage": usage(gens)} if continuous_usage else {}
             yield sse_data({**head, "choices": choices, **extra})
         if include_usage:
-            yield sse_data({**head, "choices": [], "usage": usage([g])})
+            yield sse_data({**head, "choices": [], "usage": usage(gens)})
     except APIError as exc:  # e.g. every worker tried was lost: 503 worker_unavailable
         yield exc.sse()
     except DeadlinePassed:
         yield timed_out().sse()
     finally:
         await stream.aclose()  # a client gone: the abort is counted before the close
-        await g.close()
+        await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)
     yield "data: [DONE]\n\n"

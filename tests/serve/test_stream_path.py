@@ -1,5 +1,5 @@
 """The setting stream_path: "fast" (Generation.stream + sse_stream.py, the default) sends what
-"legacy" (Generation.batches + OpenAIFrontend._events) sends, byte for byte, except that
+"legacy" (Generation.batches + frontend.step_batches) sends, byte for byte, except that
 outputs that queued up while the router was busy go out as one chunk; failover, deadlines and
 the abort accounting hold on both."""
 from __future__ import annotations
@@ -169,7 +169,7 @@ def test_outputs_queued_while_the_router_was_busy_go_out_as_one_chunk():
     shapes = Shapes(tokenizer=None)
     head = {"id": "cmpl-1", "object": "text_completion", "created": 7, "model": "m"}
     async def first_event():
-        events = sse_events(_generation(steps[:3]), 1,
+        events = sse_events([_generation(steps[:3])], 1,
                             lambda i, c: shapes.completion_choice(False, i, c), head, None, True,
                             False, False, None, None)
         try:
@@ -188,7 +188,7 @@ def test_a_fast_stream_past_its_deadline_ends_with_a_timeout_event_and_counts_an
 
     async def main():
         deadline = asyncio.get_running_loop().time() + 0.05
-        return await _read(sse_events(g, 1, lambda i, c: shapes.completion_choice(False, i, c),
+        return await _read(sse_events([g], 1, lambda i, c: shapes.completion_choice(False, i, c),
                                       head, None, True, False, False, deadline,
                                       lambda: timed_out))
     sent = asyncio.run(main())
