@@ -84,8 +84,7 @@ class FreeBlockQueue:
 
 class BlockPool:
     def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        assert num_blocks >= 1, "the KV plan (config.py) refuses a budget without one sequence"
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[BlockHash, Block] = {}

@@ -47,17 +47,15 @@ class CacheIndex:
     """Cache views of many workers, with the inverted index of their keys."""
 
     def __init__(self) -> None:
-        self.views: dict[str, IndexedCacheView] = {}
-        self.position: dict[str, int] = {}  # worker id -> its bit
+        self.views: dict[str, IndexedCacheView] = {}  # each knows its bit (its position)
         self.worker_ids: list[str] = []     # bit -> worker id
         self.holders: dict[int, int] = {}   # key -> bitmask of the views holding it
 
     def view(self, worker_id: str) -> IndexedCacheView:
         """The worker's view (created empty, never synced, on first use)."""
         if worker_id not in self.views:
-            self.position[worker_id] = len(self.worker_ids)
+            self.views[worker_id] = IndexedCacheView(self, len(self.worker_ids))
             self.worker_ids.append(worker_id)
-            self.views[worker_id] = IndexedCacheView(self, self.position[worker_id])
         return self.views[worker_id]
 
     def hit_groups(self, keys: Sequence[int], nested: bool = False) -> list[tuple[int, int]]:

@@ -7,6 +7,8 @@
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 from raypaged.core.block_pool import Block, BlockPool
 from raypaged.core.contracts import MemoryStats
 from raypaged.core.request import Request
@@ -46,22 +48,18 @@ class KVCacheManager:
             hits.append(block)
         return hits
 
-    def blocks_needed(self, request: Request, num_new_tokens: int, num_hit_blocks: int = 0) -> int:
-        have = len(self.tables.get(request.request_id, ())) + num_hit_blocks
-        total = request.num_computed_tokens + num_hit_blocks * self.block_size + num_new_tokens
-        return max(0, -(-total // self.block_size) - have) + self._needs_cow(request)
-
-    def allocate(self, request: Request, num_new_tokens: int, hits: list[Block] | None = None) -> bool:
+    def allocate(self, request: Request, num_new_tokens: int, hits: Sequence[Block] = ()) -> bool:
         """Make room for `num_new_tokens` more tokens (after `hits`, on admission).
 
         All or nothing: returns False and changes nothing when the pool is short.
         """
-        hits = hits or []
-        needed = self.blocks_needed(request, num_new_tokens, len(hits))
+        rid, bs = request.request_id, self.block_size
+        have = len(self.tables.get(rid, ())) + len(hits)
+        total = request.num_computed_tokens + len(hits) * bs + num_new_tokens
+        needed = max(0, -(-total // bs) - have) + self._needs_cow(request)
         reviving = sum(1 for b in hits if b.ref_count == 0)  # hits in the free queue aren't spare
         if needed > self.pool.num_free - reviving:
             return False
-        rid = request.request_id
         if rid not in self.tables and self.pool.enable_caching:  # admission: count the lookup
             self.prefix_queries += request.num_tokens
             self.prefix_hits += len(hits) * self.block_size

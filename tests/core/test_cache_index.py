@@ -48,7 +48,7 @@ def test_a_walk_of_the_index_gives_every_views_own_hit_on_random_fleets():
         for w, v in index.views.items():
             assert v.keys == plain[w].keys
             for k in v.keys:
-                held[k] = held.get(k, 0) | (1 << index.position[w])
+                held[k] = held.get(k, 0) | v.bit
         assert index.holders == held  # no stale bits, no empty masks left behind
 
 
