@@ -92,7 +92,7 @@ class BatchJob:
                                     self.options.progress_interval_s)
                 startup_s = time.monotonic() - t0
                 with open(self.input_path, "rb") as f:
-                    await self._run_rows(f, out, progress)
+                    await self._run_rows(f, progress)
                 summary = progress.finish(startup_s)
             finally:
                 await self.pool.stop()
@@ -130,7 +130,7 @@ class BatchJob:
                 self._changed = row
                 return
 
-    async def _run_rows(self, f: BinaryIO, out: OutputFile, progress: Progress) -> None:
+    async def _run_rows(self, f: BinaryIO, progress: Progress) -> None:
         opts = self.options
         slots = asyncio.Semaphore(opts.workers * opts.max_inflight)
         keys = PrefixKeys(self.pool.frontend.tokenizer, self.pool.block_size,
@@ -146,19 +146,18 @@ class BatchJob:
                         window = group_by_prefix(window, row_keys)
                     for row in window:
                         await slots.acquire()
-                        tasks.create_task(self._row(row, out, progress, slots))
+                        tasks.create_task(self._row(row, progress, slots))
         except ExceptionGroup as group:  # a row task found the fleet gone: that is the reason
             raise group.exceptions[0] from None
 
-    async def _row(self, row: Row, out: OutputFile, progress: Progress,
-                   slots: asyncio.Semaphore) -> None:
+    async def _row(self, row: Row, progress: Progress, slots: asyncio.Semaphore) -> None:
         try:
             answer = await self._answer(row)
             if answer is None:  # not its own failure, past retry_timeout_s: for a re-run
                 progress.row_unanswered()
                 return
             line, usage = answer
-            out.write(line)
+            self.out.write(line)
             progress.row_done(line["error"] is None, usage)
         finally:
             slots.release()

@@ -77,10 +77,8 @@ class Progress:
         self.unanswered += 1
 
     def row_done(self, ok: bool, usage: dict | None = None) -> None:
-        if ok:
-            self.completed += 1
-        else:
-            self.failed += 1
+        self.completed += ok
+        self.failed += not ok
         if usage:
             self.prompt_tokens += usage["prompt_tokens"]
             self.completion_tokens += usage["completion_tokens"]
