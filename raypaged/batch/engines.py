@@ -24,7 +24,7 @@ from ray.exceptions import ActorDiedError
 from raypaged.batch.options import BatchOptions
 from raypaged.config import EngineArgs, absolute_model_path
 from raypaged.serve.actors import ControllerActor, create_workers
-from raypaged.serve.config import MAX_N, ServeArgs, ServeOptions
+from raypaged.serve.config import ServeArgs, ServeOptions
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
 from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.metrics import RequestMetrics
@@ -117,7 +117,7 @@ class EnginePool:
         stats = worker.stats
         info = ModelInfo.of(stats, tokenizer)
         dispatcher = Dispatcher(fleet, Router(options, stats.block_size), fleet.metrics)
-        return cls(controllers, fleet, OpenAIFrontend(dispatcher, tokenizer, info, MAX_N),
+        return cls(controllers, fleet, OpenAIFrontend(dispatcher, tokenizer, info),
                    stats.block_size)
 
     def check_alive(self) -> None:

@@ -28,7 +28,6 @@ from starlette.responses import JSONResponse, StreamingResponse
 from raypaged.chat import encode_chat, render_chat, tool_call_format
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.outputs import SequenceOutput
-from raypaged.serve.config import MAX_N
 from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.errors import APIError, bad_request, from_validation_error, from_value_error
 from raypaged.serve.generation import DeadlinePassed, Generation
@@ -85,7 +84,7 @@ class OpenAIFrontend:
     # TTFT-SLO load shedding (ttft_shed.py), set by the application when --ttft-slo-s is
     shedder: TTFTShedder | None = None
 
-    def __init__(self, dispatcher: Dispatcher, tokenizer, info: ModelInfo, max_n: int = MAX_N, *,
+    def __init__(self, dispatcher: Dispatcher, tokenizer, info: ModelInfo, *,
                  limits: RequestLimits | None = None, request_timeout_s: float | None = None,
                  stream_path: str = "fast", tool_call_parser: str | None = None,
                  max_tool_calls: int = MAX_TOOL_CALLS):
@@ -94,8 +93,7 @@ class OpenAIFrontend:
         self.tokenizer = tokenizer
         self.shapes = Shapes(tokenizer)
         self.info = info
-        self.limits = limits or RequestLimits(max_n=max_n)
-        self.max_n = self.limits.max_n
+        self.limits = limits or RequestLimits()
         self.request_timeout_s = request_timeout_s  # None: no deadline
         self.max_token_bytes = max_token_bytes(tokenizer)  # None: no bound, tokenize everything
         # tool_choice "auto": the model family's call format, from its chat template unless set
@@ -202,7 +200,7 @@ class OpenAIFrontend:
     # -- validation and tokenization --------------------------------------------------------
     def _parse(self, model, body):
         req = parse(model, body)
-        req.check(self.max_n, self.limits.max_logprobs)
+        req.check()
         self._check_model(req.model)
         return req
 

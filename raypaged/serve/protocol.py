@@ -1,7 +1,8 @@
 """OpenAI request bodies (pydantic, at the HTTP edge) and their translation to SamplingParams.
 
-Unknown fields are ignored, as vLLM does; fields we do not implement are refused when set to
-something other than their neutral value, so a client never silently gets different behaviour.
+Unknown fields are ignored (pydantic's default), as vLLM does; fields we do not implement are
+refused when set to something other than their neutral value, so a client never silently gets
+different behaviour.
 Types are strict, as OpenAI's schema is: "0.5" is not a number and 1 is not a boolean (an integer
 is a number). Bounds live in SamplingParams, so the offline API refuses the same values.
 """
@@ -15,8 +16,6 @@ from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.structured_outputs import StructuredOutputsParams
 from raypaged.serve.errors import bad_request
 
-MAX_LOGPROBS = 20  # the engine's bound (SamplingParams); a server may set a lower max_logprobs
-
 
 class StreamOptions(BaseModel):
     include_usage: StrictBool = False
@@ -24,7 +23,7 @@ class StreamOptions(BaseModel):
 
 
 class JSONSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)
     name: StrictStr | None = None
     description: StrictStr | None = None
     schema_: dict | None = Field(None, alias="schema")
@@ -32,7 +31,6 @@ class JSONSchemaFormat(BaseModel):
 
 
 class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="ignore")
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaFormat | None = None
 
@@ -49,8 +47,6 @@ class StructuredOutputs(BaseModel):
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
     model: StrictStr | None = None
     n: StrictInt = 1
     temperature: StrictFloat | None = None
@@ -75,9 +71,9 @@ class _Sampling(BaseModel):
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
 
-    def check_common(self, max_n: int) -> None:
-        if not 1 <= self.n <= max_n:
-            raise bad_request(f"n must be between 1 and {max_n}, got {self.n}", "n")
+    def check_common(self) -> None:
+        """What RequestLimits, run on the body before, leaves: n, logprobs and top_logprobs are
+        in range once they parse."""
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options can only be set when stream is true",
                               "stream_options")
@@ -109,21 +105,19 @@ class _Sampling(BaseModel):
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None,
                         constraint: StructuredOutputsParams | None = None) -> SamplingParams:
-        """The fields the client gave (null counts as not given), under SamplingParams' own
-        names: its defaults fill the rest, so no default is restated here."""
-        given = {k: getattr(self, k) for k in _SAMPLING_FIELDS if getattr(self, k) is not None}
-        if self.stop is not None:
-            given["stop"] = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        if self.stop_token_ids is not None:
-            given["stop_token_ids"] = tuple(self.stop_token_ids)
+        """The fields the client gave (null counts as not given; the frontend may set
+        skip_special_tokens), under SamplingParams' own names: its defaults fill the rest, so
+        the defaults above never reach it."""
+        given = self.model_dump(include=_SAMPLING_FIELDS, exclude_unset=True, exclude_none=True)
         return SamplingParams(max_tokens=max_tokens, logprobs=logprobs,
                               structured_outputs=constraint, **given)
 
 
 # Request fields that are SamplingParams fields of the same name and meaning.
-_SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "min_tokens",
-                    "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty",
-                    "include_stop_str_in_output", "skip_special_tokens", "logit_bias")
+_SAMPLING_FIELDS = {"n", "temperature", "top_p", "top_k", "min_p", "seed", "min_tokens", "stop",
+                    "stop_token_ids", "ignore_eos", "presence_penalty", "frequency_penalty",
+                    "repetition_penalty", "include_stop_str_in_output", "skip_special_tokens",
+                    "logit_bias"}
 
 
 def _schema_text(text: str, param: str) -> dict:
@@ -148,16 +142,14 @@ class CompletionRequest(_Sampling):
     suffix: StrictStr | None = None
     best_of: StrictInt | None = None
 
-    def check(self, max_n: int, max_logprobs: int = MAX_LOGPROBS) -> None:
-        self.check_common(max_n)
+    def check(self) -> None:
+        self.check_common()
         if self.echo:
             raise bad_request("echo is not supported", "echo")
         if self.suffix:
             raise bad_request("suffix is not supported", "suffix")
         if self.best_of is not None and self.best_of != self.n:
             raise bad_request("best_of is not supported (use n)", "best_of")
-        if self.logprobs is not None and not 0 <= self.logprobs <= max_logprobs:
-            raise bad_request(f"logprobs must be between 0 and {max_logprobs}", "logprobs")
 
     def prompts(self) -> list[str | list[int]]:
         """One entry per prompt: text, or token ids."""
@@ -177,8 +169,6 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: StrictStr | list[TextPart] | None = None
     name: StrictStr | None = None
@@ -192,14 +182,12 @@ class ChatMessage(BaseModel):
 
 
 class ToolFunction(BaseModel):
-    model_config = ConfigDict(extra="ignore")
     name: StrictStr = Field(min_length=1)
     description: StrictStr | None = None
     parameters: dict | None = None
 
 
 class Tool(BaseModel):
-    model_config = ConfigDict(extra="ignore")
     type: Literal["function"]
     function: ToolFunction
 
@@ -215,20 +203,16 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: StrictBool = True  # False: at most one call (enforced for "required")
     add_generation_prompt: StrictBool = True
 
-    def check(self, max_n: int, max_logprobs: int = MAX_LOGPROBS) -> None:
-        self.check_common(max_n)
+    def check(self) -> None:
+        self.check_common()
         if not self.messages:
             raise bad_request("messages must not be empty", "messages")
         for i, m in enumerate(self.messages):
             if m.role in ("user", "system", "developer") and m.content is None:
                 raise bad_request(f"messages.{i}.content is required for role {m.role!r}",
                                   f"messages.{i}.content")
-        if self.top_logprobs is not None:
-            if not self.logprobs:
-                raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
-            if not 0 <= self.top_logprobs <= max_logprobs:
-                raise bad_request(f"top_logprobs must be between 0 and {max_logprobs}",
-                                  "top_logprobs")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
 
     def tool_dicts(self) -> list[dict] | None:
         return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
@@ -242,7 +226,6 @@ class ChatCompletionRequest(_Sampling):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def conversation(self) -> list[dict]:
-        return [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {}),
-                 **({"tool_calls": m.tool_calls} if m.tool_calls else {}),
-                 **({"tool_call_id": m.tool_call_id} if m.tool_call_id else {})}
+        return [{"role": m.role, "content": m.text(),
+                 **{k: v for k in ("name", "tool_calls", "tool_call_id") if (v := getattr(m, k))}}
                 for m in self.messages]
