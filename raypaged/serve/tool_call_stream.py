@@ -106,7 +106,7 @@ class CallListScanner:
         if ch in "{[":
             self._depth += 1
             if self._depth == 2 and ch == "{":  # a new call
-                self._flush_previous(out)
+                self.pending(out)  # the previous call's last arguments
                 if self.calls and self.calls[-1][0] is None:
                     self.calls.pop()  # the previous object was no call: indexes count calls
                 self.calls.append([None, ""])
@@ -152,40 +152,59 @@ class CallListScanner:
             out.append(header(k, self._name, self.new_id))
             self._sent = 0
 
-    def _flush_previous(self, out: list[dict]) -> None:
-        if self.calls and self.calls[-1][0] is not None:
-            k, (_, args) = len(self.calls) - 1, self.calls[-1]
-            if len(args) > self._sent:
-                out.append(arguments(k, args[self._sent:]))
-        self._sent = 0
+    def close_object(self, text: str, out: list[dict]) -> None:
+        """The current call's object, `text`, has closed: if its arguments were no object or
+        list (so no text was taken), they are its first arguments key's value, a string as it
+        is, anything else as JSON ("{}" when absent; "" when `text` is no JSON object)."""
+        if not (self.calls and self.calls[-1][0] is not None and not self.calls[-1][1]):
+            return
+        try:
+            pairs = json.loads(text, object_pairs_hook=lambda p: p)  # every key, in order
+        except ValueError:
+            return
+        if isinstance(pairs, list) and text.lstrip().startswith("{"):
+            value = next((v for k, v in pairs if k in self.args_keys), {})
+            self.calls[-1][1] = value if isinstance(value, str) else json.dumps(
+                value, ensure_ascii=False)
+            self.pending(out)
 
 
 class CallsStream:
-    """What every tool_choice "auto" parser (tool_parsers/) shares: its scanner's calls, the
-    model family's call ids, and whether its marker is a special token the detokenizer must
-    keep (SamplingParams.skip_special_tokens off)."""
+    """What every tool_choice "auto" parser (tool_parsers/) shares: its scanner, fed the "[" of
+    a call list once, each call object one more entry; the model family's call ids; whether its
+    marker is a special token the detokenizer must keep (SamplingParams.skip_special_tokens
+    off). `feed` each piece of one sample's text, then `finish` once: each returns (content
+    text, tool_calls deltas); `calls()` the finished message's calls."""
 
     new_id = staticmethod(call_id)
     keeps_special_tokens = False
-    scanner: CallListScanner
+    args_keys: tuple[str, ...] = ("arguments",)
+    need_args = False  # an object is a call only with its arguments key too
+
+    def __init__(self, tool_names=None) -> None:
+        """`tool_names`: the request's tools (None: any name is a call)."""
+        self.scanner = CallListScanner(self.args_keys, self.new_id, tool_names, self.need_args)
+        self.scanner.feed("[")
+        self._buf = ""                  # text not handed on yet
+        self._after = ""                # everything from the calls' start (and the space before)
+        self._calling = False           # the calls started: no more content
+
+    def finish(self) -> tuple[str, list[dict]]:
+        rest, self._buf = self._buf, ""
+        if not self._calling:
+            return rest, []
+        deltas: list[dict] = []
+        self._ended(deltas)
+        if self.calls() is not None:
+            return "", merged(deltas)
+        return self._after + rest, []  # no call after all: all of it is content
+
+    def _ended(self, deltas: list[dict]) -> None:
+        """The sample ended after the calls started."""
 
     def calls(self) -> list[tuple[str, str]] | None:
         """(name, arguments text) per call whose header went out, or None: no call."""
         return [(name, args) for name, args in self.scanner.calls if name is not None] or None
-
-
-def closing_arguments(text: str, args_keys: tuple[str, ...]) -> str | None:
-    """The arguments of a call whose object `text` has closed, when they were no object or
-    list (so the scanner took no text): the first arguments key's value, a string as it is,
-    anything else as JSON; "{}" when absent; None when `text` is not a JSON object."""
-    try:
-        pairs = json.loads(text, object_pairs_hook=lambda p: p)  # every key, in order
-    except ValueError:
-        return None
-    if not isinstance(pairs, list) or not text.lstrip().startswith("{"):
-        return None
-    value = next((v for k, v in pairs if k in args_keys), {})
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def merged(deltas: list[dict]) -> list[dict]:

@@ -132,18 +132,15 @@ def parse_calls(text: str, mode: str, name: str | None, new_id=call_id) -> list[
     """OpenAI tool_calls from a forced ("required", "named") sample's finished text, or None
     when it holds no call."""
     try:
-        if mode == "named":
-            json.loads(text)
-            return [_call(name, text, new_id)]
-        if mode == "required":
-            # the arguments as the model wrote them, as the stream sends them (not re-dumped)
-            json.loads(text)
-            scanner = CallListScanner()
-            scanner.feed(text)
-            return [_call(n, a, new_id) for n, a in scanner.calls]
-    except (ValueError, KeyError, TypeError):  # cut short by max_tokens: it stays text
+        json.loads(text)
+    except ValueError:  # cut short by max_tokens: it stays text
         return None
-    return None
+    if mode == "named":
+        return [_call(name, text, new_id)]
+    # the arguments as the model wrote them, as the stream sends them (not re-dumped)
+    scanner = CallListScanner()
+    scanner.feed(text)
+    return [_call(n, a, new_id) for n, a in scanner.calls]
 
 
 def _call(name: str, args: str, new_id=call_id) -> dict:
@@ -212,11 +209,10 @@ class ToolCallChoices:
         first = index not in self._texts
         self._texts[index] = text = self._texts.get(index, "") + piece
         if self.mode == "named":
-            deltas = [header(0, self.name, self.new_id)] if first else []
-            if piece:
-                deltas.append(arguments(0, piece))
-            if first and piece:  # the first piece rides with the header
-                deltas = [{**deltas[0], "function": {"name": self.name, "arguments": piece}}]
+            deltas = [arguments(0, piece)] if piece else []
+            if first:  # the header, the first piece riding with it
+                deltas = [header(0, self.name, self.new_id)]
+                deltas[0]["function"]["arguments"] = piece
         else:
             scanner = self._scanners.get(index)
             if scanner is None:

@@ -22,24 +22,15 @@ calls, whatever pieces the text came in.
 """
 from __future__ import annotations
 
-from raypaged.serve.tool_call_stream import (CallListScanner, CallsStream, closing_arguments,
-                                              marker_tail, merged)
+from raypaged.serve.tool_call_stream import CallsStream, marker_tail, merged
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
 class HermesStream(CallsStream):
-    """`feed` each piece of one sample's text, then `finish` once: each returns
-    (content text, tool_calls deltas)."""
-
     def __init__(self, tool_names=None) -> None:
-        """`tool_names`: the request's tools (None: any name is a call)."""
-        self.scanner = CallListScanner(("arguments",), self.new_id, tool_names)
-        self.scanner.feed("[")          # each tag's object is one entry of this list
+        super().__init__(tool_names)  # each tag's object is one entry of the scanner's list
         self._tag = ""                  # the text inside the current tag
-        self._buf = ""                  # text not handed on yet
-        self._after = ""                # everything from the first tag on (and the space before)
-        self._calling = False           # a tag has opened: no more content
         self._in_tag = False
 
     def feed(self, text: str) -> tuple[str, list[dict]]:
@@ -68,16 +59,9 @@ class HermesStream(CallsStream):
             self._buf = self._buf[at + len(OPEN):]
         return "".join(content), merged(deltas)
 
-    def finish(self) -> tuple[str, list[dict]]:
-        rest, self._buf = self._buf, ""
-        if not self._calling:
-            return rest, []
-        deltas: list[dict] = []
+    def _ended(self, deltas: list[dict]) -> None:
         if self._in_tag:  # the sample ended inside a tag (no </tool_call>)
             self._close_tag(deltas)
-        if self.calls() is not None:
-            return "", merged(deltas)
-        return self._after + rest, []  # no call after all: all of it is content
 
     def _pass(self, text: str, content: list[str]) -> None:
         if self._calling:
@@ -117,7 +101,4 @@ class HermesStream(CallsStream):
         """A call whose arguments were no object or list (or absent) gets them when its tag
         ends."""
         self._in_tag = False
-        calls = self.scanner.calls
-        if calls and calls[-1][0] is not None and not calls[-1][1]:
-            calls[-1][1] = closing_arguments(self._tag, ("arguments",)) or ""
-            self.scanner.pending(deltas)
+        self.scanner.close_object(self._tag, deltas)

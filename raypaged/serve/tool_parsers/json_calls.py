@@ -23,27 +23,18 @@ as OpenAI's); the whole message (`parse_whole`) is the same.
 """
 from __future__ import annotations
 
-from raypaged.serve.tool_call_stream import (CallListScanner, CallsStream, closing_arguments,
-                                              merged)
+from raypaged.serve.tool_call_stream import CallsStream, merged
 
 OBJECT, SKIP, END = "object", "skip", "end"  # what a character between two objects is
 
 
 class JsonCallsStream(CallsStream):
-    """`feed` each piece of one sample's text, then `finish` once: each returns
-    (content text, tool_calls deltas); `calls()` the finished message's calls."""
-
-    args_keys: tuple[str, ...] = ("arguments",)
+    need_args = True
     separator = ","
 
     def __init__(self, tool_names=None) -> None:
-        """`tool_names`: the request's tools (None: any name is a call)."""
-        self.scanner = CallListScanner(self.args_keys, self.new_id, tool_names, need_args=True)
-        self.scanner.feed("[")          # each call object is one entry of this list
+        super().__init__(tool_names)
         self._object = ""               # the current object's text
-        self._buf = ""                  # text not handed on yet
-        self._after = ""                # everything from the start on: content if no call
-        self._calling = False           # the calls started: no more content
         self._done = False              # the calls ended: the rest is dropped
 
     def start(self, buf: str) -> tuple[int | None, int]:
@@ -72,14 +63,6 @@ class JsonCallsStream(CallsStream):
         self._body(deltas)
         return content, merged(deltas)
 
-    def finish(self) -> tuple[str, list[dict]]:
-        rest, self._buf = self._buf, ""
-        if not self._calling:
-            return rest, []
-        if self.calls() is not None:
-            return "", []
-        return self._after + rest, []  # no call after all: all of it is content
-
     def _body(self, deltas: list[dict]) -> None:
         buf, self._buf = self._buf, ""
         for i, ch in enumerate(buf):
@@ -104,9 +87,7 @@ class JsonCallsStream(CallsStream):
     def _close_object(self, deltas: list[dict]) -> None:
         """An object that is no call ends the calls; a call whose arguments were no object or
         list gets them when its object closes (a string as it is, anything else as JSON)."""
-        call = self.scanner.calls[-1]
-        if call[0] is None:
+        if self.scanner.calls[-1][0] is None:
             self._done = True
-        elif not call[1]:
-            call[1] = closing_arguments(self._object, self.args_keys) or ""
-            self.scanner.pending(deltas)
+        else:
+            self.scanner.close_object(self._object, deltas)
