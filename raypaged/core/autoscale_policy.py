@@ -217,7 +217,6 @@ class ScaleRound:
             self.samples.popleft()
         previous = self.desired
         decision = decide(self.policy, previous, list(self.samples), self.history, now)
-        if decision.changed:
-            self.history = remember(self.history, decision, previous, now)
-            self.desired = decision.desired
+        self.history = remember(self.history, decision, previous, now)  # kept if unchanged
+        self.desired = decision.desired
         return previous, decision

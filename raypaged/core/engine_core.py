@@ -8,6 +8,7 @@ dropped, never emitted. Tokens are the same either way.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Sequence
 
@@ -104,10 +105,8 @@ class EngineCore:
         filled from N's isolated result (requests that failed in N leave it)."""
         queued, self._running = self._running, None
         if queued is not None:
-            try:
+            with contextlib.suppress(StepRefused):
                 queued[1].result()
-            except StepRefused:
-                pass
         # N's own placeholders come from the step before it, which the executor still holds
         deltas = self._step_isolating(batch, exc, fill_placeholders(batch, self.executor.last))
         sampled = {d.request_id: d.new_token_ids for d in deltas if d.new_token_ids}
