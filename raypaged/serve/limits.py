@@ -39,19 +39,19 @@ class RequestLimits:
     def check_completion(self, body: dict, max_model_len: int) -> None:
         self._check_common(body)
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and prompt:
-            lists = prompt if isinstance(prompt[0], (list, str)) else [prompt]
-            _at_most(len(lists), self.max_prompts_per_request, "prompt",
-                     "prompts in one request", "max_prompts_per_request")
-            for i, p in enumerate(lists):  # a token list too long to fit: before validating it
-                if isinstance(p, list) and len(p) >= max_model_len:
-                    where = "prompt" if lists is not prompt else f"prompt.{i}"
-                    raise bad_request(
-                        f"This model's maximum context length is {max_model_len} tokens, but "
-                        f"{where} is {len(p)} tokens: shorten it to at most {max_model_len - 1} "
-                        "tokens", "prompt")
+        several = isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str))
+        prompts = prompt if several else [prompt]
+        _at_most(len(prompts), self.max_prompts_per_request, "prompt", "prompts in one request",
+                 "max_prompts_per_request")
+        for i, p in enumerate(prompts):  # a token list too long to fit: before validating it
+            if isinstance(p, list) and len(p) >= max_model_len:
+                where = f"prompt.{i}" if several else "prompt"
+                raise bad_request(
+                    f"This model's maximum context length is {max_model_len} tokens, but "
+                    f"{where} is {len(p)} tokens: shorten it to at most {max_model_len - 1} "
+                    "tokens", "prompt")
         self._check_logprobs(body.get("logprobs"), "logprobs")
-        self.check_output_tokens(body, _count_prompts(prompt), body.get("max_tokens", 16))
+        self.check_output_tokens(body, len(prompts), body.get("max_tokens", 16))
 
     def check_chat(self, body: dict) -> None:
         self._check_common(body)
@@ -123,12 +123,6 @@ def _at_most(count: int, limit: int, param: str, what: str, setting: str) -> Non
     if count > limit:
         raise bad_request(f"{param} has {count} entries: at most {limit} {what} are accepted "
                           f"(the limit is the setting {setting}, {flag(setting)})", param)
-
-
-def _count_prompts(prompt) -> int:
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
-        return len(prompt)
-    return 1
 
 
 def _is_int(value) -> bool:
