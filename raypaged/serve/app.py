@@ -107,18 +107,6 @@ class OpenAIRouter:
         await self.fleet.stop()
 
 
-def controller_handle(app_name: str):
-    """The controller of a running application, from any Ray driver (tools, tests)."""
-    import ray
-
-    prefix = f"SERVE_DEPLOYMENT_ACTOR::{app_name}::OpenAIRouter::"
-    names = [a for a in ray.util.list_named_actors(all_namespaces=True)
-             if a["name"].startswith(prefix) and a["name"].endswith(f"::{CONTROLLER}")]
-    if not names:
-        raise ValueError(f"no raypaged controller for application {app_name!r}")
-    return ray.get_actor(names[0]["name"], namespace=names[0]["namespace"])
-
-
 def deployment_failure(app_name: str) -> str:
     """Why the application's router failed to deploy, as Serve recorded it."""
     app = serve.status().applications.get(app_name)

@@ -48,8 +48,16 @@ class ServedApp:
         return httpx.get(f"{self.url}/fleet", headers=self.headers, timeout=10).json()
 
     def controller(self):
-        from raypaged.serve.app import controller_handle
-        return controller_handle(self.name)
+        """The application's controller (a deployment-scoped actor), from this Ray driver."""
+        import ray
+        from raypaged.serve.app import CONTROLLER
+
+        prefix = f"SERVE_DEPLOYMENT_ACTOR::{self.name}::OpenAIRouter::"
+        names = [a for a in ray.util.list_named_actors(all_namespaces=True)
+                 if a["name"].startswith(prefix) and a["name"].endswith(f"::{CONTROLLER}")]
+        if not names:
+            raise ValueError(f"no raypaged controller for application {self.name!r}")
+        return ray.get_actor(names[0]["name"], namespace=names[0]["namespace"])
 
     def workers(self) -> dict:
         """worker id -> Ray actor handle."""
