@@ -24,11 +24,8 @@ LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr
 
 
 def find_tcmalloc(dirs: tuple[str, ...] = LIBRARY_DIRS) -> str | None:
-    for d in dirs:
-        path = Path(d) / TCMALLOC_SONAME
-        if path.is_file():
-            return str(path)
-    return None
+    paths = (Path(d) / TCMALLOC_SONAME for d in dirs)
+    return next((str(p) for p in paths if p.is_file()), None)
 
 
 def worker_env_vars(allocator: str, dirs: tuple[str, ...] = LIBRARY_DIRS) -> dict[str, str]:

@@ -36,11 +36,8 @@ class Shapes:
     """Builds choice dicts; decodes single tokens for logprobs (cached: a vocabulary is small)."""
 
     def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.token_text = functools.lru_cache(maxsize=65536)(self._decode_one)
-
-    def _decode_one(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
+        self.token_text = functools.lru_cache(maxsize=65536)(
+            lambda token_id: tokenizer.decode([token_id]))
 
     def completion_choice(self, want_logprobs: bool, index: int, c: Choice,
                           whole: bool = False) -> dict:
