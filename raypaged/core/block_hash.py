@@ -56,7 +56,8 @@ def hash_block_tokens(
         n_full = min(n_full, max_blocks)
     if n_full <= start:
         return []
-    data, step = little_endian("q", token_ids[start * block_size:n_full * block_size]), 8 * block_size
+    data = little_endian("q", token_ids[start * block_size:n_full * block_size])
+    step = 8 * block_size
     head = block_size.to_bytes(4, "little")  # hash_block's length field: a full block
     blake2b = hashlib.blake2b
     out: list[BlockHash] = []

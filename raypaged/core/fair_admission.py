@@ -78,7 +78,7 @@ class FairAdmission:
         over_cap first: the cap is its to refuse."""
         ticket = Ticket(client, blocks)
         self.in_flight[client] += 1
-        if (not self._waiting and self._fits(ticket)) or self._in_share(ticket):
+        if self._may_go(ticket, by_room=not self._waiting):
             self._admit(ticket)
         else:
             self._waiting.setdefault(client, {})[ticket] = None
@@ -108,24 +108,20 @@ class FairAdmission:
         self.capacity = capacity
         return self._release()
 
-    def _fits(self, ticket: Ticket) -> bool:
-        if self.capacity is None or not self.num_admitted:
-            return True
-        return (self.admitted_blocks + ticket.blocks <= self.capacity
-                and self._within_own_limit(ticket))
-
-    def _in_share(self, ticket: Ticket) -> bool:
-        if self.capacity is None:
-            return True
-        share = self.capacity // len(self.in_flight)
-        return self.blocks_of[ticket.client] + ticket.blocks <= share and self._within_own_limit(
-            ticket)
-
-    def _within_own_limit(self, ticket: Ticket) -> bool:
-        """A client holds at most capacity - capacity // RESERVE_FOR_OTHERS but for its first
+    def _may_go(self, ticket: Ticket, by_room: bool) -> bool:
+        """Whether the ticket may be admitted now: by room (`by_room`: nothing that does not fit
+        waits ahead of it) when it fits in the capacity or nothing is admitted, or by share when
+        its client's admitted blocks with it stay within capacity // clients here. Either way
+        its client holds at most capacity - capacity // RESERVE_FOR_OTHERS but for its first
         request: the rest is kept for the next client to start at once."""
-        held, cap = self.blocks_of[ticket.client], self.capacity
-        return not held or held + ticket.blocks <= cap - cap // RESERVE_FOR_OTHERS
+        cap = self.capacity
+        if cap is None or (by_room and not self.num_admitted):
+            return True
+        held = self.blocks_of[ticket.client]
+        fits = by_room and self.admitted_blocks + ticket.blocks <= cap
+        in_share = held + ticket.blocks <= cap // len(self.in_flight)
+        own_limit = not held or held + ticket.blocks <= cap - cap // RESERVE_FOR_OTHERS
+        return (fits or in_share) and own_limit
 
     def _admit(self, ticket: Ticket) -> None:
         ticket.admitted = True
@@ -142,7 +138,7 @@ class FairAdmission:
             blocked = False
             for client, queue in self._waiting.items():
                 ticket = next(iter(queue))
-                if (not blocked and self._fits(ticket)) or self._in_share(ticket):
+                if self._may_go(ticket, by_room=not blocked):
                     break
                 blocked = True
             else:
