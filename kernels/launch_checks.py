@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import torch
 
+# Cache dtypes the kernels read and write. fp8 is e4m3 (the "fn" variant: no infinities).
 KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
 
 
-def check_paged_inputs(query, key_cache, value_cache, block_tables, seq_lens) -> None:
-    """The launcher checks shared by paged decode and paged prefill: dtypes, shapes, strides."""
+def check_paged_inputs(query, key_cache, value_cache, block_tables, seq_lens,
+                       out: torch.Tensor | None) -> torch.Tensor:
+    """The launcher checks shared by paged decode and paged prefill: dtypes, shapes, strides.
+    Returns the output: `out`, checked, or a new tensor like the query."""
     num_heads, head_dim = query.shape[1], query.shape[2]
     num_kv_heads, cache_head_dim = key_cache.shape[2], key_cache.shape[3]
     assert query.dtype in (torch.float16, torch.bfloat16, torch.float32), query.dtype
@@ -20,3 +23,6 @@ def check_paged_inputs(query, key_cache, value_cache, block_tables, seq_lens) ->
     assert block_tables.dtype == torch.int32 and block_tables.dim() == 2
     assert block_tables.shape[0] == seq_lens.shape[0] and block_tables.stride(1) == 1
     assert seq_lens.dtype == torch.int32 and seq_lens.is_contiguous()
+    out = torch.empty_like(query) if out is None else out
+    assert out.shape == query.shape and out.dtype == query.dtype and out.stride(2) == 1
+    return out

@@ -40,6 +40,7 @@ import triton.language as tl
 
 from .launch_checks import check_paged_inputs
 from .numerics import LOG2E
+from .paged_prefill import attend_kv_tile
 
 MAX_SPLITS = 16          # workspace depth and the most splits the rule picks (untuned guess)
 MIN_SPLIT_TOKENS = 256   # a split should stream at least this many positions (untuned guess)
@@ -94,25 +95,13 @@ def _paged_decode_kernel(
     l_i = tl.zeros([GROUP_ROWS], tl.float32)                # running sum of exp2
     acc = tl.zeros([GROUP_ROWS, HEAD_DIM_PAD], tl.float32)
     table = block_tables_ptr + b * stride_bt
+    # The new token is the last position: it sees every key (the causal mask is the bounds mask).
+    q_pos = tl.zeros([GROUP_ROWS], tl.int32) + (seq_len - 1)
     for tile in range(tile_lo, tile_hi):
-        pos = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        pos_mask = pos < seq_len
-        page = tl.load(table + pos // BLOCK_SIZE, mask=pos_mask, other=0).to(tl.int64)
-        kv_off = page * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch  # [N]
-        kv_mask = pos_mask[:, None] & dim_mask[None, :]
-        # K is read transposed ([D, N]) so the dot needs no tl.trans.
-        k = tl.load(k_cache_ptr + kv_off[None, :] + dims[:, None],
-                    mask=dim_mask[:, None] & pos_mask[None, :], other=0.0)
-        s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale  # [G, N]
-        s = tl.where(pos_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile holds >= 1 valid position
-        p = tl.math.exp2(s - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off[:, None] + dims[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
-                                            input_precision=DOT_PRECISION)
-        m_i = m_new
+        acc, m_i, l_i = attend_kv_tile(
+            q, acc, m_i, l_i, tile * BLOCK_N, k_cache_ptr, v_cache_ptr, table, seq_len, q_pos,
+            kv_head, stride_cb, stride_cs, stride_ch, dims, dim_mask, qk_scale,
+            BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION)
 
     # Padding rows (seq_len 0) and empty splits have l_i == 0: they produce zeros / lse -inf.
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -182,17 +171,12 @@ class DecodeWorkspace:
     def max_batch(self) -> int:
         return self.part_out.shape[0]
 
-    @property
-    def max_splits(self) -> int:
-        return self.part_out.shape[2]
-
     def fits(self, batch: int, num_heads: int, head_dim: int, num_splits: int) -> bool:
-        return (batch <= self.max_batch and num_splits <= self.max_splits
+        return (batch <= self.max_batch and num_splits <= self.part_out.shape[2]
                 and self.part_out.shape[1] == num_heads and self.part_out.shape[3] == head_dim)
 
 
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
-                      max_splits: int = MAX_SPLITS) -> int:
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
     """Static split rule: aim for >= 2 programs per SM, but give each split >= 256 positions.
 
     Depends only on host integers, so a CUDA graph captured for a batch size (with a fixed
@@ -201,7 +185,7 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
     programs = max(1, num_seqs * num_kv_heads)
     want = triton.cdiv(2 * num_sms, programs)
     worth = triton.cdiv(max(1, max_seq_len), MIN_SPLIT_TOKENS)
-    return max(1, min(want, worth, max_splits))
+    return max(1, min(want, worth, MAX_SPLITS))
 
 
 def decode_tiles(group: int, head_dim: int, query_dtype: torch.dtype) -> dict:
@@ -227,12 +211,9 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     """
     batch, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, cache_head_dim = key_cache.shape
-    check_paged_inputs(query, key_cache, value_cache, block_tables, seq_lens)
+    out = check_paged_inputs(query, key_cache, value_cache, block_tables, seq_lens, out)
     assert seq_lens.shape == (batch,), seq_lens.shape
     assert 1 <= num_splits
-    if out is None:
-        out = torch.empty_like(query)
-    assert out.shape == query.shape and out.dtype == query.dtype and out.stride(2) == 1
     if batch == 0:
         return out
     group = num_heads // num_kv_heads
@@ -243,10 +224,9 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
         assert workspace.fits(batch, num_heads, head_dim, num_splits), "workspace too small"
         assert workspace.part_out.stride(3) == 1 and workspace.part_lse.stride(2) == 1
         part_out, part_lse = workspace.part_out, workspace.part_lse
-    else:
-        part_out, part_lse = out, seq_lens  # unused when num_splits == 1; any pointer will do
-    p_strides = part_out.stride()[:3] if num_splits > 1 else (0, 0, 0)
-    l_strides = part_lse.stride()[:2] if num_splits > 1 else (0, 0)
+        p_strides, l_strides = part_out.stride()[:3], part_lse.stride()[:2]
+    else:  # unused when num_splits == 1; any pointer will do
+        part_out, part_lse, p_strides, l_strides = out, seq_lens, (0, 0, 0), (0, 0)
 
     _paged_decode_kernel[(batch, num_kv_heads, num_splits)](
         query, key_cache, value_cache, block_tables, seq_lens, out, part_out, part_lse,

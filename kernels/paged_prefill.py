@@ -45,9 +45,8 @@ from .launch_checks import check_paged_inputs
 from .numerics import LOG2E
 
 
-
 @triton.jit
-def _attend_kv_tile(
+def attend_kv_tile(
     q, acc, m_i, l_i,           # query tile [ROWS, D] and the running softmax state
     start,                      # first absolute key position of this tile
     k_cache_ptr, v_cache_ptr, table_ptr,  # caches and this sequence's block-table row
@@ -134,12 +133,12 @@ def _paged_prefill_kernel(
     acc = tl.zeros([BLOCK_M * GROUP_PAD, HEAD_DIM_PAD], tl.float32)
     table = block_tables_ptr + b * stride_bt
     for start in range(0, full_end, BLOCK_N):
-        acc, m_i, l_i = _attend_kv_tile(
+        acc, m_i, l_i = attend_kv_tile(
             q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, table, seq_len, q_pos, kv_head,
             stride_cb, stride_cs, stride_ch, dims, dim_mask, qk_scale,
             BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION)
     for start in range(full_end, kv_end, BLOCK_N):
-        acc, m_i, l_i = _attend_kv_tile(
+        acc, m_i, l_i = attend_kv_tile(
             q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, table, seq_len, q_pos, kv_head,
             stride_cb, stride_cs, stride_ch, dims, dim_mask, qk_scale,
             BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION)
@@ -182,12 +181,9 @@ def paged_prefill(query: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
     num_tokens, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, cache_head_dim = key_cache.shape
     num_seqs = seq_lens.shape[0]
-    check_paged_inputs(query, key_cache, value_cache, block_tables, seq_lens)
+    out = check_paged_inputs(query, key_cache, value_cache, block_tables, seq_lens, out)
     assert query_start_loc.dtype == torch.int32 and query_start_loc.shape == (num_seqs + 1,)
     assert query_start_loc.is_contiguous()
-    if out is None:
-        out = torch.empty_like(query)
-    assert out.shape == query.shape and out.dtype == query.dtype and out.stride(2) == 1
     if num_tokens == 0 or num_seqs == 0 or max_query_len == 0:
         return out
     group = num_heads // num_kv_heads

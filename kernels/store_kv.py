@@ -7,7 +7,7 @@ One program per token writes all of its KV heads (a [KV_HEADS_PAD, HEAD_DIM_PAD]
 K and V, so a step of T tokens is T programs. An fp8 (e4m3) cache stores value / scale, clamped
 to the format's finite range (+-448) so an outlier saturates instead of becoming NaN.
 
-This module imports only torch and triton (it is part of raypaged.kernels).
+This module imports only torch, triton and launch_checks (it is part of raypaged.kernels).
 """
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-# Cache dtypes the kernels read and write. fp8 is e4m3 (the "fn" variant: no infinities).
-CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
+from .launch_checks import KV_DTYPES
 
 
 @triton.jit
@@ -92,7 +91,7 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
     assert key_cache.shape == value_cache.shape and key_cache.dim() == 4
     assert key_cache.shape[2:] == (num_kv_heads, head_dim), (
         f"cache {tuple(key_cache.shape)} does not hold {num_kv_heads} heads x {head_dim}")
-    assert key_cache.dtype == value_cache.dtype and key_cache.dtype in CACHE_DTYPES
+    assert key_cache.dtype == value_cache.dtype and key_cache.dtype in KV_DTYPES
     assert key_cache.stride() == value_cache.stride() and key_cache.stride(3) == 1
     assert slot_mapping.dtype == torch.int64 and slot_mapping.shape == (num_tokens,)
     assert slot_mapping.is_contiguous()
