@@ -37,7 +37,7 @@ def teacher_forced_top1(llm, ids: list[int], chunk: int = 16) -> list[int]:
     for start in range(0, len(ids), chunk):
         sr = ScheduledRequest("tf", ids[start:start + chunk], start, table_, 0, SamplingParams(),
                               ids, [])
-        input_ids, positions, meta = runner.prepare(ScheduledBatch((sr,)))
+        input_ids, positions, meta = runner.buffers.prepare(ScheduledBatch((sr,)))
         hidden = runner.model(input_ids, positions, runner.kv_caches, meta)
         preds += runner.model.compute_logits(hidden).argmax(-1).tolist()
     return preds

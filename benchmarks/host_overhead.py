@@ -173,7 +173,7 @@ def measure(running: int, steps: int, device_ms: float, tokenizer, stage: str, o
     sched, runner = engine.core.scheduler, engine.runner
     sched.schedule = timed(sched.schedule, "schedule")
     sched.update = timed(sched.update, "update")
-    runner.prepare = timed(runner.prepare, "prepare")
+    runner.buffers.prepare = timed(runner.buffers.prepare, "prepare")
     runner.sampler = TimedSampler(runner.sampler)
     model.forward = timed(model.forward, "device")
     engine.outputs.process = timed(engine.outputs.process, "outputs")  # includes detok
