@@ -39,6 +39,12 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param, code="invalid_request")
 
 
+def too_long(max_model_len: int, prompt: str, param: str = "prompt") -> APIError:
+    """A prompt that cannot fit in max_model_len tokens; `prompt`: what it is, in words."""
+    return bad_request(f"This model's maximum context length is {max_model_len} tokens, but "
+                       f"{prompt}: shorten it to at most {max_model_len - 1} tokens", param)
+
+
 def from_validation_error(exc: ValidationError) -> APIError:
     """The first problem pydantic found, named by its JSON path."""
     err = exc.errors(include_url=False)[0]

@@ -29,7 +29,8 @@ from raypaged.chat import encode_chat, render_chat, tool_call_format
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.outputs import SequenceOutput
 from raypaged.serve.dispatch import Dispatcher
-from raypaged.serve.errors import APIError, bad_request, from_validation_error, from_value_error
+from raypaged.serve.errors import (APIError, bad_request, from_validation_error, from_value_error,
+                                   too_long)
 from raypaged.serve.generation import DeadlinePassed, Generation
 from raypaged.serve.limits import RequestLimits
 from raypaged.serve.prompt_bound import max_token_bytes
@@ -69,15 +70,6 @@ class ModelInfo:
         """What clients see of the model a worker loaded (its stats and tokenizer)."""
         return cls(name=name or stats.model_name, max_model_len=stats.max_model_len,
                    vocab_size=len(tokenizer), created=int(time.time()))
-
-
-def parse(model, body) -> object:
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        raise from_validation_error(exc) from None
 
 
 class OpenAIFrontend:
@@ -199,15 +191,17 @@ class OpenAIFrontend:
 
     # -- validation and tokenization --------------------------------------------------------
     def _parse(self, model, body):
-        req = parse(model, body)
+        if not isinstance(body, dict):
+            raise bad_request("the request body must be a JSON object")
+        try:
+            req = model.model_validate(body)
+        except ValidationError as exc:
+            raise from_validation_error(exc) from None
         req.check()
-        self._check_model(req.model)
-        return req
-
-    def _check_model(self, model: str | None) -> None:
-        if model is not None and model != self.info.name:
-            raise APIError(404, f"The model `{model}` does not exist; this server serves "
+        if req.model is not None and req.model != self.info.name:
+            raise APIError(404, f"The model `{req.model}` does not exist; this server serves "
                                 f"`{self.info.name}`", param="model", code="model_not_found")
+        return req
 
     # Tokenizing runs in a thread: a multi-MB prompt takes seconds, and the event loop must keep
     # answering /health and other requests meanwhile (HF's fast tokenizers release the GIL).
@@ -248,17 +242,13 @@ class OpenAIFrontend:
         fewest = -(-size // self.max_token_bytes)  # isascii() above is O(1), encode() is not
         limit = self.info.max_model_len
         if fewest >= limit:
-            raise bad_request(
-                f"This model's maximum context length is {limit} tokens, but the prompt is "
-                f"{size} bytes, so at least {fewest} tokens (no token covers more than "
-                f"{self.max_token_bytes} bytes): shorten it to at most {limit - 1} tokens", param)
+            raise too_long(limit, f"the prompt is {size} bytes, so at least {fewest} tokens (no "
+                                  f"token covers more than {self.max_token_bytes} bytes)", param)
 
     def _check_length(self, tokens: list[int], max_tokens: int | None) -> None:
         limit = self.info.max_model_len
         if len(tokens) >= limit:
-            raise bad_request(
-                f"This model's maximum context length is {limit} tokens, but the prompt is "
-                f"{len(tokens)} tokens: shorten it to at most {limit - 1} tokens", "prompt")
+            raise too_long(limit, f"the prompt is {len(tokens)} tokens")
         if isinstance(max_tokens, int) and max_tokens >= 1 and len(tokens) + max_tokens > limit:
             raise bad_request(
                 f"This model's maximum context length is {limit} tokens, but you requested "
@@ -282,13 +272,12 @@ class OpenAIFrontend:
                            tokens, params, cache_salt, arrival) for i, tokens in enumerate(prompts)]
         try:
             results = await asyncio.gather(*(g.start() for g in gens), return_exceptions=True)
-        except BaseException:  # cancelled (the deadline, a client gone): leave every worker
-            await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                raise errors[0]
+        except BaseException:  # one failed, or cancelled (the deadline, a client gone):
+            await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)  # leave all
             raise
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)
-            raise errors[0]
         return gens
 
     async def _collect(self, gens: list[Generation], n: int) -> list[Choice]:

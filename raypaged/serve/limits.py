@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raypaged.serve.config import ServeOptions
-from raypaged.serve.errors import bad_request
+from raypaged.serve.errors import bad_request, too_long
 from raypaged.settings import flag
 
 _DEFAULTS = ServeOptions()
@@ -46,10 +46,7 @@ class RequestLimits:
         for i, p in enumerate(prompts):  # a token list too long to fit: before validating it
             if isinstance(p, list) and len(p) >= max_model_len:
                 where = f"prompt.{i}" if several else "prompt"
-                raise bad_request(
-                    f"This model's maximum context length is {max_model_len} tokens, but "
-                    f"{where} is {len(p)} tokens: shorten it to at most {max_model_len - 1} "
-                    "tokens", "prompt")
+                raise too_long(max_model_len, f"{where} is {len(p)} tokens")
         self._check_logprobs(body.get("logprobs"), "logprobs")
         self.check_output_tokens(body, len(prompts), body.get("max_tokens", 16))
 
