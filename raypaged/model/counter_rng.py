@@ -20,6 +20,8 @@ any device computes the same bits.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 _M32 = 0xFFFFFFFF
@@ -47,15 +49,10 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-_vocab_hash: dict[tuple[int, torch.device], torch.Tensor] = {}
-
-
+@functools.cache
 def _hashed_vocab(vocab: int, device: torch.device) -> torch.Tensor:
     """mix32 of every vocab index, computed once per (vocab size, device)."""
-    key = (vocab, device)
-    if key not in _vocab_hash:
-        _vocab_hash[key] = _mix32(torch.arange(vocab, dtype=torch.int64, device=device))
-    return _vocab_hash[key]
+    return _mix32(torch.arange(vocab, dtype=torch.int64, device=device))
 
 
 def uniforms(keys: torch.Tensor, vocab: int) -> torch.Tensor:

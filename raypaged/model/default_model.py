@@ -149,10 +149,9 @@ def _hf_tensors(reader, meta: dict) -> Iterator[tuple[str, torch.Tensor]]:
             name = _GLOBAL_TENSORS[t.name]
         elif parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_TENSORS:
             name = f"model.layers.{parts[1]}.{_LAYER_TENSORS[parts[2]]}.{parts[3]}"
-            if parts[2] == "attn_q":
-                weights = _unpermute_rotary_rows(weights, num_heads)
-            elif parts[2] == "attn_k":
-                weights = _unpermute_rotary_rows(weights, num_kv_heads)
+            heads = {"attn_q": num_heads, "attn_k": num_kv_heads}.get(parts[2])
+            if heads is not None:
+                weights = _unpermute_rotary_rows(weights, heads)
         else:
             raise ValueError(f"unexpected tensor {t.name!r} in the GGUF")
         yield name, torch.from_numpy(np.ascontiguousarray(weights))

@@ -6,7 +6,7 @@ accept) on one CPU core; llguidance 1.9.1 compiled as fast but cost 38 ms per to
 schema and tokens (first visits of each state only). xgrammar is also what vLLM's CPU server
 uses (same grammar dialect, same masks).
 
-    check(spec)            at the edge, no tokenizer needed: a bad schema/regex/EBNF is a 400
+    build_grammar(spec)    at the edge, no tokenizer needed: a bad schema/regex/EBNF is a 400
                            before anything is queued (the router; the offline LLM in-process)
     GrammarCache.prepare   at the worker's admission: build + compile on the cache's own thread,
                            once per key; the request is held out of the scheduler meanwhile
@@ -32,7 +32,9 @@ MAX_JSON_WHITESPACE = 20
 
 
 def build_grammar(spec: StructuredOutputsParams):
-    """The spec as an xgrammar Grammar (no tokenizer involved); ValueError names what is wrong."""
+    """The spec as an xgrammar Grammar (no tokenizer involved); ValueError names what is wrong.
+    The edge's check: an in-process caller hands the result on to GrammarCache.prepare, so it is
+    not built again."""
     import xgrammar as xgr
 
     kind = spec.kind
@@ -58,12 +60,6 @@ def build_grammar(spec: StructuredOutputsParams):
         return xgr.Grammar.from_ebnf(spec.grammar)
     except (RuntimeError, ValueError, TypeError) as exc:
         raise ValueError(f"structured_outputs.{kind} cannot be compiled: {_reason(exc)}") from None
-
-
-def check(spec: StructuredOutputsParams):
-    """The edge's check: the built grammar (an in-process caller hands it on to
-    GrammarCache.prepare, so it is not built again); ValueError says what is wrong."""
-    return build_grammar(spec)
 
 
 def _reason(exc: Exception) -> str:
@@ -130,7 +126,7 @@ class GrammarCache:
         with self._lock:
             known = spec.key in self._entries
         if not known:
-            self.prepare(spec, check(spec))
+            self.prepare(spec, build_grammar(spec))
 
     def get(self, spec: StructuredOutputsParams):
         """The compiled grammar (the engine asks only once its compile is done)."""

@@ -16,6 +16,8 @@ back, which waits for the copy on the same stream.
 """
 from __future__ import annotations
 
+from itertools import chain
+
 import torch
 
 from raypaged.core.contracts import ScheduledBatch
@@ -80,9 +82,7 @@ class InputBuffers:
         bs = self.block_size
         query_lens = [len(r.token_ids) for r in reqs]
         seq_lens = [r.start_position + q for r, q in zip(reqs, query_lens)]
-        ids: list[int] = []
-        for r in reqs:
-            ids.extend(r.token_ids)
+        ids = list(chain.from_iterable(r.token_ids for r in reqs))
         B, T = len(reqs), len(ids)
         W = max(-(-s // bs) for s in seq_lens)
         head = ids + [r.start_position for r in reqs] + query_lens

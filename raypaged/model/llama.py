@@ -123,29 +123,24 @@ class LlamaModel(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face-named tensors into our (fused) parameters; every parameter must be
         written exactly once, and an unknown tensor name is an error, not a silent skip."""
-        params = dict(self.named_parameters())
+        slots = _checkpoint_slots(self)
         written: set[tuple[str, str | None]] = set()
         for hf_name, tensor in weights:
             target = _our_name(hf_name, self.config)
             if target is None:
                 continue
-            name, part = target
-            if name not in params:
+            if target not in slots:
                 raise ValueError(f"checkpoint tensor {hf_name!r} has no place in "
                                  f"{self.config.architecture} as configured")
             if target in written:
                 raise ValueError(f"checkpoint tensor {hf_name!r} appears twice")
-            dest = params[name].data
-            if part is not None:
-                start, rows = _fused_rows(part, self.config)
-                dest = dest[start:start + rows]
+            dest = slots[target]
             if dest.shape != tensor.shape:
                 raise ValueError(f"{hf_name}: checkpoint shape {tuple(tensor.shape)} != expected "
                                  f"{tuple(dest.shape)}")
             dest.copy_(tensor)
             written.add(target)
-        missing = sorted(f"{n} ({p})" if p else n
-                         for n, p in _expected_writes(params) - written)
+        missing = sorted(f"{n} ({p})" if p else n for n, p in slots.keys() - written)
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:5]}")
 
@@ -172,20 +167,17 @@ def _our_name(hf_name: str, config: ModelConfig) -> tuple[str, str | None] | Non
     return name, None
 
 
-def _fused_rows(part: str, config: ModelConfig) -> tuple[int, int]:
-    """(first row, row count) of `part` inside its fused parameter."""
-    q_rows = config.num_heads * config.head_dim
-    kv_rows = config.num_kv_heads * config.head_dim
-    inter = config.intermediate_size
-    return {"q_proj": (0, q_rows), "k_proj": (q_rows, kv_rows),
-            "v_proj": (q_rows + kv_rows, kv_rows),
-            "gate_proj": (0, inter), "up_proj": (inter, inter)}[part]
-
-
-def _expected_writes(params: dict[str, nn.Parameter]) -> set[tuple[str, str | None]]:
-    """Every (parameter, part) load_weights must fill: each fused part, each plain parameter."""
-    expected = set()
-    for name in params:
+def _checkpoint_slots(model: LlamaModel) -> dict[tuple[str, str | None], torch.Tensor]:
+    """Every (parameter, part) load_weights must fill -> the rows it fills: a fused parameter's
+    parts (q/k/v rows of qkv_proj, gate/up rows of gate_up_proj), or a whole plain parameter."""
+    c = model.config
+    q, kv, inter = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
+    rows = {"q_proj": (0, q), "k_proj": (q, kv), "v_proj": (q + kv, kv),
+            "gate_proj": (0, inter), "up_proj": (inter, inter)}
+    slots = {}
+    for name, param in model.named_parameters():
         module = name.split(".")[-2] if "." in name else ""
-        expected.update((name, part) for part in _FUSED_PARTS.get(module, (None,)))
-    return expected
+        for part in _FUSED_PARTS.get(module, (None,)):
+            start, n = rows.get(part, (0, len(param)))
+            slots[name, part] = param.data[start:start + n]
+    return slots

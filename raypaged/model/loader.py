@@ -81,20 +81,15 @@ def iter_checkpoint(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
 
 def load_model(model_dir: str | Path, dtype: str | torch.dtype = "auto",
                device: torch.device | str = "cpu",
-               attention_backend: AttentionBackend | str | None = None
-               ) -> tuple[LlamaModel, ModelConfig]:
+               attention_backend: AttentionBackend | None = None) -> tuple[LlamaModel, ModelConfig]:
     """Read `model_dir` into an eval-mode LlamaModel on `device` in `dtype`. attention_backend:
-    a backend (the engine's, from raypaged/model/setup.py), or a name: "torch", "triton" or
-    None (Triton on CUDA, torch elsewhere)."""
+    the engine's (raypaged/model/setup.py), or None: Triton on CUDA, torch elsewhere."""
     model_dir = Path(model_dir)
     files = checkpoint_files(model_dir)   # checks the folder exists first: the clearer message
     config = ModelConfig.from_dir(model_dir)
     torch_dtype = resolve_dtype(dtype, device)
-    backend = attention_backend
-    if backend is None or isinstance(backend, str):
-        backend = get_attention_backend(backend, device)
     with torch.device("meta"):
-        model = LlamaModel(config, backend)
+        model = LlamaModel(config, attention_backend or get_attention_backend(None, device))
     model = model.to(torch_dtype).to_empty(device=device)
     model.load_weights(iter_checkpoint(files))
     return model.eval(), config

@@ -46,7 +46,9 @@ class LogitMasks:
             raise ValueError("structured_outputs needs an engine built with its tokenizer")
         import xgrammar as xgr
 
-        bitmask = self._host_bitmask(len(rows), logits.shape[1])
+        if self._bitmask is None or self._bitmask.shape[0] < len(rows):
+            self._bitmask = xgr.allocate_token_bitmask(max(len(rows), 8), logits.shape[1])
+        bitmask = self._bitmask
         states: dict[tuple[str, int], _State] = {}
         for i in constrained:
             r = rows[i]
@@ -69,22 +71,10 @@ class LogitMasks:
                                                                         non_blocking=True),
                                         indices=constrained)
 
-    def _host_bitmask(self, n: int, vocab: int) -> torch.Tensor:
-        import xgrammar as xgr
-
-        if self._bitmask is None or self._bitmask.shape[0] < n:
-            self._bitmask = xgr.allocate_token_bitmask(max(n, 8), vocab)
-        return self._bitmask
-
     @staticmethod
     def _apply_bias(logits: torch.Tensor, rows, idx: list[int]) -> None:
         """One index_put_ (accumulate) for every (row, token, bias) of the rows with a bias."""
-        ri, ti, vals = [], [], []
-        for i in idx:
-            for t, b in rows[i].params.logit_bias:
-                ri.append(i)
-                ti.append(t)
-                vals.append(b)
+        ri, ti, vals = zip(*[(i, t, b) for i in idx for t, b in rows[i].params.logit_bias])
         dev = logits.device
         logits.index_put_((torch.tensor(ri).to(dev, non_blocking=True),
                            torch.tensor(ti).to(dev, non_blocking=True)),

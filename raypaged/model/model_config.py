@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 # config.json files written without "architectures" still carry a model_type.
 _ARCHITECTURE_BY_MODEL_TYPE = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
 }
+SUPPORTED_ARCHITECTURES = tuple(_ARCHITECTURE_BY_MODEL_TYPE.values())
 SUPPORTED_ROPE_SCALING = ("llama3", "linear")
 
 

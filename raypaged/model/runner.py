@@ -9,6 +9,8 @@ Implements core's ModelRunner protocol. Flattens the batch into T tokens:
 """
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 
 from raypaged.core.contracts import ScheduledBatch, StepResult
@@ -58,11 +60,8 @@ class ModelRunner:
         if not samplers:
             return StepResult(sampled={})
         # row indices from the host's query lengths: no device read before the sampler's
-        last_rows, end = [], 0
-        for r, q_len in zip(batch.requests, meta.query_lens_cpu):
-            end += q_len
-            if r.num_samples:
-                last_rows.append(end - 1)
+        last_rows = [end - 1 for r, end in zip(batch.requests, accumulate(meta.query_lens_cpu))
+                     if r.num_samples]
         logits = self.model.compute_logits(hidden[last_rows])    # [S, vocab] float32
         # A prompt about to fork into n samples draws n tokens from its one logits row.
         if any(r.num_samples > 1 for r in samplers):

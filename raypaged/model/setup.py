@@ -163,16 +163,15 @@ def cpu_decode_kernel(config: ModelConfig, dtype: torch.dtype, kv_dtype: torch.d
 
     why = cpu_paged_decode.unsupported(dtype, kv_dtype, config.num_heads, config.num_kv_heads,
                                        config.head_dim, block_size)
-    if why is None:
-        try:
+    try:
+        if why is None:
             cpu_paged_decode.load()
-        except RuntimeError as e:
-            why = str(e)
-    if why is not None:
-        log.warning("C++ decode attention off, gather + SDPA instead: %s (install g++ and "
-                    "ninja, or pass --no-cpu-decode-kernel to choose this path)", why)
-        return None
-    return cpu_paged_decode.paged_decode
+            return cpu_paged_decode.paged_decode
+    except RuntimeError as e:
+        why = str(e)
+    log.warning("C++ decode attention off, gather + SDPA instead: %s (install g++ and ninja, or "
+                "pass --no-cpu-decode-kernel to choose this path)", why)
+    return None
 
 
 def cpu_prefill_kernel(config: ModelConfig, dtype: torch.dtype, kv_dtype: torch.dtype):
@@ -187,15 +186,14 @@ def cpu_prefill_kernel(config: ModelConfig, dtype: torch.dtype, kv_dtype: torch.
         log.info("C++ prefill attention off, SDPA instead: %s", why)
         return None
     try:
-        built = cpu_paged_decode.prefill_built()
+        if cpu_paged_decode.prefill_built():
+            return cpu_paged_decode.paged_prefill
     except RuntimeError as e:
-        built, why = False, str(e)
-    if not built:
-        log.warning("C++ prefill attention off, SDPA instead (about half the speed on long "
-                    "prompts): %s (pass --no-cpu-prefill-kernel to choose SDPA)",
-                    why or "this CPU has no AVX512-BF16")
-        return None
-    return cpu_paged_decode.paged_prefill
+        why = str(e)
+    log.warning("C++ prefill attention off, SDPA instead (about half the speed on long prompts): "
+                "%s (pass --no-cpu-prefill-kernel to choose SDPA)",
+                why or "this CPU has no AVX512-BF16")
+    return None
 
 
 def plan_for(args: EngineArgs) -> KVPlan:

@@ -20,6 +20,7 @@ half of a 1,024-token prefill's time (docs/performance.md, "Long prompts").
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Callable
 
 import torch
@@ -179,15 +180,10 @@ def _plan_step(meta: AttentionMetadata, block_size: int, gather: bool) -> _StepP
     if not bool(valid.all()):  # padding rows (graph buckets); one device read per step
         valid_rows = valid.nonzero().squeeze(1)
         slots = slots.index_select(0, valid_rows)
-    starts, decode, prefill = [], [], []
-    start = 0
-    for b, q_len in enumerate(meta.query_lens_cpu):
-        starts.append(start)
-        if q_len == 1 and meta.seq_lens_cpu[b] > 0:
-            decode.append(b)
-        elif q_len > 1:
-            prefill.append(b)
-        start += q_len
+    query_lens = meta.query_lens_cpu
+    starts = list(accumulate(query_lens[:-1], initial=0))
+    decode = [b for b, q_len in enumerate(query_lens) if q_len == 1 and meta.seq_lens_cpu[b] > 0]
+    prefill = [b for b, q_len in enumerate(query_lens) if q_len > 1]
     plan = _decode_plan(meta, decode, starts, block_size, gather) if decode else None
     covers_all = (plan is not None and plan.rows is None and not prefill
                   and len(decode) == len(meta.slot_mapping))
