@@ -42,13 +42,13 @@ def read_lines(f: BinaryIO, max_bytes: int) -> Iterator[Line]:
         offset += len(chunk)
         # whole: it ends in "\n", or it is the file's last line and within the cap
         if chunk.endswith(b"\n") or len(chunk) <= max_bytes:
-            raw = chunk[:-1] if chunk.endswith(b"\n") else chunk
+            raw = chunk.removesuffix(b"\n")
             yield Line(line_no, raw, digest_of(raw), len(raw), offset)
             continue
         h, size = hashlib.blake2b(chunk, digest_size=8), len(chunk)
         while piece := f.readline(SKIP_CHUNK):
             offset += len(piece)
-            body = piece[:-1] if piece.endswith(b"\n") else piece
+            body = piece.removesuffix(b"\n")
             h.update(body)
             size += len(body)
             if piece.endswith(b"\n"):
