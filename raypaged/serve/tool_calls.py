@@ -41,8 +41,8 @@ def tool_mode(tools: list[dict] | None, tool_choice) -> tuple[str, str | None]:
         if tool_choice != "none" and not tools:
             raise bad_request(f"tool_choice {tool_choice!r} needs tools", "tool_choice")
         return tool_choice, None
-    name = (tool_choice.get("function") or {}).get("name") if isinstance(tool_choice, dict) \
-        else None
+    function = tool_choice.get("function")  # tool_choice: a dict (the request model types it)
+    name = function.get("name") if isinstance(function, dict) else None
     if tool_choice.get("type") != "function" or not isinstance(name, str):
         raise bad_request('a named tool_choice must be {"type": "function", "function": '
                           '{"name": ...}}', "tool_choice")

@@ -230,13 +230,15 @@ def test_a_constrained_stream_whose_worker_dies_continues_with_valid_json(engine
     ("/v1/chat/completions", chat(logit_bias={"99999999": 1.0}), "logit_bias", "token ids in"),
     ("/v1/chat/completions", chat(tools=[WEATHER], tool_choice={
         "type": "function", "function": {"name": "nope"}}), "tool_choice", "not in tools"),
+    ("/v1/chat/completions", chat(tools=[WEATHER], tool_choice={
+        "type": "function", "function": "get_weather"}), "tool_choice", "a named tool_choice"),
     ("/v1/chat/completions", chat(tool_choice="required"), "tool_choice", "needs tools"),
     ("/v1/chat/completions", chat(tools=[WEATHER], tool_choice="required",
                                   response_format={"type": "json_object"}), "tool_choice",
      "constrains the output itself"),
 ], ids=["bad_regex", "bad_schema", "bad_grammar", "too_large", "two_kinds", "unknown_key",
         "both_fields", "schema_missing", "bias_too_many", "bias_bad_id", "unknown_tool",
-        "required_without_tools", "tools_and_format"])
+        "function_not_an_object", "required_without_tools", "tools_and_format"])
 def test_bad_constraints_are_refused_with_400_naming_the_problem(engines, route, body, param,
                                                                   says):
     r = post(engines, route, body)
