@@ -40,7 +40,6 @@ import triton.language as tl
 
 from .launch_checks import check_paged_inputs
 from .numerics import LOG2E
-from .paged_prefill import attend_kv_tile
 
 MAX_SPLITS = 16          # workspace depth and the most splits the rule picks (untuned guess)
 MIN_SPLIT_TOKENS = 256   # a split should stream at least this many positions (untuned guess)
@@ -95,13 +94,25 @@ def _paged_decode_kernel(
     l_i = tl.zeros([GROUP_ROWS], tl.float32)                # running sum of exp2
     acc = tl.zeros([GROUP_ROWS, HEAD_DIM_PAD], tl.float32)
     table = block_tables_ptr + b * stride_bt
-    # The new token is the last position: it sees every key (the causal mask is the bounds mask).
-    q_pos = tl.zeros([GROUP_ROWS], tl.int32) + (seq_len - 1)
     for tile in range(tile_lo, tile_hi):
-        acc, m_i, l_i = attend_kv_tile(
-            q, acc, m_i, l_i, tile * BLOCK_N, k_cache_ptr, v_cache_ptr, table, seq_len, q_pos,
-            kv_head, stride_cb, stride_cs, stride_ch, dims, dim_mask, qk_scale,
-            BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION)
+        pos = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        pos_mask = pos < seq_len
+        page = tl.load(table + pos // BLOCK_SIZE, mask=pos_mask, other=0).to(tl.int64)
+        kv_off = page * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch  # [N]
+        kv_mask = pos_mask[:, None] & dim_mask[None, :]
+        # K is read transposed ([D, N]) so the dot needs no tl.trans.
+        k = tl.load(k_cache_ptr + kv_off[None, :] + dims[:, None],
+                    mask=dim_mask[:, None] & pos_mask[None, :], other=0.0)
+        s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale  # [G, N]
+        s = tl.where(pos_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile holds >= 1 valid position
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
+                                            input_precision=DOT_PRECISION)
+        m_i = m_new
 
     # Padding rows (seq_len 0) and empty splits have l_i == 0: they produce zeros / lse -inf.
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]

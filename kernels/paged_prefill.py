@@ -46,7 +46,7 @@ from .numerics import LOG2E
 
 
 @triton.jit
-def attend_kv_tile(
+def _attend_kv_tile(
     q, acc, m_i, l_i,           # query tile [ROWS, D] and the running softmax state
     start,                      # first absolute key position of this tile
     k_cache_ptr, v_cache_ptr, table_ptr,  # caches and this sequence's block-table row
@@ -133,12 +133,12 @@ def _paged_prefill_kernel(
     acc = tl.zeros([BLOCK_M * GROUP_PAD, HEAD_DIM_PAD], tl.float32)
     table = block_tables_ptr + b * stride_bt
     for start in range(0, full_end, BLOCK_N):
-        acc, m_i, l_i = attend_kv_tile(
+        acc, m_i, l_i = _attend_kv_tile(
             q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, table, seq_len, q_pos, kv_head,
             stride_cb, stride_cs, stride_ch, dims, dim_mask, qk_scale,
             BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION)
     for start in range(full_end, kv_end, BLOCK_N):
-        acc, m_i, l_i = attend_kv_tile(
+        acc, m_i, l_i = _attend_kv_tile(
             q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, table, seq_len, q_pos, kv_head,
             stride_cb, stride_cs, stride_ch, dims, dim_mask, qk_scale,
             BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION)
