@@ -15,12 +15,10 @@ def _generate(ns: argparse.Namespace) -> int:
 
     engine = Engine.from_args(from_namespace(EngineArgs, ns))
     tok = engine.tokenizer
-    if ns.chat is None:  # instruct models answer questions best through their chat template
-        ns.chat = bool(getattr(tok, "chat_template", None))
-    if ns.chat:
-        ids = chat_token_ids(tok, [{"role": "user", "content": ns.prompt}])
-    else:
-        ids = tok.encode(ns.prompt)
+    # default: instruct models answer questions best through their chat template
+    chat = bool(getattr(tok, "chat_template", None)) if ns.chat is None else ns.chat
+    ids = (chat_token_ids(tok, [{"role": "user", "content": ns.prompt}]) if chat
+           else tok.encode(ns.prompt))
     params = SamplingParams(temperature=ns.temperature, max_tokens=ns.max_tokens, seed=ns.seed,
                             top_p=ns.top_p)
     engine.add_request("cli", ids, params)

@@ -213,11 +213,10 @@ def plan_kv_cache(shape: KVShape, cache: EngineArgs, max_model_len: int,
     num_blocks = budget // per_block
     plan = KVPlan(budget, per_token, cache.block_size, num_blocks, max_model_len)
     if plan.max_seqs_at_max_model_len < 1:
-        fits = num_blocks * cache.block_size
         need_mb = plan.blocks_per_seq * per_block / (1024 * 1024)
         raise ValueError(
             f"one sequence of max_model_len={max_model_len} needs {plan.blocks_per_seq} KV blocks "
             f"({need_mb:,.1f} MiB) but the budget of {budget / (1024 * 1024):,.1f} MiB holds "
-            f"{num_blocks} blocks: set max_model_len <= {fits} or raise the KV budget to at least "
-            f"kv_memory_mb={need_mb:,.1f}")
+            f"{num_blocks} blocks: set max_model_len <= {plan.num_tokens} or raise the KV budget "
+            f"to at least kv_memory_mb={need_mb:,.1f}")
     return plan

@@ -93,12 +93,11 @@ class Engine:
             extra = tuple(t for t in self.eos_token_ids[1:] if t not in params.stop_token_ids)
             params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + extra)
         vocab = len(self.tokenizer)
-        if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt_token_ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        for what, ids in (("prompt", prompt_token_ids),
+                          ("continuation", continuation.output_token_ids if continuation else ())):
+            if any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
+                raise ValueError(f"{what} token ids must be integers in [0, {vocab})")
         params.check_token_ids(vocab)
-        if continuation is not None and any(
-                not isinstance(t, int) or not 0 <= t < vocab for t in continuation.output_token_ids):
-            raise ValueError(f"continuation token ids must be integers in [0, {vocab})")
         compile_ = None
         if params.structured_outputs is not None:
             if self.grammars is None:
@@ -123,10 +122,8 @@ class Engine:
                 self.core.abort(request_id)  # nothing tracks it yet: its deltas go nowhere
                 raise
         index = continuation.sample_index if continuation else 0
-        if self.stage is None:
-            self.outputs.add(request_id, prompt, params, index, detok)
-        else:
-            self.stage.add(request_id, prompt, params, index, detok)
+        (self.outputs if self.stage is None else self.stage).add(request_id, prompt, params, index,
+                                                                 detok)
 
     def step(self) -> list[SequenceOutput]:
         if self.stage is not None:

@@ -64,7 +64,10 @@ class OutputProcessor:
                 # A forked sample seen for the first time. Track every new sample before any
                 # finish is handled: when all samples end in the step that forks them
                 # (max_tokens=1, say), forgetting the first would drop the prompt the others need.
-                self._track(d.request_id, d.parent_id, d.sample_index)
+                prompt, params = self._prompts[d.parent_id]
+                self._seqs[d.request_id] = _Sequence(d.parent_id, d.sample_index,
+                                                     self.detokenizer(prompt, params), len(prompt))
+                self._live[d.parent_id] += 1
         outs, aborts = [], []
         for d in deltas:
             if d.request_id in self._ended_here:
@@ -95,12 +98,6 @@ class OutputProcessor:
             if finish is not None:
                 self._forget(d.request_id, seq.request_id)
         return outs, aborts
-
-    def _track(self, seq_id: str, request_id: str, index: int) -> None:
-        prompt, params = self._prompts[request_id]
-        self._seqs[seq_id] = _Sequence(request_id, index, self.detokenizer(prompt, params),
-                                       len(prompt))
-        self._live[request_id] += 1
 
     def _forget(self, seq_id: str, request_id: str) -> None:
         # Core forks all n samples in one step, and this processor tracks all of a step's new

@@ -116,12 +116,9 @@ def add_cli_args(parser: argparse.ArgumentParser, cls) -> None:
         g = groups[m["group"]]
         kind, _ = _base_type(cls, f)
         help_text = m["help"] + ("" if f.default is None else " (default: %(default)s)")
-        if kind is bool:
-            g.add_argument(flag(f.name), action=argparse.BooleanOptionalAction,
-                           default=f.default, help=help_text)
-        else:
-            g.add_argument(flag(f.name), type=kind, default=f.default, choices=m["choices"],
-                           help=help_text)
+        how = (dict(action=argparse.BooleanOptionalAction) if kind is bool
+               else dict(type=kind, choices=m["choices"]))
+        g.add_argument(flag(f.name), default=f.default, help=help_text, **how)
 
 
 def from_namespace(cls, ns: argparse.Namespace, **overrides):
