@@ -81,7 +81,7 @@ class OpenAIFrontend:
                  stream_path: str = "fast", tool_call_parser: str | None = None,
                  max_tool_calls: int = MAX_TOOL_CALLS):
         self.dispatcher = dispatcher
-        self.fast = stream_path == "fast"  # the setting stream_path: sse_stream.py or _events
+        self.fast = stream_path == "fast"  # the setting: Generation.stream, or step_batches
         self.tokenizer = tokenizer
         self.shapes = Shapes(tokenizer)
         self.info = info
@@ -107,7 +107,7 @@ class OpenAIFrontend:
 
     async def _by_deadline(self, endpoint, body) -> JSONResponse | StreamingResponse:
         """Run an endpoint up to its response (for a stream: its first batch) within the
-        request's deadline; the stream itself keeps the same deadline (_events)."""
+        request's deadline; the stream itself keeps the same deadline (sse_events)."""
         arrival = time.monotonic()
         loop_now = asyncio.get_running_loop().time()
         deadline = None if self.request_timeout_s is None else loop_now + self.request_timeout_s

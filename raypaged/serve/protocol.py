@@ -89,9 +89,7 @@ class _Sampling(BaseModel):
                 schema = so.json_
                 if isinstance(schema, str):
                     schema = _schema_text(schema, "structured_outputs.json")
-                return StructuredOutputsParams(
-                    json=schema, regex=so.regex, choice=so.choice, grammar=so.grammar,
-                    json_object=so.json_object, disable_any_whitespace=so.disable_any_whitespace)
+                return StructuredOutputsParams(json=schema, **so.model_dump(exclude={"json_"}))
         except ValueError as exc:
             raise bad_request(str(exc), "structured_outputs") from None
         if rf is None or rf.type == "text":
