@@ -40,8 +40,7 @@ class CompletionOutput:
         self.text += out.new_text
         self.token_ids.extend(out.new_token_ids)
         if out.new_logprobs:
-            if self.logprobs is None:
-                self.logprobs = []
+            self.logprobs = self.logprobs or []
             self.logprobs.extend(out.new_logprobs)
         if out.finished:
             self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
