@@ -29,7 +29,7 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 class HermesStream(CallsStream):
     def __init__(self, tool_names=None) -> None:
-        super().__init__(tool_names)  # each tag's object is one entry of the scanner's list
+        super().__init__(tool_names)    # each tag's object: one entry of the scanner's list
         self._tag = ""                  # the text inside the current tag
         self._in_tag = False
 
