@@ -138,14 +138,7 @@ def _check_leaf(item: object, path: list, key) -> None:
     if isinstance(item, str):
         _check_text(item, path, key)
     elif isinstance(item, float) and not math.isfinite(item):  # 1e400 parses as inf
-        where = _spell(path, key)
-        raise bad_request(f"{where or 'the request body'}: {item} is out of range: numbers "
-                          "must be finite", param=where or None)
-
-
-def _spell(path: list, key) -> str:
-    """The JSON path of an element, as 'messages.0.content'."""
-    return ".".join(str(k) for k in (*path, *(() if key is None else (key,))))
+        raise _refused(path, key, f"{item} is out of range: numbers must be finite")
 
 
 def _check_text(text: str, path: list, key) -> None:
@@ -154,8 +147,12 @@ def _check_text(text: str, path: list, key) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        spelled = _spell(path, key)
-        where = spelled or "the request body"
-        raise bad_request(f"{where}: contains an unpaired surrogate ({text[exc.start]!r} at "
-                          f"{exc.start}), which is not valid Unicode text: send UTF-8 text",
-                          param=spelled or None) from None
+        raise _refused(path, key, f"contains an unpaired surrogate ({text[exc.start]!r} at "
+                                  f"{exc.start}), which is not valid Unicode text: send UTF-8 "
+                                  "text") from None
+
+
+def _refused(path: list, key, problem: str) -> APIError:
+    """A 400 naming the element by its JSON path, as 'messages.0.content'."""
+    where = ".".join(str(k) for k in (*path, *(() if key is None else (key,))))
+    return bad_request(f"{where or 'the request body'}: {problem}", param=where or None)
