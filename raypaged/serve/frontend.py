@@ -86,6 +86,11 @@ class OpenAIFrontend:
         self.shapes = Shapes(tokenizer)
         self.info = info
         self.limits = limits or RequestLimits()
+        # each request model's limits, checked on the raw body before pydantic (picklable:
+        # http_app has body_parser run a large body's in a child process)
+        self.body_checks = {CompletionRequest: functools.partial(
+            self.limits.check_completion, max_model_len=info.max_model_len),
+            ChatCompletionRequest: self.limits.check_chat}
         self.request_timeout_s = request_timeout_s  # None: no deadline
         self.max_token_bytes = max_token_bytes(tokenizer)  # None: no bound, tokenize everything
         # tool_choice "auto": the model family's call format, from its chat template unless set
@@ -128,8 +133,6 @@ class OpenAIFrontend:
 
     async def _completions(self, body, arrival: float, deadline: float | None
                            ) -> JSONResponse | StreamingResponse:
-        if isinstance(body, dict):
-            self.limits.check_completion(body, self.info.max_model_len)
         req: CompletionRequest = self._parse(CompletionRequest, body)
         texts = req.prompts()
         for text in texts:  # all of them before tokenizing any
@@ -142,8 +145,6 @@ class OpenAIFrontend:
 
     async def _chat_completions(self, body, arrival: float, deadline: float | None
                                 ) -> JSONResponse | StreamingResponse:
-        if isinstance(body, dict):
-            self.limits.check_chat(body)
         req: ChatCompletionRequest = self._parse(ChatCompletionRequest, body)
         chunk = functools.partial(self.shapes.chat_choice, req.logprobs)
         chunk, forced = with_tools(req, chunk, self.tool_parser, self.max_tool_calls)
@@ -193,6 +194,7 @@ class OpenAIFrontend:
     def _parse(self, model, body):
         if not isinstance(body, dict):
             raise bad_request("the request body must be a JSON object")
+        self.body_checks[model](body)
         try:
             req = model.model_validate(body)
         except ValidationError as exc:

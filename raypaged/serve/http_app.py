@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import hmac
 import logging
 from typing import Callable
@@ -44,11 +43,9 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
     # each route's limits, checked where a large body is parsed: refused there, its parsed
     # value never reaches this process (the frontend checks every body again: cheap); of one
     # that passes, only the fields its request model knows come back (the model ignores others)
-    prechecks = {frontend.completions: (functools.partial(
-        frontend.limits.check_completion, max_model_len=frontend.info.max_model_len),
-        model_fields(CompletionRequest)),
-        frontend.chat_completions: (frontend.limits.check_chat,
-                                    model_fields(ChatCompletionRequest))}
+    prechecks = {route: (frontend.body_checks[model], model_fields(model))
+                 for route, model in ((frontend.completions, CompletionRequest),
+                                      (frontend.chat_completions, ChatCompletionRequest))}
 
     def authorize(request: Request) -> None:
         if api_key is None:
