@@ -1,6 +1,7 @@
 """The router's checks of a constraint, before anything is queued: its size (a setting), then
-the grammar built from it (model/grammar.py `build_grammar`, no tokenizer needed) in a thread, so a bad
-schema, regex or EBNF is a 400 that names the problem rather than a failed request later."""
+the grammar built from it (model/grammar.py `build_grammar`, no tokenizer needed) in a thread,
+so a bad schema, regex or EBNF is a 400 that names the problem rather than a failed request
+later."""
 from __future__ import annotations
 
 import asyncio
