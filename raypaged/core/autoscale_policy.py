@@ -61,7 +61,7 @@ class LoadSample:
     serving: int
     starting: int = 0             # asked for, not serving yet
     draining: int = 0
-    queued_tokens: int = 0        # admitted, not computed yet
+    queued_tokens: int = 0        # admitted or held back by the routers, not computed yet
     computed_tokens: int = 0      # computed during the interval
     preemptions: int = 0          # during the interval
     capacity_tokens_per_s: float = 0.0  # one worker's, when saturated (0: not measured yet)
@@ -191,10 +191,13 @@ class ScaleRound:
         self._prev: dict[str, WorkerCounters] = {}
 
     def sample(self, now_s: float, interval_s: float, workers: Mapping[str, WorkerCounters],
-               serving: int, starting: int, draining: int) -> LoadSample:
+               serving: int, starting: int, draining: int, held_tokens: int = 0) -> LoadSample:
         """The fleet over the last interval; `workers` in a stable order (the capacity meter's
-        moving average depends on it)."""
-        computed = preemptions = queued = 0
+        moving average depends on it). `held_tokens`: prompt tokens the routers hold back until
+        the fleet has room for them (fair admission): they wait as surely as the workers'
+        queues, which never see them."""
+        computed = preemptions = 0
+        queued = held_tokens
         prev, self._prev = self._prev, dict(workers)
         for worker_id, now in workers.items():
             before = prev.get(worker_id)

@@ -78,6 +78,7 @@ class OpenAIRouter:
         dispatcher = Dispatcher(self.fleet, Router(self.config, stats.block_size),
                                 self.metrics, gate=gate)
         self.fleet.poison = dispatcher.poison  # shared with the other replicas (poison.py)
+        self.fleet.held_tokens = lambda: gate.held_tokens  # demand for the autoscaler
         self.frontend = OpenAIFrontend(dispatcher, tokenizer, self.info,
                                        limits=RequestLimits.of(self.config),
                                        request_timeout_s=self.config.request_timeout_s,

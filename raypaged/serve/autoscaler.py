@@ -65,7 +65,7 @@ class Autoscaler:
     def step(self, controller, now: float) -> None:
         views = controller.views()
         self._cold_starts(views, now)
-        sample = self._sample(views, now)
+        sample = self._sample(views, now, controller.held_prompt_tokens())
         previous, decision = self.round.decide(sample)
         if decision.changed:
             direction = "out" if decision.desired > previous else "in"
@@ -78,14 +78,15 @@ class Autoscaler:
         self._finish_drains(controller, views, now)
         self._kill_retired(now)
 
-    def _sample(self, views, now: float) -> LoadSample:
+    def _sample(self, views, now: float, held_tokens: int) -> LoadSample:
         interval = max(1e-6, now - self._last_s)
         self._last_s = now
         counters = {v.worker_id: WorkerCounters(
             v.stats.engine.preemption.computed_tokens, v.stats.engine.num_preemptions,
             v.stats.engine.num_queued_tokens, v.draining_since is not None, v.stats.incarnation)
             for v in views if v.state == READY and v.stats is not None}
-        return self.round.sample(now, interval, counters, **_counts(views))
+        return self.round.sample(now, interval, counters, **_counts(views),
+                                 held_tokens=held_tokens)
 
     def _converge(self, controller, views, now: float) -> None:
         current = [v for v in views if v.draining_since is None and v.state != DEAD]
@@ -138,6 +139,7 @@ class Autoscaler:
             "desired": self.desired, **_counts(views),
             "capacity_tokens_per_s": self.round.capacity.tokens_per_s,
             "predicted_wait_s": samples[-1].wait_s if samples else 0.0,
+            "queued_tokens": samples[-1].queued_tokens if samples else 0,
             "decisions": list(self.decisions),
             "decisions_total": [{"direction": d, "reason": r, "count": n}
                                 for (d, r), n in sorted(self.decision_counts.items())],

@@ -47,6 +47,9 @@ class ClientGate:
         # their mean, as a worker's admission projects it, not at the rest of max_model_len
         # (which would hold a client without max_tokens to ~max_model_len-long requests' worth)
         self.output_lengths = OutputLengths()
+        # prompt tokens of the prompts waiting here for their turn: demand no worker's queue
+        # shows yet, which the autoscaler adds to the workers' (serve/autoscaler.py)
+        self.held_tokens = 0
 
     def check(self, client: str) -> None:
         """429 if the client has its cap in flight here: before the body is read (http_app) and
@@ -73,11 +76,14 @@ class ClientGate:
         if ticket.admitted:
             return ticket
         ticket.waker = self._loop.create_future()
+        self.held_tokens += num_prompt_tokens
         try:
             await ticket.waker
         except BaseException:  # the deadline or a departed client: give the place up
             self.leave(ticket)
             raise
+        finally:
+            self.held_tokens -= num_prompt_tokens
         return ticket
 
     def open_output(self) -> int:

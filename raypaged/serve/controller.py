@@ -37,6 +37,7 @@ from raypaged.serve.poison import PoisonMemory
 from raypaged.serve.messages import WorkerStats
 
 logger = logging.getLogger(__name__)
+HELD_FRESH_S = 3.0  # routers push every second (ray_fleet.py)
 
 
 class WorkerDown(Exception):
@@ -64,6 +65,8 @@ class Controller:
         self.poll_timeout_s = poll_timeout_s
         self._version = 0
         self._router_metrics: dict[str, dict] = {}
+        # replica -> (prompt tokens its gate holds, when it said so): pushed every second
+        self._router_held: dict[str, tuple[int, float]] = {}
         self._poller: asyncio.Task | None = None
         self._caches = {wid: CacheSummary() for wid, _ in workers}  # mirrors, for routers
         self._cache_from: dict[str, tuple[str, int]] = {}  # worker -> (incarnation, version)
@@ -89,13 +92,22 @@ class Controller:
                 if summary.version != versions.get(wid, -1)}
 
     async def report_router_metrics(self, replica_id: str, metrics: dict,
-                                    poison: list = ()) -> list:
-        """A router's metrics and the suspected poison requests it remembers; returns what
-        every router has reported of those, for it to refuse too (poison.py)."""
+                                    poison: list = (), held_tokens: int = 0) -> list:
+        """A router's metrics, the suspected poison requests it remembers and the prompt tokens
+        its gate holds back (client_gate.py); returns what every router has reported of the
+        poison requests, for it to refuse too (poison.py)."""
         self._ensure_polling()
         self._router_metrics[replica_id] = metrics
+        self._router_held[replica_id] = (held_tokens, time.monotonic())
         self.poison.learn(poison)
         return self.poison.shared()
+
+    def held_prompt_tokens(self) -> int:
+        """Prompt tokens the routers hold back waiting for room in the fleet, as of their last
+        pushes: demand the workers' queues do not show. A replica silent for HELD_FRESH_S (gone,
+        or cut off) no longer counts."""
+        since = time.monotonic() - HELD_FRESH_S
+        return sum(tokens for tokens, at in self._router_held.values() if at >= since)
 
     async def poll_once(self) -> None:
         views = list(self._views.values())

@@ -42,6 +42,7 @@ class RayFleetClient:
         self._task: asyncio.Task | None = None
         self._links: dict[str, RayWorkerLink] = {}  # worker id -> its live link
         self.poison: PoisonMemory | None = None  # the Dispatcher's, shared through the controller
+        self.held_tokens: Callable[[], int] = lambda: 0  # the ClientGate's waiting prompt tokens
 
     def snapshot(self) -> FleetSnapshot:
         return self._snapshot
@@ -88,12 +89,12 @@ class RayFleetClient:
             raise
 
     async def _push(self) -> None:
-        """This replica's request metrics and suspected poison requests to the controller;
-        back, the poison requests every replica has reported (a replica refuses them as its
-        own within a push of another refusing one)."""
+        """This replica's request metrics, suspected poison requests and the prompt tokens its
+        gate holds to the controller; back, the poison requests every replica has reported (a
+        replica refuses them as its own within a push of another refusing one)."""
         mine = self.poison.shared() if self.poison is not None else []
         shared = await self._controller.report_router_metrics.remote(
-            self.replica_id, self.metrics.snapshot(), mine)
+            self.replica_id, self.metrics.snapshot(), mine, self.held_tokens())
         if self.poison is not None and shared:
             self.poison.learn(shared)
 

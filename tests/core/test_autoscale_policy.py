@@ -150,3 +150,30 @@ def test_capacity_is_measured_only_over_saturated_intervals():
 def test_bad_bounds_are_refused():
     with pytest.raises(ValueError, match="min_workers <= max_workers"):
         ScalePolicy(min_workers=3, max_workers=2)
+
+
+def test_prompts_the_routers_hold_back_count_as_queued():
+    """Fair admission keeps a flood at the routers until the fleet has room: the workers'
+    queues stay short while the demand waits. The held prompt tokens count as queued, so the
+    fleet scales out (with only the workers' queues it never did)."""
+    from raypaged.core.autoscale_policy import ScaleRound, WorkerCounters
+
+    scale = ScaleRound(POLICY, desired=1)
+    scale.capacity.tokens_per_s = CAP  # measured earlier
+    busy = {"w0": WorkerCounters(computed_tokens=0, preemptions=0, queued_tokens=100)}
+    scale.sample(0.0, 1.0, busy, serving=1, starting=0, draining=0)  # w0's counters start
+    for t in (1.0, 2.0):
+        busy = {"w0": WorkerCounters(busy["w0"].computed_tokens + 900, 0, 100)}
+        sample = scale.sample(t, 1.0, busy, serving=1, starting=0, draining=0,
+                              held_tokens=4900)
+        assert sample.queued_tokens == 5000 and sample.wait_s == 5.0
+        before, decision = scale.decide(sample)
+    assert (before, decision) == (1, Decision(2, QUEUE_WAIT, True))
+
+    quiet = ScaleRound(POLICY, desired=1)
+    quiet.capacity.tokens_per_s = CAP
+    quiet.sample(0.0, 1.0, busy, serving=1, starting=0, draining=0)
+    for t in (1.0, 2.0):
+        sample = quiet.sample(t, 1.0, busy, serving=1, starting=0, draining=0)
+        assert sample.wait_s == 0.1
+        assert quiet.decide(sample)[1].changed is False

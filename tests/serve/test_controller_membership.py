@@ -110,6 +110,27 @@ def test_router_metrics_reported_to_the_controller_are_in_the_snapshot():
     asyncio.run(main())
 
 
+def test_prompt_tokens_the_routers_hold_back_are_summed_while_their_reports_are_fresh(
+        monkeypatch):
+    """What the autoscaler adds to the workers' queues: each replica's last report, until the
+    replica has been silent for HELD_FRESH_S (a router that went away holds nothing)."""
+    from raypaged.serve import controller as controller_module
+
+    async def main():
+        c, _, _ = make()
+        empty = {"counters": {}, "histograms": {}}
+        await c.report_router_metrics("replica-a", empty, [], 1200)
+        await c.report_router_metrics("replica-b", empty, [], 300)
+        await c.report_router_metrics("replica-a", empty, [], 700)  # the latest counts
+        assert c.held_prompt_tokens() == 1000
+        now = controller_module.time.monotonic()
+        monkeypatch.setattr(controller_module.time, "monotonic",
+                            lambda: now + controller_module.HELD_FRESH_S + 0.1)
+        await c.report_router_metrics("replica-b", empty, [], 300)
+        assert c.held_prompt_tokens() == 300
+    asyncio.run(main())
+
+
 def test_the_controller_polls_by_itself_once_asked_for_a_snapshot():
     async def main():
         a = FakeWorker("worker-0")
