@@ -17,7 +17,7 @@ UNRESPONSIVE = "unresponsive"  # alive as far as Ray knows, but the last poll ti
 RESTARTING = "restarting"      # Ray is restarting the actor after a crash
 DEAD = "dead"                  # gone for good (killed without restart)
 
-# The KV plan's figures as /fleet shows them per worker (and totals() sums them).
+# The KV plan's figures as /fleet shows them per worker.
 BUDGET_FIELDS = ("kv_budget_bytes", "bytes_per_token", "bytes_per_block", "num_blocks",
                  "num_tokens", "max_seqs_at_max_model_len")
 

@@ -7,7 +7,8 @@ as many workers as it takes.
                worker's queue full                   -> next worker; all full -> 503 with the
                                                         soonest Retry-After they gave
                worker refuses the request (invalid)  -> 400
-    batches(): the first outputs, then the rest as they come. A leg whose worker dies (its link
+    stream():  the first outputs, then the rest as they come (batches(): one batch per engine
+               step, the stream_path "legacy"). A leg whose worker dies (its link
                says so), restarts or stops answering (the controller's snapshot says it is no
                longer ready) is failed over: nothing of it seen yet -> the same request again
                elsewhere; else each unfinished sample goes on elsewhere as a Continuation of

@@ -51,7 +51,11 @@ class _Outbox:
         self.closed = False  # its stream ended: a submit still on its way is refused
 
     def put(self, request_id: str, item) -> None:
-        self.pending.setdefault(request_id, []).append(item)
+        items = self.pending.get(request_id)  # per output: no throwaway list per call
+        if items is None:
+            self.pending[request_id] = [item]
+        else:
+            items.append(item)
         self.ready.set()
 
 
