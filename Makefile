@@ -62,11 +62,10 @@ sim: $(STAMP)
 	$(BIN)/python benchmarks/router_cost.py --sample 8=benchmarks/results/fleet_sim_16_sample8.json \
 		--sample 32=benchmarks/results/fleet_sim_16_sample32.json
 
-# On a GPU machine: kernel tests on CUDA, end-to-end backend equality, kernel + graph benchmarks.
+# On a GPU machine (no venv, no ray): kernel tests on CUDA, end-to-end backend equality, the
+# kernel and engine decode benchmarks; each phase time-limited (benchmarks/gpu_check.sh).
 gpu-check:
-	PYTHONPATH=$(CURDIR) $(PY) -m pytest tests/gpu -q
-	PYTHONPATH=$(CURDIR) $(PY) benchmarks/kernel_bench.py
-	PYTHONPATH=$(CURDIR) $(PY) benchmarks/cuda_graph_bench.py
+	PY=$(PY) bash benchmarks/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) .tools build *.egg-info .pytest_cache .hypothesis

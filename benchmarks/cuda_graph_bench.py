@@ -1,13 +1,24 @@
-"""GPU only: decode steps/s of the default model's shapes with CUDA graphs on vs off.
+"""GPU only: engine decode throughput with CUDA graphs on and off, against the memory roofline.
 
-Random weights with SmolLM2-135M's config (weights cannot travel to the GPU box); batch 1, 8, 32
-sequences decoding at ~512 tokens of context. Writes benchmarks/results/cuda_graphs_<device>.json.
+Random weights with real shapes (weights cannot travel to the GPU box): Llama-3-8B at batch 1, 8,
+64, 256 and the default model (SmolLM2-135M) at batch 1, 8, 32, every sequence decoding after a
+--context-token prompt. One model per config; each (batch, graphs on/off) gets its own engine
+(KV cache, graphs) over it. Timed: --steps whole engine steps (scheduler, inputs, forward,
+sampling, the host sync that reads the sampled tokens), after prefill and 5 warm-up steps.
 
-    PYTHONPATH=. python3 benchmarks/cuda_graph_bench.py [--steps 200]
+  roofline  bytes one decode step must read (every weight but the input embedding, which is
+            gathered by row, plus the K/V of every sequence at its mean context over the timed
+            steps) / measured device-to-device copy bandwidth: the fastest a step can be
+
+    PYTHONPATH=. python3 benchmarks/cuda_graph_bench.py [--steps 100] [--configs llama-3-8b]
+
+Writes benchmarks/results/engine_decode_<device>.json (+ .png).
 """
 from __future__ import annotations
 
 import argparse
+import gc
+import re
 import sys
 import time
 from pathlib import Path
@@ -18,58 +29,147 @@ import torch  # noqa: E402
 
 from benchmarks.random_model import random_model  # noqa: E402
 from benchmarks.report import pyplot, plot_path, table, write  # noqa: E402
-from raypaged.core.sampling_params import SamplingParams  # noqa: E402
 from raypaged.config import EngineArgs  # noqa: E402
+from raypaged.core.sampling_params import SamplingParams  # noqa: E402
+from raypaged.model.setup import ModelSetup  # noqa: E402
+
+BATCHES = {"llama-3-8b": (1, 8, 64, 256), "smollm2-135m": (1, 8, 32)}
+TARGETS = {"graphs_vs_eager_min_batch_1_8": 1.5, "batch1_roofline_fraction_min": 0.70}
 
 
-def steps_per_s(batch: int, eager: bool, steps: int, config: str) -> float:
-    args = EngineArgs(kv_memory_mb=4096, max_model_len=2048, max_num_seqs=max(batch, 1),
+def copy_bandwidth() -> float:
+    """(read + write) bytes / s of a 1 GiB device-to-device copy, median of 10."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(13):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * (1 << 30) / sorted(times[3:])[5]
+
+
+def weight_bytes_per_step(model) -> int:
+    """Every parameter a decode step reads in full: all but a separate input embedding."""
+    tied = model.lm_head is None
+    return sum(p.numel() * p.element_size() for name, p in model.named_parameters()
+               if tied or "embed_tokens" not in name)
+
+
+def measure(model, config: str, batch: int, eager: bool, steps: int, context: int) -> dict:
+    args = EngineArgs(kv_memory_mb=None, kv_context_len=batch * (context + steps + 32),
+                      max_model_len=context + steps + 32, max_num_seqs=batch,
                       attention_backend="triton", enforce_eager=eager, dtype="bfloat16",
                       device="cuda")
-    model, setup = random_model(config, args)
+    setup = ModelSetup.decide(args, model.config)
     core, _, runner = setup.build_core(model)
     for i in range(batch):
-        core.add_request(f"r{i}", list(range(100 + i, 612 + i)),
-                         SamplingParams(temperature=0, max_tokens=steps + 20, ignore_eos=True))
-    for _ in range(10):  # prefill + warm-up decode steps
+        core.add_request(f"r{i}", [100 + (i * 7919 + j) % 30000 for j in range(context)],
+                         SamplingParams(temperature=0, max_tokens=steps + 16, ignore_eos=True))
+    started: set[str] = set()
+    while len(started) < batch:  # prefill, however many steps it takes
+        started.update(d.request_id for d in core.step() if d.new_token_ids)
+    for _ in range(5):
         core.step()
     torch.cuda.synchronize()
+    graph_steps = runner.num_graph_steps
     t0 = time.perf_counter()
     for _ in range(steps):
-        core.step()  # includes the host sync of reading sampled tokens, as in serving
+        core.step()
     torch.cuda.synchronize()
-    return steps / (time.perf_counter() - t0)
+    elapsed = time.perf_counter() - t0
+    replayed = runner.num_graph_steps - graph_steps
+    kv_bytes = batch * (context + 8 + steps // 2) * setup.kv_shape.bytes_per_token
+    row = {"config": config, "batch": batch, "graphs": not eager, "steps": steps,
+           "graph_steps": replayed, "ms_per_step": elapsed / steps * 1e3,
+           "tokens_s": batch * steps / elapsed, "kv_bytes_per_step": kv_bytes}
+    del core, runner
+    gc.collect()
+    torch.cuda.empty_cache()
+    return row
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--config", default="smollm2-135m")
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--context", type=int, default=512, help="prompt tokens per sequence")
+    ap.add_argument("--configs", nargs="+", default=list(BATCHES), choices=list(BATCHES))
     args = ap.parse_args()
-    device = torch.cuda.get_device_name().replace(" ", "_")
+    if not torch.cuda.is_available():
+        sys.exit("cuda_graph_bench needs a CUDA GPU")
+    device = torch.cuda.get_device_name()
+    bw = copy_bandwidth()
+    print(f"{device}: copy bandwidth {bw / 1e9:,.0f} GB/s; {args.steps} steps after a "
+          f"{args.context}-token prompt, bf16, random weights")
     rows = []
-    for batch in (1, 8, 32):
-        eager = steps_per_s(batch, True, args.steps, args.config)
-        graphs = steps_per_s(batch, False, args.steps, args.config)
-        rows.append({"batch": batch, "eager_steps_s": eager, "graph_steps_s": graphs,
-                     "speedup": graphs / eager})
-    print(f"{args.config}, random weights, bf16, {torch.cuda.get_device_name()}")
-    print(table(rows, ["batch", "eager_steps_s", "graph_steps_s", "speedup"]))
-    small = [r["speedup"] for r in rows if r["batch"] <= 8]
-    print(f"target: graphs >= 1.5x eager at batch 1-8: {min(small):.2f}x ({'met' if min(small) >= 1.5 else 'MISSED'})")
-    print(f"wrote {write(f'cuda_graphs_{device}', {'args': vars(args), 'device': torch.cuda.get_device_name(), 'rows': rows})}")
+    for config in args.configs:
+        model_args = EngineArgs(max_model_len=args.context + args.steps + 32, dtype="bfloat16",
+                                max_num_seqs=max(BATCHES[config]), attention_backend="triton",
+                                device="cuda")
+        model, _ = random_model(config, model_args)
+        weights = weight_bytes_per_step(model)
+        for batch in BATCHES[config]:
+            eager = measure(model, config, batch, True, args.steps, args.context)
+            graphs = measure(model, config, batch, False, args.steps, args.context)
+            for r in (eager, graphs):
+                roof_ms = (weights + r["kv_bytes_per_step"]) / bw * 1e3
+                r.update(weight_bytes=weights, roofline_ms=roof_ms,
+                         roofline_fraction=roof_ms / r["ms_per_step"])
+            graphs["graphs/eager"] = graphs["tokens_s"] / eager["tokens_s"]
+            rows += [eager, graphs]
+            print(table([eager, graphs], ["config", "batch", "graphs", "graph_steps",
+                                          "ms_per_step", "tokens_s", "roofline_ms",
+                                          "roofline_fraction", "graphs/eager"]), flush=True)
+        del model
+        gc.collect()
+        torch.cuda.empty_cache()
+    checks = []
+    for r in rows:
+        if r["graphs"] and r["batch"] <= 8:
+            checks.append({"target": f"graphs >= {TARGETS['graphs_vs_eager_min_batch_1_8']}x eager",
+                           "case": f"{r['config']} b{r['batch']}", "value": r["graphs/eager"],
+                           "pass": r["graphs/eager"] >= TARGETS["graphs_vs_eager_min_batch_1_8"]})
+        if r["graphs"] and r["batch"] == 1:
+            checks.append({"target": f"b1 >= {TARGETS['batch1_roofline_fraction_min']:.0%} roofline",
+                           "case": r["config"], "value": r["roofline_fraction"],
+                           "pass": r["roofline_fraction"] >= TARGETS["batch1_roofline_fraction_min"]})
+    print()
+    print(table(rows, ["config", "batch", "graphs", "ms_per_step", "tokens_s", "roofline_fraction",
+                       "graphs/eager"]))
+    print()
+    print(table(checks, ["target", "case", "value", "pass"]))
+    name = "engine_decode_" + re.sub(r"[^a-z0-9]+", "_", device.lower()).strip("_")
+    print(f"wrote {write(name, {'args': vars(args), 'device': device, 'torch': torch.__version__, 'copy_bandwidth_bytes_per_s': bw, 'targets': TARGETS, 'rows': rows, 'checks': checks})}")
+    plot(name, rows)
+
+
+def plot(name: str, rows: list[dict]) -> None:
     plt = pyplot()
     if plt is None:
         return
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    xs = [str(r["batch"]) for r in rows]
-    ax.plot(xs, [r["eager_steps_s"] for r in rows], marker="o", label="eager")
-    ax.plot(xs, [r["graph_steps_s"] for r in rows], marker="o", label="CUDA graphs")
-    ax.set_xlabel("batch")
-    ax.set_ylabel("decode steps / s")
-    ax.legend()
+    configs = sorted({r["config"] for r in rows})
+    fig, axes = plt.subplots(1, len(configs), figsize=(5.5 * len(configs), 4), squeeze=False)
+    for ax, config in zip(axes[0], configs):
+        for graphs, label in ((False, "eager"), (True, "CUDA graphs")):
+            rs = [r for r in rows if r["config"] == config and r["graphs"] == graphs]
+            ax.plot([str(r["batch"]) for r in rs], [r["tokens_s"] for r in rs], marker="o",
+                    label=label)
+        rs = [r for r in rows if r["config"] == config and r["graphs"]]
+        ax.plot([str(r["batch"]) for r in rs], [r["batch"] / r["roofline_ms"] * 1e3 for r in rs],
+                ls="--", color="gray", label="roofline")
+        ax.set_yscale("log")
+        ax.set_xlabel("batch")
+        ax.set_ylabel("decode tokens / s")
+        ax.set_title(f"{config}, bf16, random weights")
+        ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(plot_path(f"cuda_graphs_{device}"), dpi=80)
+    path = plot_path(name)
+    fig.savefig(path, dpi=100)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ call, median of --reps after 3 warm-up calls. Shapes are Llama-3-8B's: 32 query 
 heads, head dim 128, pages of --block-size tokens scattered in random order.
 
   copy bw  a 1 GiB device-to-device copy, (read + write) bytes / time: the roof for decode
-  decode   batch {1, 16, 64} x context {512, 2k, 8k}, bf16 and fp8 KV caches (bf16 queries);
+  decode   batch {1, 16, 64, 256} x context {512, 2k, 8k, 32k} up to --max-kv-tokens (batch x
+           context: 2M by default, so 256 x 32k, 34 GB of K/V plus its contiguous copy, is left
+           out), bf16 and fp8 KV caches (bf16 queries);
            bytes/s = (K + V + q + out + block table bytes) / latency, and that as a fraction of
            copy bw; baseline: SDPA on the same K/V gathered into contiguous [B, 8, ctx, 128],
            queries grouped [B, 8, 4, 128] (so no K/V copy per query head); the baseline's output
@@ -45,7 +47,7 @@ SCALE = HEAD_DIM ** -0.5
 BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
 DEVICE = "cuda"
 TARGETS = {
-    "decode_bw_fraction_min": 0.80,     # batch 64, context >= 2k, of measured copy bandwidth
+    "decode_bw_fraction_min": 0.80,     # batch >= 64, context >= 2k, of measured copy bandwidth
     "paged_vs_contiguous_max": 1.15,    # bf16 paged decode latency / contiguous SDPA latency
     "fp8_vs_bf16_per_token_max": 0.60,  # fp8 decode latency / bf16 decode latency, same shape
 }
@@ -160,7 +162,7 @@ def check_targets(decode: list[dict], copy_bw: float) -> list[dict]:
     for r in decode:
         frac = r["GB/s"] * 1e9 / copy_bw
         r["bw_frac"] = frac
-        if r["batch"] == 64 and r["ctx"] >= 2048:
+        if r["batch"] >= 64 and r["ctx"] >= 2048:
             checks.append({"target": f"bw >= {TARGETS['decode_bw_fraction_min']:.0%} of copy",
                            "case": f"{r['kv']} b{r['batch']} ctx{r['ctx']}", "value": frac,
                            "pass": frac >= TARGETS["decode_bw_fraction_min"]})
@@ -186,7 +188,7 @@ def plot(name: str, decode: list[dict], prefill: list[dict], copy_bw: float) -> 
                  label=f"paged decode, {kv} KV")
         ax1.set_xticks(range(len(rs)), [f"b{r['batch']}\n{r['ctx']}" for r in rs], fontsize=7)
     ax1.axhline(TARGETS["decode_bw_fraction_min"], color="gray", ls="--",
-                label="target (b64, ctx >= 2k)")
+                label="target (b >= 64, ctx >= 2k)")
     ax1.set_ylabel(f"fraction of copy bandwidth ({copy_bw / 1e9:,.0f} GB/s)")
     ax1.set_title("decode: achieved bandwidth (batch / context)")
     ax1.legend(fontsize=8)
@@ -214,6 +216,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--quick", action="store_true", help="a few shapes only (smoke test)")
+    parser.add_argument("--max-kv-tokens", type=int, default=1 << 21,
+                        help="largest batch x context measured (K/V and its contiguous copy fit)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("kernel_bench needs a CUDA GPU")
@@ -222,12 +226,12 @@ def main() -> None:
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     timer = Timer(args.reps)
     batches, contexts, prompts = ((1, 64), (512, 2048), (1024,)) if args.quick else \
-        ((1, 16, 64), (512, 2048, 8192), (1024, 4096, 16384))
+        ((1, 16, 64, 256), (512, 2048, 8192, 32768), (1024, 4096, 16384))
 
     copy_bw = copy_bandwidth(timer)
     print(f"{device}: {num_sms} SMs, copy bandwidth {copy_bw / 1e9:,.0f} GB/s "
           f"(torch {torch.__version__}, triton {triton.__version__})\n")
-    decode = [r for b in batches for c in contexts
+    decode = [r for b in batches for c in contexts if b * c <= args.max_kv_tokens
               for r in bench_decode(timer, b, c, args.block_size, num_sms)]
     checks = check_targets(decode, copy_bw)
     print(table(decode, ["kv", "batch", "ctx", "splits", "us", "sdpa_us", "vs_sdpa", "GB/s",
@@ -240,7 +244,8 @@ def main() -> None:
 
     path = write(name, {"device": device, "num_sms": num_sms, "torch": torch.__version__,
                         "triton": triton.__version__, "block_size": args.block_size,
-                        "reps": args.reps, "copy_bandwidth_bytes_per_s": copy_bw,
+                        "reps": args.reps, "max_kv_tokens": args.max_kv_tokens,
+                        "copy_bandwidth_bytes_per_s": copy_bw,
                         "targets": TARGETS, "decode": decode, "prefill": prefill,
                         "checks": checks})
     print(f"\nwrote {path}")

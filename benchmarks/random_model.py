@@ -1,8 +1,8 @@
 """A randomly initialised model with a real config, for GPU runs where weights cannot travel.
 
-Speed does not depend on weight values. Embeddings get std 1 (so tied logits have wide margins
-and greedy picks are not near-ties that rounding could flip); other weights std 0.02 as in HF
-init; norms 1.
+Speed does not depend on weight values. Embeddings and an untied LM head get std 1 (so logits
+have wide margins and greedy picks are not near-ties that bf16 rounding could flip); other weights
+std 0.02 as in HF init; norms 1.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def random_model(config_name: str, args: EngineArgs, seed: int = 0) -> tuple[Lla
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.fill_(1.0)
-            elif "embed" in name:
+            elif "embed" in name or "lm_head" in name:
                 p.normal_(0, 1.0)
             else:
                 p.normal_(0, 0.02)

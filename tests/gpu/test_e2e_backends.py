@@ -1,8 +1,11 @@
-"""On a GPU: greedy tokens identical with the torch backend, Triton eager, and Triton + CUDA graphs.
+"""On a GPU: greedy tokens identical with the torch backend, Triton eager, and Triton + CUDA graphs,
+for the default model's shapes and Llama-3-8B's; n > 1 with fp8 KV; preemption under a small KV
+budget giving the same tokens as an ample one.
 
-Random weights with the default model's real shapes (weights cannot travel to the GPU box);
+Random weights with real shapes (weights cannot travel to the GPU box; benchmarks/configs/);
 run with `make gpu-check`. Skipped without CUDA or under the Triton interpreter.
 """
+import gc
 import os
 import sys
 from pathlib import Path
@@ -15,43 +18,84 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get(
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+# config -> (number of requests, longest prompt): the 8B shape gets fewer, it is ~60x the work
+CONFIGS = {"smollm2-135m": (12, 300), "llama-3-8b": (6, 200)}
 
-def greedy_tokens(backend: str, enforce_eager: bool, kv_dtype: str = "auto"):
-    from benchmarks.random_model import random_model
-    from raypaged.core.sampling_params import SamplingParams
-    from raypaged.config import EngineArgs
 
-    args = EngineArgs(kv_memory_mb=1024, max_model_len=1024, max_num_seqs=16, attention_backend=backend,
-                      enforce_eager=enforce_eager, kv_dtype=kv_dtype, dtype="bfloat16",
-                      device="cuda")
-    model, setup = random_model("smollm2-135m", args)
-    core, _, runner = setup.build_core(model)
+def prompts(config: str) -> list[list[int]]:
+    count, longest = CONFIGS[config]
     gen = torch.Generator().manual_seed(1)
-    for i in range(12):  # mixed lengths: decode batches of several sizes once short ones finish
-        n = int(torch.randint(5, 300, (1,), generator=gen))
-        prompt = torch.randint(100, 40000, (n,), generator=gen).tolist()
-        core.add_request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=8 + 4 * i, ignore_eos=True))
-    out = {}
+    return [torch.randint(100, 40000, (int(torch.randint(5, longest, (1,), generator=gen)),),
+                          generator=gen).tolist() for _ in range(count)]
+
+
+def run(config: str, backend: str, enforce_eager: bool, params=None, **engine_args):
+    """Each request's tokens ({(request, sample index): ids}), the runner's graph step count and
+    the engine's preemption count; the model is freed before returning."""
+    from benchmarks.random_model import random_model
+    from raypaged.config import EngineArgs
+    from raypaged.core.sampling_params import SamplingParams
+
+    args = EngineArgs(**{"kv_memory_mb": 1024, "max_model_len": 1024, "max_num_seqs": 16,
+                         "attention_backend": backend, "enforce_eager": enforce_eager,
+                         "dtype": "bfloat16", "device": "cuda", **engine_args})
+    model, setup = random_model(config, args)
+    core, _, runner = setup.build_core(model)
+    for i, prompt in enumerate(prompts(config)):  # mixed lengths: decode batches of many sizes
+        core.add_request(f"r{i}", prompt, params or SamplingParams(
+            temperature=0, max_tokens=8 + 4 * i, ignore_eos=True))
+    out: dict[tuple[str, int], list[int]] = {}
     while core.has_unfinished():
         for d in core.step():
-            out.setdefault(d.request_id, []).extend(d.new_token_ids)
-    return out, runner
+            out.setdefault((d.parent_id or d.request_id, d.sample_index), []).extend(d.new_token_ids)
+    result = (out, runner.num_graph_steps, core.stats().num_preemptions)
+    del core, runner, model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return result
 
 
-def test_torch_triton_eager_and_graphs_give_identical_tokens():
-    ref, _ = greedy_tokens("torch", enforce_eager=True)
-    eager, r_eager = greedy_tokens("triton", enforce_eager=True)
-    graphs, r_graph = greedy_tokens("triton", enforce_eager=False)
-    assert r_eager.num_graph_steps == 0
-    assert r_graph.num_graph_steps > 0, "no decode step replayed a CUDA graph"
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_torch_triton_eager_and_graphs_give_identical_tokens(config):
+    ref, _, _ = run(config, "torch", enforce_eager=True)
+    eager, eager_graph_steps, _ = run(config, "triton", enforce_eager=True)
+    graphs, graph_steps, _ = run(config, "triton", enforce_eager=False)
+    assert eager_graph_steps == 0
+    assert graph_steps > 0, "no decode step replayed a CUDA graph"
     assert eager == ref
     assert graphs == eager
 
 
-def test_fp8_kv_runs_with_graphs_and_is_refused_at_start_below_sm89():
+def test_n_samples_with_fp8_kv_and_graphs_and_refused_below_sm89():
+    from raypaged.core.sampling_params import SamplingParams
+
     if torch.cuda.get_device_capability() < (8, 9):
         with pytest.raises(ValueError, match="compute capability 8.9 or newer"):
-            greedy_tokens("triton", enforce_eager=False, kv_dtype="fp8_e4m3")
+            run("smollm2-135m", "triton", enforce_eager=False, kv_dtype="fp8_e4m3")
         return
-    out, runner = greedy_tokens("triton", enforce_eager=False, kv_dtype="fp8_e4m3")
-    assert runner.num_graph_steps > 0 and sum(len(v) for v in out.values()) == sum(8 + 4 * i for i in range(12))
+    # random weights keep the last token on top by a margin of ~|embedding|^2 = 576 (smollm2):
+    # a temperature of 1000 makes the samples differ
+    params = SamplingParams(n=3, temperature=1000.0, seed=7, max_tokens=24, ignore_eos=True)
+    out, graph_steps, _ = run("smollm2-135m", "triton", enforce_eager=False, params=params,
+                              kv_dtype="fp8_e4m3")
+    assert graph_steps > 0
+    assert sorted(out) == [(f"r{i}", k) for i in range(12) for k in range(3)]
+    assert all(len(ids) == 24 for ids in out.values())
+    for i in range(12):  # three different samples of each prompt
+        assert len({tuple(out[(f"r{i}", k)]) for k in range(3)}) == 3
+    # greedy with fp8 KV: the same tokens as a bf16 cache for most requests (fp8 rounds K/V)
+    fp8, _, _ = run("smollm2-135m", "triton", enforce_eager=False, kv_dtype="fp8_e4m3")
+    bf16, _, _ = run("smollm2-135m", "triton", enforce_eager=False)
+    same = sum(fp8[k] == bf16[k] for k in bf16)
+    print(f"fp8 vs bf16 KV, greedy: {same}/{len(bf16)} requests token-identical")
+    assert same >= len(bf16) // 2
+
+
+def test_preemption_under_a_small_kv_budget_gives_the_same_tokens():
+    ample, _, none = run("smollm2-135m", "triton", enforce_eager=False, max_model_len=360)
+    # admitting what fits into 400 tokens of KV makes 12 requests of ~1,900 tokens preempt
+    small, graph_steps, preemptions = run(
+        "smollm2-135m", "triton", enforce_eager=False, kv_memory_mb=None, kv_context_len=400,
+        max_model_len=360, admission_policy="fits")
+    assert none == 0 and preemptions > 0 and graph_steps > 0
+    assert small == ample
