@@ -20,6 +20,10 @@ heads, head dim 128, pages of --block-size tokens scattered in random order.
            also checks ours (max_err)
   prefill  one prompt of {1k, 4k, 16k} tokens, no cached prefix; baseline: causal SDPA on the
            same K/V, contiguous [1, 32, N, 128] (heads expanded before timing)
+  sweeps   (bf16) every decode shape at split counts 1-16 beside the split rule's choice, and
+           prefill under other tile shapes beside the static tile rule's: what a tuned rule
+           would gain, measured, before any rule changes
+The GPU runs matrix products for ~1 s first, so the first shape is not timed at idle clocks.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import argparse
 import re
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -74,6 +79,21 @@ class Timer:
         return statistics.median(s.elapsed_time(e) for s, e in events)
 
 
+SPLIT_SWEEP = (1, 2, 3, 4, 6, 8, 12, 16)
+# prefill launch options tried beside the static rule's (BLOCK_M tokens x GROUP_PAD heads = rows)
+PREFILL_SWEEP = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st) for m, n, w, st in (
+    (16, 64, 8, 3), (32, 64, 8, 3), (32, 64, 8, 2), (32, 128, 8, 2), (16, 128, 8, 3),
+    (16, 64, 4, 3), (32, 32, 4, 3), (32, 64, 4, 3), (64, 64, 8, 2))]
+
+
+def warm_up(seconds: float = 1.0) -> None:
+    a = torch.randn(8192, 8192, dtype=BF16, device="cuda")
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a @ a
+        torch.cuda.synchronize()
+
+
 def copy_bandwidth(timer: Timer) -> float:
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
@@ -110,8 +130,15 @@ def bench_decode(timer: Timer, batch: int, ctx: int, block_size: int, num_sms: i
         k, v = contiguous_kv(b, ctx)
         q = b.query.view(batch, KV_HEADS, HEADS // KV_HEADS, HEAD_DIM)  # GQA group as rows
         expected = F.scaled_dot_product_attention(q, k, v, scale=SCALE).view(batch, HEADS, HEAD_DIM)
+        sweep = {}
         if kv_dtype == BF16:
             sdpa_ms = timer.ms(lambda: F.scaled_dot_product_attention(q, k, v, scale=SCALE))
+            wide = decode_k.DecodeWorkspace.allocate(batch, HEADS, HEAD_DIM, DEVICE)
+            for n in SPLIT_SWEEP:
+                sweep[n] = timer.ms(lambda: decode_k.paged_decode(
+                    b.query, b.key_cache, b.value_cache, b.block_tables, b.seq_lens, SCALE,
+                    b.k_scale, b.v_scale, num_splits=n, workspace=wide, out=out)) * 1e3
+            del wide
         moved = (2 * batch * ctx * KV_HEADS * HEAD_DIM * b.key_cache.element_size()
                  + 2 * b.query.numel() * b.query.element_size() + b.block_tables.numel() * 4)
         rows.append({
@@ -120,6 +147,9 @@ def bench_decode(timer: Timer, batch: int, ctx: int, block_size: int, num_sms: i
             "vs_sdpa": ms / sdpa_ms, "GB/s": moved / (ms / 1e3) / 1e9,
             "max_err": (out.float() - expected.float()).abs().max().item(),
         })
+        if sweep:
+            best = min(sweep, key=sweep.get)
+            rows[-1].update(split_us=sweep, best_splits=best, rule_vs_best=ms * 1e3 / sweep[best])
         del b, k, v, q, out, expected, workspace
         torch.cuda.empty_cache()
     rows[1]["fp8/bf16"] = rows[1]["us"] / rows[0]["us"]
@@ -144,14 +174,31 @@ def bench_prefill(timer: Timer, tokens: int, block_size: int) -> list[dict]:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=SCALE)
 
         expected = sdpa()[0].transpose(0, 1)
+        sweep = []
         if kv_dtype == BF16:
             sdpa_ms = timer.ms(sdpa)
+            group_pad = prefill_k.prefill_tiles(HEADS // KV_HEADS, HEAD_DIM, BF16, BF16)["GROUP_PAD"]
+            for opts in PREFILL_SWEEP:
+                tiles = dict(opts, GROUP_PAD=group_pad, HEAD_DIM_PAD=HEAD_DIM)
+                try:
+                    us = timer.ms(lambda: prefill_k.paged_prefill(
+                        b.query, b.key_cache, b.value_cache, b.block_tables, b.query_start_loc,
+                        b.seq_lens, tokens, SCALE, b.k_scale, b.v_scale, out=out,
+                        tiles=tiles)) * 1e3
+                except Exception as e:  # e.g. out of shared memory: recorded, not fatal
+                    us = f"{type(e).__name__}: {str(e)[:80]}"
+                sweep.append({**opts, "us": us})
         rows.append({
             "kernel": "prefill", "kv": "fp8" if kv_dtype == FP8 else "bf16", "tokens": tokens,
             "us": ms * 1e3, "sdpa_us": sdpa_ms * 1e3, "vs_sdpa": ms / sdpa_ms,
             "TFLOP/s": flops / (ms / 1e3) / 1e12,
             "max_err": (out.float() - expected.float()).abs().max().item(),
         })
+        if sweep:
+            timed = [r for r in sweep if isinstance(r["us"], float)]
+            best = min(timed, key=lambda r: r["us"])
+            rows[-1].update(tile_sweep=sweep, best_tiles={k: v for k, v in best.items() if k != "us"},
+                            rule_vs_best=rows[-1]["us"] / best["us"])
         del b, k, v, q, out, expected
         torch.cuda.empty_cache()
     return rows
@@ -225,6 +272,7 @@ def main() -> None:
     name = "kernels_" + re.sub(r"[^a-z0-9]+", "_", device.lower()).strip("_")
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     timer = Timer(args.reps)
+    warm_up()
     batches, contexts, prompts = ((1, 64), (512, 2048), (1024,)) if args.quick else \
         ((1, 16, 64, 256), (512, 2048, 8192, 32768), (1024, 4096, 16384))
 
@@ -235,10 +283,15 @@ def main() -> None:
               for r in bench_decode(timer, b, c, args.block_size, num_sms)]
     checks = check_targets(decode, copy_bw)
     print(table(decode, ["kv", "batch", "ctx", "splits", "us", "sdpa_us", "vs_sdpa", "GB/s",
-                         "bw_frac", "fp8/bf16", "max_err"]))
+                         "bw_frac", "fp8/bf16", "best_splits", "rule_vs_best", "max_err"]))
     prefill = [r for n in prompts for r in bench_prefill(timer, n, args.block_size)]
     print()
-    print(table(prefill, ["kv", "tokens", "us", "sdpa_us", "vs_sdpa", "TFLOP/s", "max_err"]))
+    print(table(prefill, ["kv", "tokens", "us", "sdpa_us", "vs_sdpa", "TFLOP/s", "rule_vs_best",
+                          "max_err"]))
+    for r in prefill:
+        if "tile_sweep" in r:
+            print(f"prefill {r['tokens']} tokens, tile sweep (bf16):")
+            print(table(r["tile_sweep"], ["BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "us"]))
     print()
     print(table(checks, ["target", "case", "value", "pass"]))
 

@@ -13,6 +13,12 @@ Work split (grid = [num_seqs, num_kv_heads, num_splits]):
 Online softmax in fp32 with exp2: scores are multiplied by scale * k_scale * log2(e) once, so
 the running max/sum live in the log2 domain. v_scale is applied once to the final output.
 
+An fp8 cache under 16-bit queries is widened to fp16, not to the query's dtype: e4m3 -> fp16 is
+exact and one hardware conversion per pair on sm_89+, and with bf16 queries the widening to bf16
+made fp8 decode slower than a bf16 cache (1.1-1.4x its time on an H200,
+benchmarks/results/kernels_nvidia_h200.json). The query goes to fp16 once, pre-multiplied by
+scale * log2(e) (|q| would need to pass ~500,000 to overflow).
+
 Split-K: with few (sequence, kv_head) programs the GPU idles, so each context is cut into
 num_splits segments (a runtime argument, not a constexpr: every split count shares one compiled
 kernel, instead of up to MAX_SPLITS JIT compiles per dtype as batch sizes vary); each writes a
@@ -54,7 +60,8 @@ def _paged_decode_kernel(
     out_ptr,               # [B, num_heads, head_dim]  written when not SPLIT
     part_out_ptr,          # [>=B, num_heads, >=num_splits, head_dim] fp32, when SPLIT
     part_lse_ptr,          # [>=B, num_heads, >=num_splits] fp32 log2-sum-exp of each split
-    qk_scale,              # softmax scale * k_scale * log2(e)
+    q_scale,               # softmax scale * log2(e)
+    k_scale,               # 1.0 unless the cache is fp8
     out_scale,             # v_scale (1.0 unless the cache is fp8)
     stride_qb, stride_qh,
     stride_ob, stride_oh,
@@ -71,6 +78,7 @@ def _paged_decode_kernel(
     SPLIT: tl.constexpr,         # num_splits > 1: write partials; else write out directly
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 queries (exact fp32 dots); "tf32" (Triton's
                                   # default on NVIDIA) otherwise, where 16-bit operands ignore it
+    FP8_AS_FP16: tl.constexpr,   # fp8 cache, 16-bit queries: dots in fp16 (module docstring)
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -89,6 +97,11 @@ def _paged_decode_kernel(
     dim_mask = dims < head_dim
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
                 mask=row_mask[:, None] & dim_mask[None, :], other=0.0)  # [GROUP_ROWS, D]
+    if FP8_AS_FP16:
+        q = (q.to(tl.float32) * q_scale).to(tl.float16)
+        s_scale = k_scale
+    else:
+        s_scale = q_scale * k_scale
 
     m_i = tl.full([GROUP_ROWS], float("-inf"), tl.float32)  # running max (log2 domain)
     l_i = tl.zeros([GROUP_ROWS], tl.float32)                # running sum of exp2
@@ -103,7 +116,7 @@ def _paged_decode_kernel(
         # K is read transposed ([D, N]) so the dot needs no tl.trans.
         k = tl.load(k_cache_ptr + kv_off[None, :] + dims[:, None],
                     mask=dim_mask[:, None] & pos_mask[None, :], other=0.0)
-        s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale  # [G, N]
+        s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * s_scale  # [G, N]
         s = tl.where(pos_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile holds >= 1 valid position
         p = tl.math.exp2(s - m_new[:, None])
@@ -199,6 +212,11 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
     return max(1, min(want, worth, MAX_SPLITS))
 
 
+def fp8_as_fp16(query_dtype: torch.dtype, cache_dtype: torch.dtype) -> bool:
+    """An fp8 cache under 16-bit queries: K/V widened to fp16 for the dots (module docstring)."""
+    return cache_dtype.itemsize == 1 and query_dtype.itemsize == 2
+
+
 def decode_tiles(group: int, head_dim: int, query_dtype: torch.dtype) -> dict:
     """The static tile rule (module docstring) as the decode kernel's launch options."""
     fp32 = query_dtype == torch.float32
@@ -241,7 +259,7 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
 
     _paged_decode_kernel[(batch, num_kv_heads, num_splits)](
         query, key_cache, value_cache, block_tables, seq_lens, out, part_out, part_lse,
-        float(scale * k_scale * LOG2E), float(v_scale),
+        float(scale * LOG2E), float(k_scale), float(v_scale),
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         block_tables.stride(0), *p_strides, *l_strides,
@@ -249,6 +267,7 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
         BLOCK_SIZE=block_size,
         SPLIT=num_splits > 1,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        FP8_AS_FP16=fp8_as_fp16(query.dtype, key_cache.dtype),
         **decode_tiles(group, head_dim, query.dtype),
     )
     if num_splits > 1:

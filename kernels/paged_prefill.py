@@ -16,7 +16,8 @@ Key positions it visits (absolute, context_len = seq_len - query_len):
     kv_end   = position of the tile's last token + 1
 
 Tiles of a request past its query_len do no work. Online softmax in fp32 with exp2 (scale *
-k_scale * log2(e) folded into the scores); v_scale applied once at the output.
+k_scale * log2(e) folded into the scores); v_scale applied once at the output. An fp8 cache under
+16-bit queries is widened to fp16 for the dots, as in paged_decode (its docstring says why).
 
 Static tile rule (no autotuning): GROUP_PAD = next_pow2(group), BLOCK_M = max(1, ROWS // GROUP_PAD)
 tokens, where for 16-bit queries (tensor cores)
@@ -43,6 +44,7 @@ import triton.language as tl
 
 from .launch_checks import check_paged_inputs
 from .numerics import LOG2E
+from .paged_decode import fp8_as_fp16
 
 
 @triton.jit
@@ -52,7 +54,7 @@ def _attend_kv_tile(
     k_cache_ptr, v_cache_ptr, table_ptr,  # caches and this sequence's block-table row
     seq_len, q_pos,             # keys < seq_len exist; row i may see keys <= q_pos[i]
     kv_head, stride_cb, stride_cs, stride_ch,
-    dims, dim_mask, qk_scale,
+    dims, dim_mask, s_scale,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL_MASK: tl.constexpr,  # False when every row sees every key of the tile
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 queries, "tf32" (the default) otherwise
@@ -63,7 +65,7 @@ def _attend_kv_tile(
     kv_off = page * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch  # [N]
     k = tl.load(k_cache_ptr + kv_off[None, :] + dims[:, None],
                 mask=dim_mask[:, None] & pos_mask[None, :], other=0.0)  # [D, N]
-    s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale  # [ROWS, N]
+    s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * s_scale  # [ROWS, N]
     if CAUSAL_MASK:
         s = tl.where((pos[None, :] <= q_pos[:, None]) & pos_mask[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -87,7 +89,8 @@ def _paged_prefill_kernel(
     query_start_loc_ptr,   # [B + 1] int32
     seq_lens_ptr,          # [B] int32 cached + new tokens
     out_ptr,               # [T, num_heads, head_dim]
-    qk_scale,              # softmax scale * k_scale * log2(e)
+    q_scale,               # softmax scale * log2(e)
+    k_scale,               # 1.0 unless the cache is fp8
     out_scale,             # v_scale
     stride_qt, stride_qh,
     stride_ot, stride_oh,
@@ -100,6 +103,7 @@ def _paged_prefill_kernel(
     BLOCK_N: tl.constexpr,       # key positions per KV tile
     HEAD_DIM_PAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 queries, "tf32" (the default) otherwise
+    FP8_AS_FP16: tl.constexpr,   # fp8 cache, 16-bit queries: dots in fp16
 ):
     tile = tl.program_id(0)
     b = tl.program_id(1)
@@ -121,6 +125,11 @@ def _paged_prefill_kernel(
     q_off = (q_start + tok)[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :]
     io_mask = row_mask[:, None] & dim_mask[None, :]
     q = tl.load(q_ptr + q_off, mask=io_mask, other=0.0)  # [ROWS, D]
+    if FP8_AS_FP16:
+        q = (q.to(tl.float32) * q_scale).to(tl.float16)
+        s_scale = k_scale
+    else:
+        s_scale = q_scale * k_scale
 
     first_tok = tile * BLOCK_M
     last_tok = tl.minimum(first_tok + BLOCK_M, query_len) - 1
@@ -135,12 +144,12 @@ def _paged_prefill_kernel(
     for start in range(0, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_kv_tile(
             q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, table, seq_len, q_pos, kv_head,
-            stride_cb, stride_cs, stride_ch, dims, dim_mask, qk_scale,
+            stride_cb, stride_cs, stride_ch, dims, dim_mask, s_scale,
             BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION)
     for start in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _attend_kv_tile(
             q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, table, seq_len, q_pos, kv_head,
-            stride_cb, stride_cs, stride_ch, dims, dim_mask, qk_scale,
+            stride_cb, stride_cs, stride_ch, dims, dim_mask, s_scale,
             BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION)
 
     # Rows that saw nothing (padding: seq_len 0) have l_i == 0 and come out as zeros.
@@ -170,13 +179,14 @@ def paged_prefill(query: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
                   block_tables: torch.Tensor, query_start_loc: torch.Tensor,
                   seq_lens: torch.Tensor, max_query_len: int, scale: float,
                   k_scale: float = 1.0, v_scale: float = 1.0, *,
-                  out: torch.Tensor | None = None) -> torch.Tensor:
+                  out: torch.Tensor | None = None, tiles: dict | None = None) -> torch.Tensor:
     """Causal attention of query [T, num_heads, head_dim] over cached prefix + new tokens.
 
     Sequence b owns query rows query_start_loc[b] : query_start_loc[b + 1] ([B + 1] int32) and
     has seq_lens[b] ([B] int32) positions in the cache after this step, new K/V already written.
     max_query_len (host int) sizes the grid, so the launch needs no device sync.
     Returns out [T, num_heads, head_dim] in query's dtype; rows of seq_len-0 sequences are 0.
+    tiles: launch options in place of prefill_tiles' (benchmarks/kernel_bench.py sweeps them).
     """
     num_tokens, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, cache_head_dim = key_cache.shape
@@ -187,17 +197,18 @@ def paged_prefill(query: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
     if num_tokens == 0 or num_seqs == 0 or max_query_len == 0:
         return out
     group = num_heads // num_kv_heads
-    tiles = prefill_tiles(group, head_dim, query.dtype, key_cache.dtype)
+    tiles = tiles or prefill_tiles(group, head_dim, query.dtype, key_cache.dtype)
     grid = (triton.cdiv(max_query_len, tiles["BLOCK_M"]), num_seqs, num_kv_heads)
     _paged_prefill_kernel[grid](
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out,
-        float(scale * k_scale * LOG2E), float(v_scale),
+        float(scale * LOG2E), float(k_scale), float(v_scale),
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         block_tables.stride(0),
         group, head_dim,
         BLOCK_SIZE=block_size,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        FP8_AS_FP16=fp8_as_fp16(query.dtype, key_cache.dtype),
         **tiles,
     )
     return out

@@ -55,14 +55,26 @@ def run(config: str, backend: str, enforce_eager: bool, params=None, **engine_ar
     return result
 
 
-@pytest.mark.parametrize("config", list(CONFIGS))
-def test_torch_triton_eager_and_graphs_give_identical_tokens(config):
-    ref, _, _ = run(config, "torch", enforce_eager=True)
-    eager, eager_graph_steps, _ = run(config, "triton", enforce_eager=True)
-    graphs, graph_steps, _ = run(config, "triton", enforce_eager=False)
+# bf16 for the default model's shape; fp32 for Llama-3-8B's, whose 32 random layers amplify
+# bf16 rounding until the backends' greedy picks part (seen on an H200: 5 of 6 requests)
+@pytest.mark.parametrize("config,dtype", [("smollm2-135m", "bfloat16"), ("llama-3-8b", "float32")])
+def test_torch_triton_eager_and_graphs_give_identical_tokens(config, dtype):
+    ref, _, _ = run(config, "torch", enforce_eager=True, dtype=dtype)
+    eager, eager_graph_steps, _ = run(config, "triton", enforce_eager=True, dtype=dtype)
+    graphs, graph_steps, _ = run(config, "triton", enforce_eager=False, dtype=dtype)
     assert eager_graph_steps == 0
     assert graph_steps > 0, "no decode step replayed a CUDA graph"
     assert eager == ref
+    assert graphs == eager
+
+
+def test_llama_3_8b_shape_in_bf16_same_tokens_eager_and_with_graphs():
+    eager, _, _ = run("llama-3-8b", "triton", enforce_eager=True)
+    graphs, graph_steps, _ = run("llama-3-8b", "triton", enforce_eager=False)
+    ref, _, _ = run("llama-3-8b", "torch", enforce_eager=True)
+    same = sum(ref[k] == eager[k] for k in ref)
+    print(f"llama-3-8b bf16: torch backend and Triton token-identical on {same}/{len(ref)} requests")
+    assert graph_steps > 0
     assert graphs == eager
 
 
@@ -79,7 +91,7 @@ def test_n_samples_with_fp8_kv_and_graphs_and_refused_below_sm89():
     out, graph_steps, _ = run("smollm2-135m", "triton", enforce_eager=False, params=params,
                               kv_dtype="fp8_e4m3")
     assert graph_steps > 0
-    assert sorted(out) == [(f"r{i}", k) for i in range(12) for k in range(3)]
+    assert sorted(out) == sorted((f"r{i}", k) for i in range(12) for k in range(3))
     assert all(len(ids) == 24 for ids in out.values())
     for i in range(12):  # three different samples of each prompt
         assert len({tuple(out[(f"r{i}", k)]) for k in range(3)}) == 3

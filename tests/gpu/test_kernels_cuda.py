@@ -96,7 +96,10 @@ def test_fp8_store_rounds_like_torch_on_every_tie():
     kc = torch.zeros(rows.shape[0], 1, 1, 64, dtype=FP8, device="cuda")
     vc = torch.zeros_like(kc)
     store_k.store_kv(rows, rows, kc, vc, slots, 1.0, 1.0)
-    assert same_bytes(kc.view(rows.shape), rows.clamp(-448, 448).to(FP8))
+    ours, torchs = kc.view(-1).view(torch.uint8), values.clamp(-448, 448).to(FP8).view(torch.uint8)
+    wrong = (ours != torchs).nonzero().flatten().tolist()
+    assert wrong == [], "value -> our byte / torch's byte: " + ", ".join(
+        f"{values[i].item()!r} -> {ours[i].item():#04x} / {torchs[i].item():#04x}" for i in wrong[:20])
 
 
 @pytest.mark.parametrize("group,head_dim,block_size,dtype,kv_dtype,num_splits", [
