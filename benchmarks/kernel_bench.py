@@ -6,8 +6,10 @@ Needs a CUDA GPU with torch and triton; not ray and not an installed raypaged (t
 by path, see benchmarks/_kernels.py). Prints a table and writes
 benchmarks/results/kernels_<device>.json (+ .png when matplotlib imports).
 
-Timing: CUDA events around one call, L2 flushed (a buffer >= 4x L2 is zeroed) before each timed
-call, median of --reps after 3 warm-up calls. Shapes are Llama-3-8B's: 32 query heads, 8 KV
+Timing: one call captured in a CUDA graph and replayed between L2 flushes (a buffer >= 4x L2 is
+zeroed), CUDA events around each replay, median of --reps after 3 warm-up calls. The graph keeps
+the host's launch cost out (a Triton launch from Python takes tens of microseconds, more than a
+small decode call; the engine runs decode from CUDA graphs too); SDPA is timed the same way. Shapes are Llama-3-8B's: 32 query heads, 8 KV
 heads, head dim 128, pages of --block-size tokens scattered in random order.
 
   copy bw  a 1 GiB device-to-device copy, (read + write) bytes / time: the roof for decode
@@ -20,9 +22,11 @@ heads, head dim 128, pages of --block-size tokens scattered in random order.
            also checks ours (max_err)
   prefill  one prompt of {1k, 4k, 16k} tokens, no cached prefix; baseline: causal SDPA on the
            same K/V, contiguous [1, 32, N, 128] (heads expanded before timing)
-  sweeps   (bf16) every decode shape at split counts 1-16 beside the split rule's choice, and
-           prefill under other tile shapes beside the static tile rule's: what a tuned rule
-           would gain, measured, before any rule changes
+  sweeps   (bf16) every decode shape at split counts 1-16 beside the split rule's choice;
+           prefill under other tile shapes beside the static tile rule's; fp8 decode tiles at
+           three shapes: what a tuned rule would gain, measured
+  check    the prefill tile rule against the one before it on shapes it was not chosen on
+           (SmolLM2's 9/3 heads of dim 64; batches extending a cached prefix; an fp8 cache)
 The GPU runs matrix products for ~1 s first, so the first shape is not timed at idle clocks.
 """
 from __future__ import annotations
@@ -66,16 +70,27 @@ class Timer:
 
     def ms(self, fn) -> float:
         for _ in range(self.warmup):
-            fn()
+            fn()  # compiles, autotunes, allocates: outside the graph
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                fn()
+            run = graph.replay
+        except RuntimeError as e:  # not capturable: timed as launched (host cost included)
+            print(f"  (timed without a graph: {str(e)[:100]})")
+            torch.cuda.synchronize()
+            run = fn
         events = []
         for _ in range(self.reps):
             self.flush.zero_()  # evict everything the previous call left in L2
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            fn()
+            run()
             end.record()
             events.append((start, end))
         torch.cuda.synchronize()
+        del graph, run
         return statistics.median(s.elapsed_time(e) for s, e in events)
 
 
@@ -84,6 +99,72 @@ SPLIT_SWEEP = (1, 2, 3, 4, 6, 8, 12, 16)
 PREFILL_SWEEP = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st) for m, n, w, st in (
     (16, 64, 8, 3), (32, 64, 8, 3), (32, 64, 8, 2), (32, 128, 8, 2), (16, 128, 8, 3),
     (16, 64, 4, 3), (32, 32, 4, 3), (32, 64, 4, 3), (64, 64, 8, 2))]
+
+
+FP8_DECODE_SWEEP = [dict(BLOCK_N=n, num_warps=w, num_stages=st)
+                    for n in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
+
+
+def old_prefill_tiles(group: int, head_dim: int) -> dict:
+    """The 16-bit prefill tile rule before the H200 sweep (64 rows x 64 keys, 3 stages)."""
+    group_pad = triton.next_power_of_2(group)
+    return dict(BLOCK_M=max(1, 64 // group_pad), GROUP_PAD=group_pad, BLOCK_N=64,
+                HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
+                num_warps=4 if head_dim <= 64 else 8, num_stages=3)
+
+
+def prefill_rule_check(timer: Timer, block_size: int) -> list[dict]:
+    """The prefill tile rule vs the one before it on shapes the sweep did not choose it on."""
+    rows = []
+    for name, heads, kv_heads, dim, ctx, new, kv in (
+            ("smollm2 4k prompt", 9, 3, 64, [0], [4096], BF16),
+            ("smollm2 8 x (1k cached + 128 new)", 9, 3, 64, [1024] * 8, [128] * 8, BF16),
+            ("llama 8 x (2k cached + 256 new)", HEADS, KV_HEADS, HEAD_DIM, [2048] * 8, [256] * 8,
+             BF16),
+            ("llama 4k prompt, fp8 cache", HEADS, KV_HEADS, HEAD_DIM, [0], [4096], FP8),
+            ("llama 16k prompt, fp8 cache", HEADS, KV_HEADS, HEAD_DIM, [0], [16384], FP8)):
+        b = reference.make_paged_batch(ctx, new, heads, kv_heads, dim, block_size, BF16, kv,
+                                       device=DEVICE, spare_blocks=0)
+        out = torch.empty_like(b.query)
+        scale = dim ** -0.5
+
+        def call(tiles):
+            return timer.ms(lambda: prefill_k.paged_prefill(
+                b.query, b.key_cache, b.value_cache, b.block_tables, b.query_start_loc,
+                b.seq_lens, max(new), scale, b.k_scale, b.v_scale, out=out, tiles=tiles))
+        rule = prefill_k.prefill_tiles(heads // kv_heads, dim, BF16, kv)
+        old_ms, new_ms = call(old_prefill_tiles(heads // kv_heads, dim)), call(rule)
+        rows.append({"workload": name, "old_us": old_ms * 1e3, "rule_us": new_ms * 1e3,
+                     "old/rule": old_ms / new_ms})
+        del b, out
+        torch.cuda.empty_cache()
+    return rows
+
+
+def fp8_decode_sweep(timer: Timer, block_size: int, num_sms: int) -> list[dict]:
+    rows = []
+    for batch, ctx in ((16, 8192), (64, 8192), (256, 2048)):
+        b = reference.make_paged_batch([ctx - 1] * batch, [1] * batch, HEADS, KV_HEADS, HEAD_DIM,
+                                       block_size, BF16, FP8, device=DEVICE, spare_blocks=0)
+        splits = decode_k.choose_num_splits(batch, KV_HEADS, ctx, num_sms)
+        workspace = decode_k.DecodeWorkspace.allocate(batch, HEADS, HEAD_DIM, DEVICE)
+        out = torch.empty_like(b.query)
+        base = decode_k.decode_tiles(HEADS // KV_HEADS, HEAD_DIM, BF16)
+        for opts in [{}] + FP8_DECODE_SWEEP:
+            tiles = {**base, **opts}
+            try:
+                us = timer.ms(lambda: decode_k.paged_decode(
+                    b.query, b.key_cache, b.value_cache, b.block_tables, b.seq_lens, SCALE,
+                    b.k_scale, b.v_scale, num_splits=splits, workspace=workspace, out=out,
+                    tiles=tiles)) * 1e3
+            except Exception as e:  # e.g. out of shared memory: recorded, not fatal
+                us = f"{type(e).__name__}: {str(e)[:80]}"
+            rows.append({"batch": batch, "ctx": ctx, "tiles": "rule" if not opts else "",
+                         **{k: tiles[k] for k in ("BLOCK_N", "num_warps")},
+                         "num_stages": tiles.get("num_stages", 3), "us": us})
+        del b, out, workspace
+        torch.cuda.empty_cache()
+    return rows
 
 
 def warm_up(seconds: float = 1.0) -> None:
@@ -292,6 +373,12 @@ def main() -> None:
         if "tile_sweep" in r:
             print(f"prefill {r['tokens']} tokens, tile sweep (bf16):")
             print(table(r["tile_sweep"], ["BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "us"]))
+    fp8_sweep = fp8_decode_sweep(timer, args.block_size, num_sms)
+    print("\nfp8 decode, tile sweep:")
+    print(table(fp8_sweep, ["batch", "ctx", "tiles", "BLOCK_N", "num_warps", "num_stages", "us"]))
+    rule_check = prefill_rule_check(timer, args.block_size)
+    print("\nprefill tile rule vs the one before it, on shapes it was not chosen on:")
+    print(table(rule_check, ["workload", "old_us", "rule_us", "old/rule"]))
     print()
     print(table(checks, ["target", "case", "value", "pass"]))
 
@@ -300,6 +387,7 @@ def main() -> None:
                         "reps": args.reps, "max_kv_tokens": args.max_kv_tokens,
                         "copy_bandwidth_bytes_per_s": copy_bw,
                         "targets": TARGETS, "decode": decode, "prefill": prefill,
+                        "fp8_decode_sweep": fp8_sweep, "prefill_rule_check": rule_check,
                         "checks": checks})
     print(f"\nwrote {path}")
     plot(name, decode, prefill, copy_bw)

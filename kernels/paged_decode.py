@@ -230,13 +230,14 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
                  block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                  k_scale: float = 1.0, v_scale: float = 1.0, *, num_splits: int = 1,
                  workspace: DecodeWorkspace | None = None,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, tiles: dict | None = None) -> torch.Tensor:
     """Attention of query [B, num_heads, head_dim] (one token per sequence) over the paged cache.
 
     key_cache/value_cache: [num_blocks, block_size, num_kv_heads, head_dim] (fp8: value/scale).
     block_tables: [B, max_blocks] int32. seq_lens: [B] int32, 0 for padding rows (output 0).
     num_splits > 1 needs a workspace (allocated here if None: not CUDA-graph safe).
     Returns out [B, num_heads, head_dim] in query's dtype.
+    tiles: launch options in place of decode_tiles' (benchmarks/kernel_bench.py sweeps them).
     """
     batch, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, cache_head_dim = key_cache.shape
@@ -268,7 +269,7 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
         SPLIT=num_splits > 1,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         FP8_AS_FP16=fp8_as_fp16(query.dtype, key_cache.dtype),
-        **decode_tiles(group, head_dim, query.dtype),
+        **(tiles or decode_tiles(group, head_dim, query.dtype)),
     )
     if num_splits > 1:
         _merge_kernel[(batch, num_heads)](

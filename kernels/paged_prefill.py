@@ -27,6 +27,10 @@ tokens, where for 16-bit queries (tensor cores)
     benchmarks/kernel_resources.py), 8 warps halve the share; with an fp8 cache BLOCK_N = 16
     above head_dim 128: sm_89 widens fp8 K/V tiles to 16 bits in registers, and at 32 keys it
     reached 255 registers and spilled 12-20 bytes per thread (16 keys: 194, no spill);
+    At head_dim <= 128 (the rule for tensor cores since an H200 was at hand): ROWS = 128,
+    BLOCK_N = 128, num_warps = 8, num_stages = 2; the old 64 x 64 tile (3 stages) took 1.5-2.2x
+    as long at 1k-16k tokens on the Llama-3-8B shape (benchmarks/results/kernels_nvidia_h200.json:
+    the sweep, and the check on shapes it was not chosen on);
 and for fp32 queries (FMA-unit dots: ptxas spilled 0.2 to 80 KB per thread with the 64-row tile)
     ROWS = 16, num_warps = 8, and BLOCK_N = 32 except 16 at head_dim 128; at head_dim 256
     num_stages = 2. With 32 keys and 3 stages ptxas spilled 8-16 bytes per thread at only 80
@@ -168,9 +172,11 @@ def prefill_tiles(group: int, head_dim: int, query_dtype: torch.dtype,
         rows, num_warps = 16, 8
         block_n = 16 if head_dim_pad == 128 else 32
         num_stages = 2 if head_dim_pad > 128 else 3
+    elif head_dim_pad <= 128:  # measured on an H200 (kernel_bench's tile sweep)
+        rows, num_warps, block_n, num_stages = 128, 8, 128, 2
     else:
-        rows, num_warps = 64, 4 if head_dim_pad <= 64 else 8
-        block_n = 64 if head_dim_pad <= 128 else 16 if cache_dtype.itemsize == 1 else 32
+        rows, num_warps = 64, 8
+        block_n = 16 if cache_dtype.itemsize == 1 else 32
     return dict(BLOCK_M=max(1, rows // group_pad), GROUP_PAD=group_pad, BLOCK_N=block_n,
                 HEAD_DIM_PAD=head_dim_pad, num_warps=num_warps, num_stages=num_stages)
 

@@ -34,7 +34,10 @@ def _round_to_e4m3(x):
     # a / spacing < 16 is exact (power of two); adding 2^23 rounds it to an integer (ties to
     # even) in fp32, subtracting gives that integer back exactly.
     r = ((a / spacing + 8388608.0) - 8388608.0) * spacing
-    return tl.where(x.to(tl.int32, bitcast=True) < 0, -r, r)  # sign bit: keeps -0.0 too
+    # x's sign bit onto r (r >= 0) with integer ops: compiled, `-r` is 0 - r, which turns -0.0
+    # (and what rounds to it) into +0.0 (seen on an H200 with Triton 3.6)
+    sign = x.to(tl.int32, bitcast=True) & -2147483648
+    return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
