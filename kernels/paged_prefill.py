@@ -172,11 +172,11 @@ def prefill_tiles(group: int, head_dim: int, query_dtype: torch.dtype,
         rows, num_warps = 16, 8
         block_n = 16 if head_dim_pad == 128 else 32
         num_stages = 2 if head_dim_pad > 128 else 3
-    elif head_dim_pad <= 128:  # measured on an H200 (kernel_bench's tile sweep)
+    elif head_dim_pad == 128:  # measured on an H200 (kernel_bench's tile sweep and check)
         rows, num_warps, block_n, num_stages = 128, 8, 128, 2
     else:
-        rows, num_warps = 64, 8
-        block_n = 16 if cache_dtype.itemsize == 1 else 32
+        rows, num_warps = 64, 4 if head_dim_pad <= 64 else 8
+        block_n = 64 if head_dim_pad <= 64 else 16 if cache_dtype.itemsize == 1 else 32
     return dict(BLOCK_M=max(1, rows // group_pad), GROUP_PAD=group_pad, BLOCK_N=block_n,
                 HEAD_DIM_PAD=head_dim_pad, num_warps=num_warps, num_stages=num_stages)
 
