@@ -134,7 +134,7 @@ def prefill_rule_check(timer: Timer, block_size: int) -> list[dict]:
             return timer.ms(lambda: prefill_k.paged_prefill(
                 b.query, b.key_cache, b.value_cache, b.block_tables, b.query_start_loc,
                 b.seq_lens, max(new), scale, b.k_scale, b.v_scale, out=out, tiles=tiles))
-        rule = prefill_k.prefill_tiles(heads // kv_heads, dim, BF16, kv)
+        rule = prefill_k.prefill_tiles(heads // kv_heads, dim, BF16, kv, block_size)
         old_ms, new_ms = call(old_prefill_tiles(heads // kv_heads, dim)), call(rule)
         rows.append({"workload": name, "old_us": old_ms * 1e3, "rule_us": new_ms * 1e3,
                      "old/rule": old_ms / new_ms})

@@ -13,11 +13,11 @@ Work split (grid = [num_seqs, num_kv_heads, num_splits]):
 Online softmax in fp32 with exp2: scores are multiplied by scale * k_scale * log2(e) once, so
 the running max/sum live in the log2 domain. v_scale is applied once to the final output.
 
-An fp8 cache under 16-bit queries is widened to fp16, not to the query's dtype: e4m3 -> fp16 is
-exact and one hardware conversion per pair on sm_89+, and with bf16 queries the widening to bf16
-made fp8 decode slower than a bf16 cache (1.1-1.4x its time on an H200,
-benchmarks/results/kernels_nvidia_h200.json). The query goes to fp16 once, pre-multiplied by
-scale * log2(e) (|q| would need to pass ~500,000 to overflow).
+An fp8 cache under 16-bit queries (head dim <= 128) is widened to fp16, not to the query's
+dtype: e4m3 -> fp16 is exact and one hardware conversion per pair on sm_89+, and with bf16
+queries the widening to bf16 made fp8 decode slower than a bf16 cache (1.1-1.4x its time on an
+H200, benchmarks/results/kernels_nvidia_h200.json). The query goes to fp16 once, divided by 16
+(|q| up to ~1e6 fits), and qk_scale puts the 16 back.
 
 Split-K: with few (sequence, kv_head) programs the GPU idles, so each context is cut into
 num_splits segments (a runtime argument, not a constexpr: every split count shares one compiled
@@ -60,8 +60,7 @@ def _paged_decode_kernel(
     out_ptr,               # [B, num_heads, head_dim]  written when not SPLIT
     part_out_ptr,          # [>=B, num_heads, >=num_splits, head_dim] fp32, when SPLIT
     part_lse_ptr,          # [>=B, num_heads, >=num_splits] fp32 log2-sum-exp of each split
-    q_scale,               # softmax scale * log2(e)
-    k_scale,               # 1.0 unless the cache is fp8
+    qk_scale,              # softmax scale * k_scale * log2(e) (x 16 under FP8_AS_FP16)
     out_scale,             # v_scale (1.0 unless the cache is fp8)
     stride_qb, stride_qh,
     stride_ob, stride_oh,
@@ -97,11 +96,8 @@ def _paged_decode_kernel(
     dim_mask = dims < head_dim
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
                 mask=row_mask[:, None] & dim_mask[None, :], other=0.0)  # [GROUP_ROWS, D]
-    if FP8_AS_FP16:
-        q = (q.to(tl.float32) * q_scale).to(tl.float16)
-        s_scale = k_scale
-    else:
-        s_scale = q_scale * k_scale
+    if FP8_AS_FP16:  # / 16: |q| up to ~1e6 fits fp16 (score_scale puts the 16 back)
+        q = (q.to(tl.float32) * 0.0625).to(tl.float16)
 
     m_i = tl.full([GROUP_ROWS], float("-inf"), tl.float32)  # running max (log2 domain)
     l_i = tl.zeros([GROUP_ROWS], tl.float32)                # running sum of exp2
@@ -116,7 +112,7 @@ def _paged_decode_kernel(
         # K is read transposed ([D, N]) so the dot needs no tl.trans.
         k = tl.load(k_cache_ptr + kv_off[None, :] + dims[:, None],
                     mask=dim_mask[:, None] & pos_mask[None, :], other=0.0)
-        s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * s_scale  # [G, N]
+        s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale  # [G, N]
         s = tl.where(pos_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile holds >= 1 valid position
         p = tl.math.exp2(s - m_new[:, None])
@@ -212,9 +208,18 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
     return max(1, min(want, worth, MAX_SPLITS))
 
 
-def fp8_as_fp16(query_dtype: torch.dtype, cache_dtype: torch.dtype) -> bool:
-    """An fp8 cache under 16-bit queries: K/V widened to fp16 for the dots (module docstring)."""
-    return cache_dtype.itemsize == 1 and query_dtype.itemsize == 2
+def fp8_as_fp16(query_dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int) -> bool:
+    """An fp8 cache under 16-bit queries: K/V widened to fp16 for the dots (module docstring).
+    Up to head dim 128, where it was measured; at 256 the fp16 query tile made split decode spill
+    4 bytes per thread on sm_90."""
+    return cache_dtype.itemsize == 1 and query_dtype.itemsize == 2 and head_dim <= 128
+
+
+def score_scale(scale: float, k_scale: float, fp8_fp16: bool) -> float:
+    """The kernels' qk_scale: the scores' one factor (under FP8_AS_FP16 the query was divided
+    by 16 before its cast). One argument, computed here: an extra kernel argument or an in-kernel
+    product made split decode at head dim 256 spill 4 bytes per thread on sm_90."""
+    return float(scale * k_scale * LOG2E * (16.0 if fp8_fp16 else 1.0))
 
 
 def decode_tiles(group: int, head_dim: int, query_dtype: torch.dtype) -> dict:
@@ -247,6 +252,7 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     if batch == 0:
         return out
     group = num_heads // num_kv_heads
+    fp8_fp16 = fp8_as_fp16(query.dtype, key_cache.dtype, head_dim)
     if num_splits > 1:
         if workspace is None:
             workspace = DecodeWorkspace.allocate(batch, num_heads, head_dim, query.device,
@@ -260,7 +266,7 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
 
     _paged_decode_kernel[(batch, num_kv_heads, num_splits)](
         query, key_cache, value_cache, block_tables, seq_lens, out, part_out, part_lse,
-        float(scale * LOG2E), float(k_scale), float(v_scale),
+        score_scale(scale, k_scale, fp8_fp16), float(v_scale),
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         block_tables.stride(0), *p_strides, *l_strides,
@@ -268,7 +274,7 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
         BLOCK_SIZE=block_size,
         SPLIT=num_splits > 1,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        FP8_AS_FP16=fp8_as_fp16(query.dtype, key_cache.dtype),
+        FP8_AS_FP16=fp8_fp16,
         **(tiles or decode_tiles(group, head_dim, query.dtype)),
     )
     if num_splits > 1:

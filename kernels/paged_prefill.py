@@ -17,7 +17,7 @@ Key positions it visits (absolute, context_len = seq_len - query_len):
 
 Tiles of a request past its query_len do no work. Online softmax in fp32 with exp2 (scale *
 k_scale * log2(e) folded into the scores); v_scale applied once at the output. An fp8 cache under
-16-bit queries is widened to fp16 for the dots, as in paged_decode (its docstring says why).
+16-bit queries is widened to fp16 for the dots up to head dim 128, as in paged_decode (which says why).
 
 Static tile rule (no autotuning): GROUP_PAD = next_pow2(group), BLOCK_M = max(1, ROWS // GROUP_PAD)
 tokens, where for 16-bit queries (tensor cores)
@@ -27,10 +27,12 @@ tokens, where for 16-bit queries (tensor cores)
     benchmarks/kernel_resources.py), 8 warps halve the share; with an fp8 cache BLOCK_N = 16
     above head_dim 128: sm_89 widens fp8 K/V tiles to 16 bits in registers, and at 32 keys it
     reached 255 registers and spilled 12-20 bytes per thread (16 keys: 194, no spill);
-    At head_dim <= 128 (the rule for tensor cores since an H200 was at hand): ROWS = 128,
-    BLOCK_N = 128, num_warps = 8, num_stages = 2; the old 64 x 64 tile (3 stages) took 1.5-2.2x
-    as long at 1k-16k tokens on the Llama-3-8B shape (benchmarks/results/kernels_nvidia_h200.json:
-    the sweep, and the check on shapes it was not chosen on);
+    except at head_dim 128 with a 16-bit cache and pages of <= 16 tokens (the default): ROWS =
+    128, 8 warps, BLOCK_N = 64. On an H200 (benchmarks/results/kernels_nvidia_h200.json) the
+    64-row tile took 1.45x / 1.82x / 2.02x its time at 1k / 4k / 16k tokens; 128 keys and 2 stages
+    were 1-6% faster still but spill on every target (12-44 bytes per thread on sm_90, up to 192
+    on sm_89), and this tile spills with pages of 32 on sm_80 (36 bytes) and with an fp8 cache on
+    sm_89 (16 bytes), which keep the 64-row tile (benchmarks/kernel_builds/compile_check.py);
 and for fp32 queries (FMA-unit dots: ptxas spilled 0.2 to 80 KB per thread with the 64-row tile)
     ROWS = 16, num_warps = 8, and BLOCK_N = 32 except 16 at head_dim 128; at head_dim 256
     num_stages = 2. With 32 keys and 3 stages ptxas spilled 8-16 bytes per thread at only 80
@@ -47,8 +49,7 @@ import triton
 import triton.language as tl
 
 from .launch_checks import check_paged_inputs
-from .numerics import LOG2E
-from .paged_decode import fp8_as_fp16
+from .paged_decode import fp8_as_fp16, score_scale
 
 
 @triton.jit
@@ -58,7 +59,7 @@ def _attend_kv_tile(
     k_cache_ptr, v_cache_ptr, table_ptr,  # caches and this sequence's block-table row
     seq_len, q_pos,             # keys < seq_len exist; row i may see keys <= q_pos[i]
     kv_head, stride_cb, stride_cs, stride_ch,
-    dims, dim_mask, s_scale,
+    dims, dim_mask, qk_scale,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL_MASK: tl.constexpr,  # False when every row sees every key of the tile
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 queries, "tf32" (the default) otherwise
@@ -69,7 +70,7 @@ def _attend_kv_tile(
     kv_off = page * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch  # [N]
     k = tl.load(k_cache_ptr + kv_off[None, :] + dims[:, None],
                 mask=dim_mask[:, None] & pos_mask[None, :], other=0.0)  # [D, N]
-    s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * s_scale  # [ROWS, N]
+    s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale  # [ROWS, N]
     if CAUSAL_MASK:
         s = tl.where((pos[None, :] <= q_pos[:, None]) & pos_mask[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -93,8 +94,7 @@ def _paged_prefill_kernel(
     query_start_loc_ptr,   # [B + 1] int32
     seq_lens_ptr,          # [B] int32 cached + new tokens
     out_ptr,               # [T, num_heads, head_dim]
-    q_scale,               # softmax scale * log2(e)
-    k_scale,               # 1.0 unless the cache is fp8
+    qk_scale,              # softmax scale * k_scale * log2(e) (x 16 under FP8_AS_FP16)
     out_scale,             # v_scale
     stride_qt, stride_qh,
     stride_ot, stride_oh,
@@ -129,11 +129,8 @@ def _paged_prefill_kernel(
     q_off = (q_start + tok)[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :]
     io_mask = row_mask[:, None] & dim_mask[None, :]
     q = tl.load(q_ptr + q_off, mask=io_mask, other=0.0)  # [ROWS, D]
-    if FP8_AS_FP16:
-        q = (q.to(tl.float32) * q_scale).to(tl.float16)
-        s_scale = k_scale
-    else:
-        s_scale = q_scale * k_scale
+    if FP8_AS_FP16:  # / 16: |q| up to ~1e6 fits fp16 (score_scale puts the 16 back)
+        q = (q.to(tl.float32) * 0.0625).to(tl.float16)
 
     first_tok = tile * BLOCK_M
     last_tok = tl.minimum(first_tok + BLOCK_M, query_len) - 1
@@ -148,12 +145,12 @@ def _paged_prefill_kernel(
     for start in range(0, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_kv_tile(
             q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, table, seq_len, q_pos, kv_head,
-            stride_cb, stride_cs, stride_ch, dims, dim_mask, s_scale,
+            stride_cb, stride_cs, stride_ch, dims, dim_mask, qk_scale,
             BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION)
     for start in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _attend_kv_tile(
             q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, table, seq_len, q_pos, kv_head,
-            stride_cb, stride_cs, stride_ch, dims, dim_mask, s_scale,
+            stride_cb, stride_cs, stride_ch, dims, dim_mask, qk_scale,
             BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION)
 
     # Rows that saw nothing (padding: seq_len 0) have l_i == 0 and come out as zeros.
@@ -163,7 +160,7 @@ def _paged_prefill_kernel(
 
 
 def prefill_tiles(group: int, head_dim: int, query_dtype: torch.dtype,
-                  cache_dtype: torch.dtype) -> dict:
+                  cache_dtype: torch.dtype, block_size: int = 16) -> dict:
     """The static tile rule (module docstring) as the prefill kernel's launch options."""
     group_pad = triton.next_power_of_2(group)
     head_dim_pad = triton.next_power_of_2(head_dim)
@@ -172,11 +169,11 @@ def prefill_tiles(group: int, head_dim: int, query_dtype: torch.dtype,
         rows, num_warps = 16, 8
         block_n = 16 if head_dim_pad == 128 else 32
         num_stages = 2 if head_dim_pad > 128 else 3
-    elif head_dim_pad == 128:  # measured on an H200 (kernel_bench's tile sweep and check)
-        rows, num_warps, block_n, num_stages = 128, 8, 128, 2
+    elif head_dim_pad == 128 and cache_dtype.itemsize == 2 and block_size <= 16:
+        rows, num_warps, block_n = 128, 8, 64  # the H200 sweep's (module docstring)
     else:
         rows, num_warps = 64, 4 if head_dim_pad <= 64 else 8
-        block_n = 64 if head_dim_pad <= 64 else 16 if cache_dtype.itemsize == 1 else 32
+        block_n = 64 if head_dim_pad <= 128 else 16 if cache_dtype.itemsize == 1 else 32
     return dict(BLOCK_M=max(1, rows // group_pad), GROUP_PAD=group_pad, BLOCK_N=block_n,
                 HEAD_DIM_PAD=head_dim_pad, num_warps=num_warps, num_stages=num_stages)
 
@@ -203,18 +200,19 @@ def paged_prefill(query: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
     if num_tokens == 0 or num_seqs == 0 or max_query_len == 0:
         return out
     group = num_heads // num_kv_heads
-    tiles = tiles or prefill_tiles(group, head_dim, query.dtype, key_cache.dtype)
+    tiles = tiles or prefill_tiles(group, head_dim, query.dtype, key_cache.dtype, block_size)
+    fp8_fp16 = fp8_as_fp16(query.dtype, key_cache.dtype, head_dim)
     grid = (triton.cdiv(max_query_len, tiles["BLOCK_M"]), num_seqs, num_kv_heads)
     _paged_prefill_kernel[grid](
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out,
-        float(scale * LOG2E), float(k_scale), float(v_scale),
+        score_scale(scale, k_scale, fp8_fp16), float(v_scale),
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         block_tables.stride(0),
         group, head_dim,
         BLOCK_SIZE=block_size,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        FP8_AS_FP16=fp8_as_fp16(query.dtype, key_cache.dtype),
+        FP8_AS_FP16=fp8_fp16,
         **tiles,
     )
     return out
