@@ -8,6 +8,10 @@ graphs) over it. Modes: eager; graphs; graphs + async_scheduling (the next step 
 while the GPU runs this one). Timed: --steps whole engine steps (scheduler, inputs, forward,
 sampling, the host sync that reads the sampled tokens), after prefill and 5 warm-up steps.
 
+  profile   at batch 1 with graphs, another --steps steps under cProfile: where the host's time per
+            step goes (the H200 showed ~2.5 ms of it beyond the GPU's work), top functions by
+            own time, in the JSON and printed
+
   roofline  bytes one decode step must read (every weight but the input embedding, which is
             gathered by row, plus the K/V of every sequence at its mean context over the timed
             steps) / measured device-to-device copy bandwidth: the fastest a step can be
@@ -19,7 +23,9 @@ Writes benchmarks/results/engine_decode_<device>.json (+ .png).
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
+import pstats
 import re
 import sys
 import time
@@ -90,10 +96,27 @@ def measure(model, config: str, batch: int, mode: str, steps: int, context: int)
     row = {"config": config, "batch": batch, "mode": mode, "steps": steps,
            "graph_steps": replayed, "ms_per_step": elapsed / steps * 1e3,
            "tokens_s": batch * steps / elapsed, "kv_bytes_per_step": kv_bytes}
+    if mode == "graphs" and batch == 1:
+        row["host_profile"] = host_profile(core, steps)
     del core, runner
     gc.collect()
     torch.cuda.empty_cache()
     return row
+
+
+def host_profile(core, steps: int, top: int = 15) -> list[dict]:
+    """The functions with the most own time over `steps` more steps, per step."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        core.step()
+    torch.cuda.synchronize()
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, ncalls, own, cumulative, _)
+    rows = [{"function": f"{Path(f).name}:{line} {name}", "calls_per_step": n / steps,
+             "own_us_per_step": own / steps * 1e6, "cum_us_per_step": cum / steps * 1e6}
+            for (f, line, name), (_, n, own, cum, _) in stats.items()]
+    return sorted(rows, key=lambda r: -r["own_us_per_step"])[:top]
 
 
 def main() -> None:
@@ -125,6 +148,11 @@ def main() -> None:
             rows += runs
             print(table(runs, ["config", "batch", "mode", "graph_steps", "ms_per_step", "tokens_s",
                                "roofline_ms", "roofline_fraction", "vs_eager"]), flush=True)
+            for r in runs:
+                if "host_profile" in r:
+                    print(f"host time per step, {config} batch 1 with graphs (cProfile, own time):")
+                    print(table(r["host_profile"], ["function", "calls_per_step",
+                                                    "own_us_per_step", "cum_us_per_step"]))
         del model
         gc.collect()
         torch.cuda.empty_cache()
