@@ -63,6 +63,11 @@ def copy_bandwidth() -> float:
     return 2 * (1 << 30) / sorted(times[3:])[5]
 
 
+def max_len(context: int, steps: int) -> int:
+    """Prompt, prefill's token, 5 warm-ups, the timed steps and as many profiled, with room."""
+    return context + 2 * steps + 32
+
+
 def weight_bytes_per_step(model) -> int:
     """Every parameter a decode step reads in full: all but a separate input embedding."""
     tied = model.lm_head is None
@@ -71,14 +76,14 @@ def weight_bytes_per_step(model) -> int:
 
 
 def measure(model, config: str, batch: int, mode: str, steps: int, context: int) -> dict:
-    args = EngineArgs(kv_memory_mb=None, kv_context_len=batch * (context + steps + 32),
-                      max_model_len=context + steps + 32, max_num_seqs=batch,
+    args = EngineArgs(kv_memory_mb=None, kv_context_len=batch * max_len(context, steps),
+                      max_model_len=max_len(context, steps), max_num_seqs=batch,
                       attention_backend="triton", dtype="bfloat16", device="cuda", **MODES[mode])
     setup = ModelSetup.decide(args, model.config)
     core, _, runner = setup.build_core(model)
     for i in range(batch):
         core.add_request(f"r{i}", [100 + (i * 7919 + j) % 30000 for j in range(context)],
-                         SamplingParams(temperature=0, max_tokens=steps + 16, ignore_eos=True))
+                         SamplingParams(temperature=0, max_tokens=2 * steps + 16, ignore_eos=True))
     started: set[str] = set()
     while len(started) < batch:  # prefill, however many steps it takes
         started.update(d.request_id for d in core.step() if d.new_token_ids)
@@ -92,12 +97,15 @@ def measure(model, config: str, batch: int, mode: str, steps: int, context: int)
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
     replayed = runner.num_graph_steps - graph_steps
-    kv_bytes = batch * (context + 8 + steps // 2) * setup.kv_shape.bytes_per_token
+    # the timed steps read context + 6 ... context + 5 + steps positions (prefill, 5 warm-ups)
+    kv_bytes = batch * (context + 6 + steps // 2) * setup.kv_shape.bytes_per_token
     row = {"config": config, "batch": batch, "mode": mode, "steps": steps,
            "graph_steps": replayed, "ms_per_step": elapsed / steps * 1e3,
            "tokens_s": batch * steps / elapsed, "kv_bytes_per_step": kv_bytes}
-    if mode == "graphs" and batch == 1:
+    if mode == "graphs" and batch == 1:  # steps more: max_tokens leaves room for them
         row["host_profile"] = host_profile(core, steps)
+    if core.executor is not None:
+        core.executor.shutdown()
     del core, runner
     gc.collect()
     torch.cuda.empty_cache()
@@ -133,7 +141,7 @@ def main() -> None:
           f"{args.context}-token prompt, bf16, random weights")
     rows = []
     for config in args.configs:
-        model_args = EngineArgs(max_model_len=args.context + args.steps + 32, dtype="bfloat16",
+        model_args = EngineArgs(max_model_len=max_len(args.context, args.steps), dtype="bfloat16",
                                 max_num_seqs=max(BATCHES[config]), attention_backend="triton",
                                 device="cuda")
         model, _ = random_model(config, model_args)

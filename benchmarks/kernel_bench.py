@@ -278,8 +278,8 @@ def bench_prefill(timer: Timer, tokens: int, block_size: int) -> list[dict]:
             "TFLOP/s": flops / (ms / 1e3) / 1e12,
             "max_err": (out.float() - expected.float()).abs().max().item(),
         })
-        if sweep:
-            timed = [r for r in sweep if isinstance(r["us"], float)]
+        timed = [r for r in sweep if isinstance(r["us"], float)]
+        if timed:
             best = min(timed, key=lambda r: r["us"])
             rows[-1].update(tile_sweep=sweep, best_tiles={k: v for k, v in best.items() if k != "us"},
                             rule_vs_best=rows[-1]["us"] / best["us"])

@@ -169,7 +169,7 @@ def prefill_tiles(group: int, head_dim: int, query_dtype: torch.dtype,
         rows, num_warps = 16, 8
         block_n = 16 if head_dim_pad == 128 else 32
         num_stages = 2 if head_dim_pad > 128 else 3
-    elif head_dim_pad == 128 and cache_dtype.itemsize == 2 and block_size <= 16:
+    elif head_dim == 128 and cache_dtype.itemsize == 2 and block_size <= 16:
         rows, num_warps, block_n = 128, 8, 64  # the H200 sweep's (module docstring)
     else:
         rows, num_warps = 64, 4 if head_dim_pad <= 64 else 8
