@@ -72,13 +72,13 @@ class Timer:
         for _ in range(self.warmup):
             fn()  # compiles, autotunes, allocates: outside the graph
         torch.cuda.synchronize()
-        run = fn
+        captured, run = None, fn
         try:
             if graph:
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
+                captured = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(captured):
                     fn()
-                run = graph.replay
+                run = captured.replay
         except RuntimeError as e:  # not capturable: timed as launched (host cost included)
             print(f"  (timed without a graph: {str(e)[:100]})")
             torch.cuda.synchronize()
@@ -92,7 +92,7 @@ class Timer:
             end.record()
             events.append((start, end))
         torch.cuda.synchronize()
-        del graph, run
+        del captured, run
         return statistics.median(s.elapsed_time(e) for s, e in events)
 
 
@@ -154,19 +154,25 @@ def fp8_decode_sweep(timer: Timer, block_size: int, num_sms: int) -> list[dict]:
         base = decode_k.decode_tiles(HEADS // KV_HEADS, HEAD_DIM, BF16)
         for opts in [{}] + FP8_DECODE_SWEEP:
             tiles = {**base, **opts}
-            try:
-                us = timer.ms(lambda: decode_k.paged_decode(
-                    b.query, b.key_cache, b.value_cache, b.block_tables, b.seq_lens, SCALE,
-                    b.k_scale, b.v_scale, num_splits=splits, workspace=workspace, out=out,
-                    tiles=tiles)) * 1e3
-            except Exception as e:  # e.g. out of shared memory: recorded, not fatal
-                us = f"{type(e).__name__}: {str(e)[:80]}"
+            us = us_or_error(timer, lambda: decode_k.paged_decode(
+                b.query, b.key_cache, b.value_cache, b.block_tables, b.seq_lens, SCALE,
+                b.k_scale, b.v_scale, num_splits=splits, workspace=workspace, out=out,
+                tiles=tiles))
             rows.append({"batch": batch, "ctx": ctx, "tiles": "rule" if not opts else "",
                          **{k: tiles[k] for k in ("BLOCK_N", "num_warps")},
                          "num_stages": tiles.get("num_stages", 3), "us": us})
         del b, out, workspace
         torch.cuda.empty_cache()
     return rows
+
+
+def us_or_error(timer: Timer, fn) -> float | str:
+    """A sweep entry's time in µs, or why that launch option failed (e.g. out of shared
+    memory): recorded, not fatal."""
+    try:
+        return timer.ms(fn) * 1e3
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {str(e)[:80]}"
 
 
 def warm_up(seconds: float = 1.0) -> None:
@@ -264,13 +270,9 @@ def bench_prefill(timer: Timer, tokens: int, block_size: int) -> list[dict]:
             group_pad = prefill_k.prefill_tiles(HEADS // KV_HEADS, HEAD_DIM, BF16, BF16)["GROUP_PAD"]
             for opts in PREFILL_SWEEP:
                 tiles = dict(opts, GROUP_PAD=group_pad, HEAD_DIM_PAD=HEAD_DIM)
-                try:
-                    us = timer.ms(lambda: prefill_k.paged_prefill(
-                        b.query, b.key_cache, b.value_cache, b.block_tables, b.query_start_loc,
-                        b.seq_lens, tokens, SCALE, b.k_scale, b.v_scale, out=out,
-                        tiles=tiles)) * 1e3
-                except Exception as e:  # e.g. out of shared memory: recorded, not fatal
-                    us = f"{type(e).__name__}: {str(e)[:80]}"
+                us = us_or_error(timer, lambda: prefill_k.paged_prefill(
+                    b.query, b.key_cache, b.value_cache, b.block_tables, b.query_start_loc,
+                    b.seq_lens, tokens, SCALE, b.k_scale, b.v_scale, out=out, tiles=tiles))
                 sweep.append({**opts, "us": us})
         rows.append({
             "kernel": "prefill", "kv": "fp8" if kv_dtype == FP8 else "bf16", "tokens": tokens,
