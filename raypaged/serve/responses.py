@@ -5,6 +5,7 @@ import functools
 import json
 from typing import AsyncIterator
 
+import anyio
 from starlette.responses import StreamingResponse
 
 from raypaged.outputs import SequenceOutput
@@ -90,6 +91,20 @@ def sse_data(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
+class SSEResponse(StreamingResponse):
+    """A stream that is closed the moment its sending ends. A client that leaves while a
+    chunk is being sent cancels the send with the body generator suspended at its `yield`;
+    Starlette leaves it open then, and the garbage collector may finalize it (and abort its
+    requests) only after they have run to their last token."""
+
+    async def stream_response(self, send) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            with anyio.CancelScope(shield=True):  # the abort must run inside a cancelled scope
+                await self.body_iterator.aclose()
+
+
 def sse_response(events: AsyncIterator[str], headers: dict) -> StreamingResponse:
-    return StreamingResponse(events, media_type="text/event-stream",
-                             headers={**headers, "Cache-Control": "no-cache"})
+    return SSEResponse(events, media_type="text/event-stream",
+                       headers={**headers, "Cache-Control": "no-cache"})
