@@ -17,8 +17,8 @@ import time
 from raypaged.config import EngineArgs, absolute_model_path
 from raypaged.serve.api_key import resolve_api_key
 from raypaged.serve.config import ServeArgs, ServeOptions
-from raypaged.serve.ingress import (DEFAULT_INGRESS, IngressUnavailable, exposure_note,
-                                    ingress_env, new_run_dir, refuse_when_joining)
+from raypaged.serve.ingress import (DEFAULT_INGRESS, IngressUnavailable, ingress_env,
+                                    new_run_dir, refuse_when_joining)
 from raypaged.settings import add_cli_args
 
 
@@ -94,8 +94,6 @@ def run_serve(ns: argparse.Namespace) -> int:
             ingress_dir = new_run_dir()
             env = ingress_env(ns.ingress or DEFAULT_INGRESS, ingress_dir)
             os.environ.update(env)
-            if exposure_note(env):
-                print(f"raypaged: note: {exposure_note(env)}", file=sys.stderr)
     except IngressUnavailable as exc:
         print(f"raypaged: {exc}", file=sys.stderr)
         return 2

@@ -1,11 +1,13 @@
 """ClientGate: a router replica's per-client cap and fair admission (core/fair_admission.py).
 
 The client is the address the request came from (the ASGI scope's client host: through Ray
-Serve's proxy, the proxy passes on the connection's peer). Not a field of the request body
-(OpenAI's `user`) nor a header a client sets: a flood could name a new client on every request
-and escape its cap, or name another client's and take its turns. With one API key, every client
-holds the same key, so the key tells nobody apart. Behind a proxy of your own (HAProxy, a load
-balancer) every request comes from its address: one client for all (docs/limits.md).
+Serve's proxy, the proxy passes on the connection's peer; through the HAProxy `raypaged serve`
+starts, the X-Forwarded-For that HAProxy sets, see haproxy_local.py). Not a field of the request
+body (OpenAI's `user`) nor a header a client sets: a flood could name a new client on every
+request and escape its cap, or name another client's and take its turns. With one API key,
+every client holds the same key, so the key tells nobody apart. Behind a proxy of your own (an
+HAProxy or load balancer raypaged did not configure) every request comes from its address: one
+client for all (docs/limits.md).
 
 Each Generation (one prompt of a request) takes a ticket before it is routed and gives it back
 when it closes: the cap counts prompts, waiting or running, per client on this replica.
@@ -20,6 +22,7 @@ from raypaged.core.admission import OutputLengths
 from raypaged.core.fair_admission import FairAdmission, Ticket, blocks_needed
 from raypaged.serve.errors import APIError
 from raypaged.serve.fleet import FleetSnapshot
+from raypaged.serve.ingress import behind_haproxy, clients_known
 from raypaged.serve.metrics import RequestMetrics
 
 # The client of the request being served: set by the HTTP layer (http_app.py) where the
@@ -29,9 +32,22 @@ CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("raypaged_client", 
 CLIENT_CAP = "client_cap"  # shed_requests' reason for a 429 of the cap
 
 
-def client_of(scope: dict) -> str:
+LOOPBACK = ("127.", "::1")
+
+
+def client_of(scope: dict, forwarded: bool | None = None) -> str:
+    """The request's client: its peer, or, from the loopback when our HAProxy is in front
+    (`forwarded`; default: this process's cluster says so), the address HAProxy forwarded (it
+    drops the client's own X-Forwarded-For and sets one, so the header holds one address)."""
     client = scope.get("client")
-    return client[0] if client else ""
+    peer = client[0] if client else ""
+    if forwarded is None:
+        forwarded = behind_haproxy() and clients_known()
+    if forwarded and peer.startswith(LOOPBACK):
+        values = [v for name, v in scope.get("headers", ()) if name == b"x-forwarded-for"]
+        if values:  # HAProxy appends its own: the last
+            return values[-1].decode("latin-1").rsplit(",", 1)[-1].strip()
+    return peer
 
 
 class ClientGate:

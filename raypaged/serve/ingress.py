@@ -15,10 +15,14 @@ joins takes its ingress from its own nodes' environment; there `--ingress` is re
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import socket
+import sys
 import tempfile
 from importlib import metadata
+
+from raypaged.serve import haproxy_local
 
 # HAProxy takes a quarter to a third of the serving path's CPU per token off (serve_cpu.py,
 # docs/performance.md, "Ray Serve's ingress"), but Ray Serve 2.60's HAProxy config binds its
@@ -27,12 +31,22 @@ from importlib import metadata
 # Python proxy stays the default and HAProxy is one flag away.
 DEFAULT_INGRESS = "python"
 RAY_FOR_HAPROXY = (2, 55)  # the first Ray Serve with the HAProxy ingress
+# Set in a local cluster whose HAProxy runs through haproxy_local.py: it forwards the client's
+# address, so the routers can tell clients apart (client_gate.client_of)
+FORWARDS_CLIENT = "RAYPAGED_HAPROXY_FORWARDS_CLIENT"
 
 
 def behind_haproxy() -> bool:
     """Whether this process's cluster serves through HAProxy: then every request's peer is
-    HAProxy (Ray Serve's config adds no X-Forwarded-For), and clients cannot be told apart."""
+    HAProxy."""
     return os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"
+
+
+def clients_known() -> bool:
+    """Whether a request's client can be told apart here: through Serve's Python proxy, or
+    through an HAProxy that forwards the client's address (haproxy_local.py). A cluster this
+    command joined runs the HAProxy config of Serve alone: every request is HAProxy's."""
+    return not behind_haproxy() or os.environ.get(FORWARDS_CLIENT) == "1"
 
 
 class IngressUnavailable(RuntimeError):
@@ -84,9 +98,10 @@ def ingress_env(ingress: str, run_dir: str) -> dict[str, str]:
     if ingress == "python":
         return {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
     _check_ray_version()
-    haproxy_binary()
     return {
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        "RAY_SERVE_HAPROXY_BINARY_PATH": _local_haproxy(haproxy_binary(), run_dir),
+        FORWARDS_CLIENT: "1",
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": os.path.join(run_dir, "haproxy.cfg"),
         "RAY_SERVE_HAPROXY_SOCKET_PATH": os.path.join(run_dir, "admin.sock"),
         "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": os.path.join(run_dir, "metrics.sock"),
@@ -99,13 +114,19 @@ def ingress_env(ingress: str, run_dir: str) -> dict[str, str]:
     }
 
 
-def exposure_note(env: dict[str, str]) -> str | None:
-    """What HAProxy opens beyond --host, for the operator to know (None: nothing)."""
-    if env.get("RAY_SERVE_ENABLE_HA_PROXY") != "1":
-        return None
-    return (f"HAProxy's stats page (port {env['RAY_SERVE_HAPROXY_STATS_PORT']}) and Prometheus "
-            f"exporter (port {env['RAY_SERVE_HAPROXY_METRICS_PORT']}) listen on all interfaces "
-            "(Ray Serve sets no host for them): firewall them, or use --ingress python")
+def _local_haproxy(real: str, run_dir: str) -> str:
+    """An executable in `run_dir` that Serve starts as its HAProxy: haproxy_local.py, which
+    binds the stats page and exporter to the loopback and forwards the client's address, then
+    runs `real`. By file path, isolated: it needs no import path, and reads only the standard
+    library."""
+    path = os.path.join(run_dir, "haproxy")
+    with open(path, "w") as f:
+        # exec, twice (here and in haproxy_local): Serve signals the pid it started, which
+        # must be HAProxy's own
+        f.write("#!/bin/sh\nexec " + " ".join(map(shlex.quote, (
+            sys.executable, "-I", os.path.abspath(haproxy_local.__file__), real))) + ' "$@"\n')
+    os.chmod(path, 0o700)
+    return path
 
 
 def refuse_when_joining(ingress: str | None) -> None:

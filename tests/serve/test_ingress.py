@@ -5,6 +5,7 @@ streamed, the same tokens), a client that leaves mid-stream still frees its bloc
 ingress that cannot run is refused before any Ray cluster starts, naming the fix."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -33,6 +34,7 @@ def _env() -> dict:
 def served(request, default_model_dir, tmp_path_factory):
     port = free_port()
     flags = ["--port", str(port), "--ingress", request.param, "--num-cpus", "2",
+             "--max-requests-per-client", "2",
              "--kv-memory-mb", "32", "--max-model-len", "256", "--model", str(default_model_dir)]
     log = tmp_path_factory.mktemp(f"ingress_{request.param}") / "serve.log"
     with raypaged_serve_process(flags, log, _env()) as proc:
@@ -45,14 +47,13 @@ def test_the_switch_selects_what_listens_on_the_port(served):
     assert on_port == {LISTENER[ingress][:15]}
 
 
-def test_beyond_the_loopback_only_haproxys_stats_and_metrics_listen(served):
+def test_nothing_listens_beyond_the_loopback(served):
     ingress, proc, _, _ = served
-    outside = [lst for lst in listeners(proc.pid) if not lst.loopback]
-    if ingress == "python":
-        assert outside == []
-    else:  # Ray Serve binds these two on every interface (docs/performance.md says so)
-        assert {lst.process for lst in outside} == {"haproxy"}
-        assert len({lst.port for lst in outside}) == 2
+    # HAProxy included: Serve's config binds its stats page and exporter to every interface,
+    # haproxy_local.py moves them to the loopback
+    assert [lst for lst in listeners(proc.pid) if not lst.loopback] == []
+    if ingress == "haproxy":
+        assert sum(lst.process == "haproxy" for lst in listeners(proc.pid)) >= 3
 
 
 def test_the_server_answers_whole_and_streamed_with_the_same_tokens(served):
@@ -98,13 +99,40 @@ def test_a_client_leaving_mid_stream_frees_its_blocks_through_the_ingress(served
     assert w["num_steps"] < 150  # cancelled, not run to its 200 tokens
 
 
+def test_each_client_address_gets_its_own_cap_through_either_ingress(served):
+    """HAProxy forwards the client's address (haproxy_local.py), so the per-client cap and fair
+    admission hold behind it as behind Serve's proxy: one client's third request in flight is
+    refused, another client's is served. (Last of the served tests: its streams run steps.)"""
+    _, _, _, url = served
+    model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+    body = {"model": model, "prompt": "Tell me a story.", "max_tokens": 200, "ignore_eos": True}
+
+    def client(address: str) -> httpx.Client:
+        return httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=120)
+
+    with client("127.0.0.2") as a, client("127.0.0.3") as b, contextlib.ExitStack() as open_:
+        streams = [open_.enter_context(a.stream("POST", f"{url}/v1/completions",
+                                                json={**body, "stream": True}))
+                   for _ in range(2)]
+        assert [s.status_code for s in streams] == [200, 200]
+        third = a.post(f"{url}/v1/completions", json={**body, "max_tokens": 1})
+        assert third.status_code == 429, third.text
+        assert "too many requests in flight from this client (2" in third.json()["error"]["message"]
+        other = b.post(f"{url}/v1/completions", json={**body, "max_tokens": 1})
+        assert other.status_code == 200, other.text
+
+
 def test_python_needs_no_haproxy_and_haproxy_gets_its_own_files_and_ports(tmp_path):
     assert ingress_env("python", str(tmp_path)) == {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
     env = ingress_env("haproxy", str(tmp_path))
     assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
     files = [v for k, v in env.items()
              if k.startswith("RAY_SERVE_HAPROXY_") and not k.endswith("_PORT")]
-    assert len(files) == 5 and all(v.startswith(str(tmp_path)) for v in files)
+    assert len(files) == 6 and all(v.startswith(str(tmp_path)) for v in files)
+    # Serve starts haproxy_local.py as its HAProxy, which starts the real one
+    assert env["RAY_SERVE_HAPROXY_BINARY_PATH"] == str(tmp_path / "haproxy")
+    assert os.access(env["RAY_SERVE_HAPROXY_BINARY_PATH"], os.X_OK)
+    assert env["RAYPAGED_HAPROXY_FORWARDS_CLIENT"] == "1"
     ports = {env[k] for k in ("RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
                               "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT", "RAY_SERVE_HAPROXY_STATS_PORT",
                               "RAY_SERVE_HAPROXY_METRICS_PORT")}
