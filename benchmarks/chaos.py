@@ -341,7 +341,7 @@ def main(argv=None) -> int:
     p.add_argument("--unresponsive-timeout-s", type=float, default=10.0,
                    help="the server's --worker-unresponsive-timeout-s (hang_worker)")
     p.add_argument("--ingress", choices=("python", "haproxy"), default=None,
-                   help="the server's --ingress (default: its default, Serve's Python proxy)")
+                   help="the server's --ingress (default: its default, HAProxy where it can run)")
     p.add_argument("--router-replicas", type=int, default=None,
                    help="the server's --router-replicas (default: its default, 1)")
     p.add_argument("--num-cpus", type=int, default=None,

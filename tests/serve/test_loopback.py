@@ -9,6 +9,7 @@ import os
 import time
 
 import grpc
+import httpx
 import pytest
 
 from listening import listeners
@@ -51,6 +52,14 @@ def replica_call(port: int, token: str | None) -> grpc.StatusCode:
             return exc.code()
 
 
+def _speaks_http(port: int) -> bool:
+    try:
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=10)
+        return True
+    except httpx.HTTPError:
+        return False
+
+
 def test_nothing_listens_beyond_the_loopback(served):
     proc, port = served
     found = listeners(proc.pid)
@@ -61,9 +70,11 @@ def test_nothing_listens_beyond_the_loopback(served):
 
 def test_the_serve_replica_grpc_server_refuses_a_client_without_the_token(served):
     proc, _ = served
-    sockets = [s for s in listeners(proc.pid) if s.process == "ray::ServeRepli"]
-    # The replica process also holds its Ray worker's gRPC server (no such method there); the
-    # inter-deployment server is the one that runs the method for the token's holder.
+    # The replica process also holds its Ray worker's gRPC server (no such method there) and,
+    # behind HAProxy, its own HTTP server (the API, HAProxy's backend); the inter-deployment
+    # server is the one that runs the method for the token's holder.
+    sockets = [s for s in listeners(proc.pid)
+               if s.process == "ray::ServeRepli" and not _speaks_http(s.port)]
     (asgi,) = [s for s in sockets if replica_call(s.port, ray_token()) not in (
         grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNIMPLEMENTED)]
     assert replica_call(asgi.port, None) == grpc.StatusCode.UNAUTHENTICATED
