@@ -1,6 +1,6 @@
 """Ray Serve's HAProxy, started through this module: the config Serve wrote, with two changes.
 
-    python -m raypaged.serve.haproxy_local REAL_HAPROXY [haproxy's arguments: -db -f CFG ...]
+    python haproxy_local.py REAL_HAPROXY BODY_TIMEOUT_S [haproxy's arguments: -db -f CFG ...]
 
 Ray Serve 2.60 renders HAProxy's config from a fixed template and starts the binary named by
 RAY_SERVE_HAPROXY_BINARY_PATH with `-f CFG`. `raypaged serve` (HAProxy is its default ingress where it can run) points that
@@ -16,6 +16,12 @@ starting the binary):
   so per-client caps and fair admission (client_gate.py) would see one client. HAProxy drops
   any X-Forwarded-For the client sent and sets its own (`option forwardfor`); the router
   believes it only from a loopback peer under this module (client_gate.client_of).
+- **A request's body has --body-timeout-s to arrive, at HAProxy too.** The router answers a
+  body that is too slow with 408, but HAProxy then kept the client's connection open, waiting
+  for the rest of the declared body (`timeout client` is an hour of silence): 200 such
+  connections stayed open for as long as they were watched. HAProxy now reads the body before
+  it forwards the request (`option http-buffer-request`) within the same deadline (`timeout
+  http-request`): 408 and the connection closed.
 
 Imports nothing but the standard library: it runs before every HAProxy start."""
 from __future__ import annotations
@@ -27,28 +33,35 @@ import sys
 # `bind *:8404` (stats), `bind :9101` (exporter): every interface
 _ANY_INTERFACE = re.compile(r"^(\s*bind\s+)(?:\*)?:(\d+)(.*)$", re.MULTILINE)
 _API_FRONTEND = re.compile(r"^frontend http_frontend\n", re.MULTILINE)
-FORWARD = ("    http-request del-header X-Forwarded-For\n"  # never the client's own
-           "    option forwardfor\n")
 
 
-def local_config(text: str) -> str:
-    """Serve's config with every any-interface bind on 127.0.0.1 and the client's address
-    forwarded by the API frontend. ValueError if the config lacks the API frontend (a Serve
-    whose template changed: starting HAProxy without the forwarded address would be wrong)."""
+def api_frontend_lines(body_timeout_s: float) -> str:
+    return ("    http-request del-header X-Forwarded-For\n"  # never the client's own
+            "    option forwardfor\n"
+            "    option http-buffer-request\n"
+            f"    timeout http-request {max(1, round(body_timeout_s * 1000))}ms\n")
+
+
+def local_config(text: str, body_timeout_s: float) -> str:
+    """Serve's config with every any-interface bind on 127.0.0.1, and the API frontend
+    forwarding the client's address and reading each request within `body_timeout_s`.
+    ValueError if the config lacks the API frontend (a Serve whose template changed: starting
+    HAProxy without these would be wrong)."""
     text = _ANY_INTERFACE.sub(r"\g<1>127.0.0.1:\2\3", text)
-    text, found = _API_FRONTEND.subn(lambda m: m.group(0) + FORWARD, text)
+    lines = api_frontend_lines(body_timeout_s)
+    text, found = _API_FRONTEND.subn(lambda m: m.group(0) + lines, text)
     if found != 1:
         raise ValueError("no 'frontend http_frontend' section in Ray Serve's HAProxy config")
     return text
 
 
 def main(argv: list[str]) -> None:
-    real, args = argv[0], list(argv[1:])
+    real, body_timeout_s, args = argv[0], float(argv[1]), list(argv[2:])
     if "-f" in args:
         i = args.index("-f") + 1
         source = args[i]
         with open(source) as f:
-            text = local_config(f.read())
+            text = local_config(f.read(), body_timeout_s)
         target = source + ".local"
         with open(target + ".tmp", "w") as f:
             f.write(text)

@@ -98,9 +98,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def ingress_env(ingress: str, run_dir: str) -> dict[str, str]:
+def ingress_env(ingress: str, run_dir: str, body_timeout_s: float) -> dict[str, str]:
     """Environment variables that select `ingress` for a local cluster started after they are
-    set. `run_dir`: this run's own folder for HAProxy's files.
+    set. `run_dir`: this run's own folder for HAProxy's files; `body_timeout_s`: the server's
+    setting, which HAProxy keeps too (haproxy_local.py).
 
     Ray Serve's HAProxy keeps its config, admin and metrics sockets and server state under
     /tmp/haproxy-serve, and its fallback Python proxy on ports 8500/9500, by default: two
@@ -112,7 +113,8 @@ def ingress_env(ingress: str, run_dir: str) -> dict[str, str]:
     _check_ray_version()
     return {
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
-        "RAY_SERVE_HAPROXY_BINARY_PATH": _local_haproxy(haproxy_binary(), run_dir),
+        "RAY_SERVE_HAPROXY_BINARY_PATH": _local_haproxy(haproxy_binary(), run_dir,
+                                                        body_timeout_s),
         FORWARDS_CLIENT: "1",
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": os.path.join(run_dir, "haproxy.cfg"),
         "RAY_SERVE_HAPROXY_SOCKET_PATH": os.path.join(run_dir, "admin.sock"),
@@ -126,17 +128,18 @@ def ingress_env(ingress: str, run_dir: str) -> dict[str, str]:
     }
 
 
-def _local_haproxy(real: str, run_dir: str) -> str:
+def _local_haproxy(real: str, run_dir: str, body_timeout_s: float) -> str:
     """An executable in `run_dir` that Serve starts as its HAProxy: haproxy_local.py, which
-    binds the stats page and exporter to the loopback and forwards the client's address, then
-    runs `real`. By file path, isolated: it needs no import path, and reads only the standard
+    binds the stats page and exporter to the loopback, forwards the client's address and
+    keeps the body deadline, then runs `real`. By file path, isolated: it needs no import path, and reads only the standard
     library."""
     path = os.path.join(run_dir, "haproxy")
     with open(path, "w") as f:
         # exec, twice (here and in haproxy_local): Serve signals the pid it started, which
         # must be HAProxy's own
         f.write("#!/bin/sh\nexec " + " ".join(map(shlex.quote, (
-            sys.executable, "-I", os.path.abspath(haproxy_local.__file__), real))) + ' "$@"\n')
+            sys.executable, "-I", os.path.abspath(haproxy_local.__file__), real,
+            str(body_timeout_s)))) + ' "$@"\n')
     os.chmod(path, 0o700)
     return path
 

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from raypaged.serve.client_gate import client_of
-from raypaged.serve.haproxy_local import FORWARD, local_config
+from raypaged.serve.haproxy_local import api_frontend_lines, local_config
 from raypaged.serve.ingress import _local_haproxy
 
 # The lines of Ray Serve 2.60's HAProxy template that matter here, as it renders them
@@ -30,23 +30,25 @@ listen stats
 """
 
 
-def test_every_interface_bind_moves_to_the_loopback_and_the_api_forwards_the_client():
-    assert local_config(SERVE_CONFIG) == SERVE_CONFIG.replace(
+def test_every_interface_bind_moves_to_the_loopback_and_the_api_forwards_and_times_out():
+    assert local_config(SERVE_CONFIG, 30) == SERVE_CONFIG.replace(
         "bind :9101", "bind 127.0.0.1:9101").replace(
         "bind *:8404", "bind 127.0.0.1:8404").replace(
-        "frontend http_frontend\n", "frontend http_frontend\n" + FORWARD)
-    assert FORWARD == ("    http-request del-header X-Forwarded-For\n"
-                       "    option forwardfor\n")
+        "frontend http_frontend\n", "frontend http_frontend\n" + api_frontend_lines(30))
+    assert api_frontend_lines(2.5) == ("    http-request del-header X-Forwarded-For\n"
+                                       "    option forwardfor\n"
+                                       "    option http-buffer-request\n"
+                                       "    timeout http-request 2500ms\n")
 
 
 def test_the_api_frontend_keeps_the_host_it_was_given():
     wide = SERVE_CONFIG.replace("bind 127.0.0.1:8000", "bind 0.0.0.0:8000")
-    assert "bind 0.0.0.0:8000" in local_config(wide)
+    assert "bind 0.0.0.0:8000" in local_config(wide, 30)
 
 
 def test_a_config_without_the_api_frontend_is_refused():
     with pytest.raises(ValueError, match="http_frontend"):
-        local_config(SERVE_CONFIG.replace("frontend http_frontend", "frontend other"))
+        local_config(SERVE_CONFIG.replace("frontend http_frontend", "frontend other"), 30)
 
 
 def test_serve_starts_the_real_binary_as_the_same_process_on_the_rewritten_config(tmp_path):
@@ -55,14 +57,14 @@ def test_serve_starts_the_real_binary_as_the_same_process_on_the_rewritten_confi
     real.chmod(0o755)
     cfg = tmp_path / "haproxy.cfg"
     cfg.write_text(SERVE_CONFIG)
-    wrapper = _local_haproxy(str(real), str(tmp_path))
+    wrapper = _local_haproxy(str(real), str(tmp_path), 7.5)
     proc = subprocess.Popen([wrapper, "-db", "-f", str(cfg), "-sf", "123"],
                             stdout=subprocess.PIPE, text=True)
     out, _ = proc.communicate(timeout=60)
     first, rest = out.split("\n", 1)
     # exec all the way: the pid Serve started (and signals) is the real binary's
     assert first == f"pid {proc.pid} args -db -f {cfg}.local -sf 123"
-    assert rest == local_config(SERVE_CONFIG)
+    assert rest == local_config(SERVE_CONFIG, 7.5)
     assert cfg.read_text() == SERVE_CONFIG  # Serve's own file untouched
 
 

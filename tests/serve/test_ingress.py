@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ from serve_testing import ROOT, free_port, raypaged_serve_process
 CLI = [sys.executable, "-c", "import sys; from raypaged.cli import main; sys.exit(main())"]
 # What listens on --port: HAProxy itself, or Serve's proxy actor (a Ray worker process).
 LISTENER = {"haproxy": "haproxy", "python": "ray::ProxyActor"}
+BODY_TIMEOUT_S = 3
 
 
 def _env() -> dict:
@@ -35,7 +37,7 @@ def _env() -> dict:
 def served(request, default_model_dir, tmp_path_factory):
     port = free_port()
     flags = ["--port", str(port), "--ingress", request.param, "--num-cpus", "2",
-             "--max-requests-per-client", "2",
+             "--max-requests-per-client", "2", "--body-timeout-s", str(BODY_TIMEOUT_S),
              "--kv-memory-mb", "32", "--max-model-len", "256", "--model", str(default_model_dir)]
     log = tmp_path_factory.mktemp(f"ingress_{request.param}") / "serve.log"
     with raypaged_serve_process(flags, log, _env()) as proc:
@@ -100,6 +102,22 @@ def test_a_client_leaving_mid_stream_frees_its_blocks_through_the_ingress(served
     assert w["num_steps"] < 150  # cancelled, not run to its 200 tokens
 
 
+def test_a_body_that_never_arrives_gets_408_and_its_connection_closed(served):
+    """Through HAProxy too: it waited for the rest of the declared body for as long as the
+    client stayed (an hour of silence), holding the connection after the router's 408
+    (haproxy_local.py)."""
+    _, _, port, _ = served
+    with socket.create_connection(("127.0.0.1", port), timeout=BODY_TIMEOUT_S + 30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+        start, answer = time.monotonic(), b""
+        while chunk := sock.recv(65536):  # until the server closes it (or the timeout raises)
+            answer += chunk
+        closed_after = time.monotonic() - start
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert closed_after < BODY_TIMEOUT_S + 15
+
+
 def test_each_client_address_gets_its_own_cap_through_either_ingress(served):
     """HAProxy forwards the client's address (haproxy_local.py), so the per-client cap and fair
     admission hold behind it as behind Serve's proxy: one client's third request in flight is
@@ -124,8 +142,8 @@ def test_each_client_address_gets_its_own_cap_through_either_ingress(served):
 
 
 def test_python_needs_no_haproxy_and_haproxy_gets_its_own_files_and_ports(tmp_path):
-    assert ingress_env("python", str(tmp_path)) == {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
-    env = ingress_env("haproxy", str(tmp_path))
+    assert ingress_env("python", str(tmp_path), 30) == {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
+    env = ingress_env("haproxy", str(tmp_path), 30)
     assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
     files = [v for k, v in env.items()
              if k.startswith("RAY_SERVE_HAPROXY_") and not k.endswith("_PORT")]
