@@ -1,12 +1,12 @@
-"""Ray Serve's HAProxy, started through this module: the config Serve wrote, with two changes.
+"""Ray Serve's HAProxy, started through this module: the config Serve wrote, with three changes.
 
     python haproxy_local.py REAL_HAPROXY BODY_TIMEOUT_S [haproxy's arguments: -db -f CFG ...]
 
 Ray Serve 2.60 renders HAProxy's config from a fixed template and starts the binary named by
-RAY_SERVE_HAPROXY_BINARY_PATH with `-f CFG`. `raypaged serve` (HAProxy is its default ingress where it can run) points that
-variable at a script of its run folder that runs this module, which writes CFG.local beside
-CFG and starts the real binary on it (every start and every reload, as Serve does both by
-starting the binary):
+RAY_SERVE_HAPROXY_BINARY_PATH with `-f CFG`. `raypaged serve` (whose default ingress HAProxy is,
+where it can run) points that variable at a script of its run folder that runs this module,
+which writes CFG.local beside CFG and starts the real binary on it (every start and every
+reload, as Serve does both by starting the binary):
 
 - **The stats page and the Prometheus exporter listen on the loopback.** The template binds
   them to every interface (`bind *:PORT`, `bind :PORT`, no host setting), and a default

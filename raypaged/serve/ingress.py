@@ -72,10 +72,10 @@ def haproxy_binary() -> str:
 def default_ingress() -> tuple[str, str | None]:
     """(the ingress of a local cluster when --ingress is not given, why it is not HAProxy).
 
-    HAProxy where it can run: it takes about half the serving path's CPU per token off and
-    keeps /health answering under a flood of connections (docs/performance.md, "Ray Serve's
-    ingress"); through haproxy_local.py it listens on the loopback alone and forwards the
-    client's address, as the Python proxy does. Else Serve's Python proxy."""
+    HAProxy where it can run: it takes about half the serving path's CPU per token off
+    (docs/performance.md, "Ray Serve's ingress"); through haproxy_local.py it listens on the
+    loopback alone and forwards the client's address, as the Python proxy does. Else Serve's
+    Python proxy."""
     try:
         _check_ray_version()
         haproxy_binary()
