@@ -76,11 +76,17 @@ LOOPBACK_RAY = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # path, and our fleet's own controller does the autoscaling. Set the variable to override.
 SERVE_CONTROL_LOOP = ("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.5")
 
+# Behind HAProxy a router replica that stops keeps taking requests for 30 s by default (Serve's
+# minimum draining period, for external load balancers to deregister it), so stopping
+# `raypaged serve` took 35 s instead of 7. The HAProxy of a local cluster drops the replica at
+# its reload, ~0.5 s after the replica is removed (its log); 2 s covers that.
+DIRECT_INGRESS_DRAIN = ("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
+
 
 def local_cluster_env(environ: dict) -> None:
     """The defaults `raypaged serve` gives a local cluster it starts; the caller's own values
     of these variables win (so each is also the switch back)."""
-    for name, value in (LOOPBACK_RAY, SERVE_CONTROL_LOOP):
+    for name, value in (LOOPBACK_RAY, SERVE_CONTROL_LOOP, DIRECT_INGRESS_DRAIN):
         environ.setdefault(name, value)
 
 

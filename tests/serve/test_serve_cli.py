@@ -56,8 +56,11 @@ def test_a_local_cluster_gets_a_slower_serve_control_loop_unless_the_user_set_on
     env = {}
     local_cluster_env(env)
     assert env == {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-                   "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5"}
-    mine = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
+                   "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
+                   "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
+    mine = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
+            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "30"}
     local_cluster_env(mine)
     assert mine == {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1",
-                    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
+                    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
+                    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "30"}
