@@ -22,7 +22,7 @@ from raypaged.core.admission import OutputLengths
 from raypaged.core.fair_admission import FairAdmission, Ticket, blocks_needed
 from raypaged.serve.errors import APIError
 from raypaged.serve.fleet import FleetSnapshot
-from raypaged.serve.ingress import behind_haproxy, clients_known
+from raypaged.serve.ingress import haproxy_forwards_client
 from raypaged.serve.metrics import RequestMetrics
 
 # The client of the request being served: set by the HTTP layer (http_app.py) where the
@@ -42,7 +42,7 @@ def client_of(scope: dict, forwarded: bool | None = None) -> str:
     client = scope.get("client")
     peer = client[0] if client else ""
     if forwarded is None:
-        forwarded = behind_haproxy() and clients_known()
+        forwarded = haproxy_forwards_client()
     if forwarded and peer.startswith(LOOPBACK):
         values = [v for name, v in scope.get("headers", ()) if name == b"x-forwarded-for"]
         if values:  # HAProxy appends its own: the last

@@ -39,11 +39,17 @@ def behind_haproxy() -> bool:
     return os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"
 
 
+def haproxy_forwards_client() -> bool:
+    """Whether this process's cluster serves through an HAProxy that forwards the client's
+    address (haproxy_local.py). A cluster this command joined runs the HAProxy config of Serve
+    alone: every request is HAProxy's."""
+    return behind_haproxy() and os.environ.get(FORWARDS_CLIENT) == "1"
+
+
 def clients_known() -> bool:
     """Whether a request's client can be told apart here: through Serve's Python proxy, or
-    through an HAProxy that forwards the client's address (haproxy_local.py). A cluster this
-    command joined runs the HAProxy config of Serve alone: every request is HAProxy's."""
-    return not behind_haproxy() or os.environ.get(FORWARDS_CLIENT) == "1"
+    through an HAProxy that forwards the client's address."""
+    return not behind_haproxy() or haproxy_forwards_client()
 
 
 class IngressUnavailable(RuntimeError):
