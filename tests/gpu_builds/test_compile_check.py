@@ -3,8 +3,11 @@ compiled for sm_80, sm_89 and sm_90 (no GPU): benchmarks/kernel_builds/compile_c
 
 The check runs in its own interpreter: it needs compiled Triton (tests/kernels sets
 TRITON_INTERPRET for this process) and it swaps Triton's driver while it records launches.
-Results are cached by source hash in .kernel-builds/, so only a kernel edit pays the compile
-again (cold: about 1,180 CPU s, an estimate; docs/performance.md "Kernel builds for real GPUs", Profiles).
+Results are cached by source hash in .kernel-builds/, and committed for the current sources in
+benchmarks/kernel_builds/record.json.gz (a cold build costs about 1,180 CPU s, a third of CI; docs/performance.md
+"Kernel builds for real GPUs"). The record is not trusted: VERIFY variants drawn at random from
+it are compiled again on every run and must match it in everything but the CPU seconds, and a
+kernel edit that leaves it stale fails here, naming `make kernel-record`.
 A build that fails is retried once (benchmarks/kernel_builds/aot_build.py); one that passes only on the retry
 passes here with a warning naming it.
 """
@@ -28,6 +31,8 @@ if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 ROOT = Path(__file__).resolve().parents[2]
 DECODE_PREFILL = ("_paged_decode_kernel", "_merge_kernel", "_paged_prefill_kernel")
+RECORD = ROOT / "benchmarks" / "kernel_builds" / "record.json.gz"
+VERIFY = 32  # of 576 variants, all three targets each: ~20 s on 2 cores
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +42,8 @@ def report(tmp_path_factory) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     proc = subprocess.run([sys.executable, "-m", "benchmarks.kernel_builds.compile_check",
-                           "--profile", "full", "--out", str(out)],
+                           "--profile", "full", "--out", str(out),
+                           "--record", str(RECORD), "--verify", str(VERIFY)],
                           # cold: ~10 min on 2 idle cores; a guard against a hang, not a budget
                           # (a shared 2-core dev machine took 18 min wall for the 2.5x smaller "ci")
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=5400)
@@ -47,6 +53,15 @@ def report(tmp_path_factory) -> dict:
         warnings.warn(f"{report['flaky']} kernel builds failed once and compiled on the retry; "
                       f"first: {report['first_flaky_error']}")
     return report
+
+
+def test_the_committed_record_is_current_and_true(report):
+    assert report["record_missing"] == 0, (
+        f"{report['record_missing']} builds are not in {RECORD.name}: a kernel or Triton changed; "
+        "refresh it with `make kernel-record` (a cold build, ~10 min on 2 cores) and commit it")
+    if report["record_hits"]:  # not where .kernel-builds/ answered everything (a dev machine)
+        assert report["record_verified"] >= VERIFY * len(report["targets"])
+    assert report["record_mismatches"] == [], f"seed {report['record_seed']}"
 
 
 def test_every_variant_compiles_exactly_where_the_engine_accepts_it(report):
