@@ -32,7 +32,8 @@ class Dispatcher:
         self.gate = gate or ClientGate(0, False, fleet.snapshot, metrics)
         self.inflight: collections.Counter[str] = collections.Counter()  # ours, per worker
         self.blocks: collections.Counter[str] = collections.Counter()  # theirs at their longest
-        self._suspect_until: dict[str, float] = {}
+        # worker id -> (until when, the incarnation that failed: its new process is not)
+        self._suspect_until: dict[str, tuple[float, str | None]] = {}
         self.suspect_s = suspect_s
         self.poison = PoisonMemory()  # requests refused as suspected poison (generation.py)
         self._snapshot_version = -1
@@ -60,8 +61,9 @@ class Dispatcher:
             self._loads = self._loads_of(snap)
         self._snapshot = snap
         now = time.monotonic()
-        if self._suspect_until:  # drop the ones whose time is up
-            self._suspect_until = {w: t for w, t in self._suspect_until.items() if t >= now}
+        if self._suspect_until:  # drop the ones whose time is up, or back as a new process
+            self._suspect_until = {w: (t, inc) for w, (t, inc) in self._suspect_until.items()
+                                   if t >= now and not snap.renewed(w, inc)}
         skip = list(self._suspect_until)
         if exclude or skip:
             return snap, self._loads.excluding([*exclude, *skip])
@@ -77,9 +79,9 @@ class Dispatcher:
             [w.stats.engine.num_queued_tokens for w in ready],
             [snap.caches.get(w.worker_id) for w in ready])
 
-    def mark_suspect(self, worker_id: str) -> None:
+    def mark_suspect(self, worker_id: str, incarnation: str | None = None) -> None:
         """Skip a worker that just failed until the controller has had time to notice."""
-        self._suspect_until[worker_id] = time.monotonic() + self.suspect_s
+        self._suspect_until[worker_id] = (time.monotonic() + self.suspect_s, incarnation)
 
     def opened(self, worker_id: str) -> None:
         self.inflight[worker_id] += 1
@@ -105,3 +107,4 @@ class Dispatcher:
                     or self.blocks[worker_id] + blocks <= view.stats.budget.num_blocks)
         room = [w for w in order if has_room(w)]
         return room + [w for w in order if w not in room] if len(room) < len(order) else order
+

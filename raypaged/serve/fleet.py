@@ -67,6 +67,12 @@ class FleetSnapshot:
     def worker(self, worker_id: str) -> WorkerView | None:
         return next((w for w in self.workers if w.worker_id == worker_id), None)
 
+    def renewed(self, worker_id: str, incarnation: str | None) -> bool:
+        """Ready again as another process than `incarnation` (one that failed)."""
+        view = self.worker(worker_id)
+        return (incarnation is not None and view is not None and view.ready
+                and view.stats is not None and view.stats.incarnation != incarnation)
+
     def totals(self) -> dict:
         """The fleet's memory budget and cache counters, summed over workers with stats."""
         with_stats = [w.stats for w in self.workers if w.ready and w.stats is not None]

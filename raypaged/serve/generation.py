@@ -17,6 +17,9 @@ as many workers as it takes.
                A worker that dies (or freezes) once the request was sent to it may have been
                killed by it: it is retried once; a second worker lost that way refuses it as a
                suspected poison request (400, remembered: poison.py), never retried again.
+               That retry never goes to the fleet's last ready worker while another is coming
+               back: it waits (up to SPARE_WAIT_S) for a second one, so a poison request takes
+               down one worker at a time, and the fleet keeps serving everyone else.
                A worker that left by draining counts for neither.
     collect(): every output, for non-streaming responses.
 
@@ -39,7 +42,7 @@ from raypaged.outputs import SequenceOutput
 from raypaged.serve.client_gate import CLIENT
 from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.errors import APIError
-from raypaged.serve.fleet import WorkerView
+from raypaged.serve.fleet import RESTARTING, STARTING, FleetSnapshot, WorkerView
 from raypaged.serve.leg import Leg
 from raypaged.serve.messages import Lost, Rejected, WorkerUnavailable
 from raypaged.serve.poison import REMEMBER_S, fingerprint
@@ -49,6 +52,10 @@ from raypaged.serve.responses import WORKER_HEADER
 MAX_FAILOVERS = 2   # workers lost while serving one request before it gives up
 RETRIES_AFTER_DEATH = 1  # retries after a worker died with the request on it (poison.py)
 WATCH_S = 0.25      # how often a waiting generation checks its workers are still in the fleet
+# How long a request whose worker died serving it waits for a second ready worker rather than
+# go to the last one (_wait_for_spare): a model reload, 20-120 s on a loaded 2-core machine.
+SPARE_WAIT_S = 120.0
+NOTICE_S = 2.0  # a worker's death shows in the snapshot within a poll (0.5 s)
 
 
 class Generation:
@@ -62,8 +69,10 @@ class Generation:
         self._legs: list[Leg] = []
         self._opens = 0                 # legs opened (the first and every failover)
         self._failovers = 0             # workers lost while serving this request
-        self._died_serving: list[str] = []  # of those, the ones it had been sent to
+        # of those, the processes it had been sent to: (worker id, incarnation)
+        self._died_serving: list[tuple[str, str | None]] = []
         self._excluded: set[str] = set()
+        self._lost: dict[str, str | None] = {}  # workers lost serving it -> that incarnation
         self._queue: asyncio.Queue = asyncio.Queue()  # (leg, outputs | WorkerUnavailable)
         self._pending: collections.deque = collections.deque()  # first outputs, not yielded
         self._routed = False
@@ -109,6 +118,10 @@ class Generation:
         retry_after = None  # set once a worker said its queue is full
         while True:
             snap, loads = self.d.candidates(self._excluded)
+            renewed = self._excluded & self._renewed(snap)
+            if not loads and renewed:  # only workers it lost are left, back as new processes
+                self._excluded -= renewed
+                continue
             if not loads:
                 break
             # rank() in two halves, to keep the prompt's hashes for the worker
@@ -126,7 +139,10 @@ class Generation:
                 try:
                     rejected = await self._submit(leg, view, params, continuation, keys.hashes)
                 except WorkerUnavailable as lost:  # a worker can die of it before it replies
-                    self._worker_lost(worker_id, lost.reached and self._in_fleet(worker_id))
+                    died_serving = lost.reached and self._in_fleet(worker_id)
+                    self._worker_lost(leg, died_serving)
+                    if died_serving:
+                        await self._wait_for_spare(leg)
                     break  # rank again without it
                 if rejected is None:
                     return
@@ -211,11 +227,13 @@ class Generation:
         """Lost, but not by draining (a drained worker leaves the snapshot)."""
         return self.d.fleet.snapshot().worker(worker_id) is not None
 
-    def _worker_lost(self, worker_id: str, died_serving: bool) -> None:
+    def _worker_lost(self, leg: Leg, died_serving: bool) -> None:
+        worker_id = leg.worker_id
         self._excluded.add(worker_id)
-        self.d.mark_suspect(worker_id)
-        if died_serving and worker_id not in self._died_serving:
-            self._died_serving.append(worker_id)
+        self._lost[worker_id] = leg.incarnation
+        self.d.mark_suspect(worker_id, leg.incarnation)
+        if died_serving and (worker_id, leg.incarnation) not in self._died_serving:
+            self._died_serving.append((worker_id, leg.incarnation))
             if len(self._died_serving) > RETRIES_AFTER_DEATH:
                 self._refuse_as_poison()
         self._failovers += 1
@@ -225,7 +243,7 @@ class Generation:
         self.d.metrics.inc("request_retries")
 
     def _refuse_as_poison(self) -> None:
-        workers = " and ".join(self._died_serving)
+        workers = " and ".join(w for w, _ in self._died_serving)
         reason = (f"workers {workers} each died or stopped answering while serving this "
                   "request: refused as a suspected poison request and not retried again (the "
                   f"same request is refused for {REMEMBER_S:.0f} s)")
@@ -233,10 +251,41 @@ class Generation:
         self.d.metrics.inc("suspected_poison_requests", "refused")
         raise self._error(400, reason, code="suspected_poison_request")
 
+    def _renewed(self, snap: FleetSnapshot) -> set[str]:
+        """Workers lost serving this request that are ready again as new processes."""
+        return {w for w, incarnation in self._lost.items() if snap.renewed(w, incarnation)}
+
+    async def _wait_for_spare(self, lost: Leg) -> None:
+        """After `lost`'s worker died serving this request: while only one other worker is
+        ready and `lost`'s (or another) is restarting or starting, wait until it is ready, up
+        to SPARE_WAIT_S. Sent to the last ready worker at once, a poison request would kill it
+        too and leave nobody serving for a model reload (on 2 workers: every request 503 for
+        that long); this way only the requests that were on the dead worker wait, and then
+        go to the other one, `lost`'s back to serve the rest (a worker lost serving a request
+        takes it again, as a new process, only where no other is left: _open). A frozen
+        worker is not waited for (it is killed and restarted only at
+        --worker-unresponsive-timeout-s)."""
+        deadline = time.monotonic() + SPARE_WAIT_S
+        noticed_by = time.monotonic() + NOTICE_S
+        while True:
+            snap = self.d.fleet.snapshot()
+            others = [w for w in snap.ready() if w.worker_id != lost.worker_id]
+            if snap.renewed(lost.worker_id, lost.incarnation):
+                return
+            # still up in the snapshot: the controller has not seen it die yet (a poll or two)
+            unnoticed = not lost.is_lost(snap) and time.monotonic() < noticed_by
+            coming = unnoticed or any(w.state in (STARTING, RESTARTING) for w in snap.workers)
+            if len(others) != 1 or not coming or time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(WATCH_S)
+
     async def _fail_over(self, leg: Leg) -> None:
         """Carry the leg's unfinished samples on elsewhere from what the client already has."""
         self._close_leg(leg)
-        self._worker_lost(leg.worker_id, self._in_fleet(leg.worker_id))
+        died_serving = self._in_fleet(leg.worker_id)
+        self._worker_lost(leg, died_serving)
+        if died_serving:
+            await self._wait_for_spare(leg)
         samples = self.progress.samples
         if not leg.resumed and not any(samples[i].token_ids for i in leg.indexes):
             await self._open(leg.indexes, None)  # nothing of it seen: the same request again

@@ -10,7 +10,8 @@ import httpx
 from fake_engine import FakeEngine
 from raypaged.core.cache_summary import CacheView
 from raypaged.serve.config import ServeOptions
-from raypaged.serve.fleet import READY, UNRESPONSIVE, FleetSnapshot, WorkerView
+from raypaged.serve.fleet import (DEAD, READY, RESTARTING, UNRESPONSIVE, FleetSnapshot,
+                                  WorkerView)
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
 from local_link import LocalLink, LocalLinks
 from raypaged.serve.dispatch import Dispatcher
@@ -26,14 +27,39 @@ DRAINED_MID_STREAM = "drained_mid_stream"  # leaves the snapshot, as a drained w
 
 
 class LocalFleet:
-    def __init__(self, n: int = 2, max_queued: int = 1024, step_delay_s: float = 0.0):
-        self.workers = {f"worker-{i}": Worker(FakeEngine(step_delay_s=step_delay_s), f"worker-{i}",
-                                              max_queued) for i in range(n)}
+    def __init__(self, n: int = 2, max_queued: int = 1024, step_delay_s: float = 0.0,
+                 restart_on_death: bool = False):
+        self.step_delay_s, self.max_queued = step_delay_s, max_queued
+        self.workers = {f"worker-{i}": self._new_worker(f"worker-{i}") for i in range(n)}
         self.failing: dict[str, str] = {}  # worker id -> one of the modes above
         self.frozen: set[str] = set()  # workers the snapshot reports as unresponsive
         self.drained: set[str] = set()  # workers the snapshot no longer lists
+        # workers that died mid-stream: dead, or restarting until restart() when the fleet
+        # restarts them (as Ray does)
+        self.dead: set[str] = set()
+        self.restarting: set[str] = set()
+        self.restart_on_death = restart_on_death
         self._versions = itertools.count()
         self._links = LocalLinks()
+
+    def _new_worker(self, worker_id: str) -> Worker:
+        return Worker(FakeEngine(step_delay_s=self.step_delay_s), worker_id, self.max_queued)
+
+    def _state(self, worker_id: str) -> str:
+        if worker_id in self.frozen:
+            return UNRESPONSIVE
+        return (RESTARTING if worker_id in self.restarting else
+                DEAD if worker_id in self.dead else READY)
+
+    def died(self, worker_id: str) -> None:
+        (self.restarting if self.restart_on_death else self.dead).add(worker_id)
+
+    def restart(self, worker_id: str) -> None:
+        """A new process (a new incarnation) in place of one that died, healthy."""
+        self.workers[worker_id].shutdown()
+        self.workers[worker_id] = self._new_worker(worker_id)
+        self.failing.pop(worker_id, None)
+        self.restarting.discard(worker_id)
 
     def snapshot(self) -> FleetSnapshot:
         """A fresh view every time (the Ray fleet's is refreshed in the background)."""
@@ -42,7 +68,7 @@ class LocalFleet:
             caches[wid] = CacheView()
             caches[wid].apply(w.engine.cache_summary().delta_since(-1))
         return FleetSnapshot(next(self._versions), tuple(
-            WorkerView(wid, UNRESPONSIVE if wid in self.frozen else READY, w, w.stats())
+            WorkerView(wid, self._state(wid), w, w.stats())
             for wid, w in self.workers.items() if wid not in self.drained), caches=caches)
 
     def link(self, view) -> LocalLink:
@@ -79,6 +105,7 @@ class FaultyLink(LocalLink):
             yield message
             count += 1
             if self.mode == MID_STREAM and count >= 2:
+                self.fleet.died(self.worker_id)
                 raise WorkerUnavailable(f"{self.worker_id} died mid-stream")
             if self.mode == FROZEN_MID_STREAM and count >= 2:
                 await self.fleet._freeze(self.worker_id)

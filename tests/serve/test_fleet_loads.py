@@ -2,6 +2,8 @@
 fleets with workers left out; and the Dispatcher keeps them exact between snapshots (no Ray)."""
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import random
 
@@ -130,6 +132,16 @@ def test_the_dispatcher_counts_its_own_requests_in_the_arrays_between_snapshots(
     assert fresh is not loads and fresh.requests.tolist() == [5, 4]
     d.mark_suspect("w1")
     assert d.candidates(set())[1].ready_ids() == ["w0"]
+
+
+def test_a_suspect_worker_back_as_a_new_process_is_a_candidate_again():
+    fleet = Fleet(FleetSnapshot(1, (view("w0", 0, 0), view("w1", 0, 0))))
+    d = Dispatcher(fleet, None, RequestMetrics())
+    d.mark_suspect("w1", "inc")  # its process "inc" failed
+    assert d.candidates(set())[1].ready_ids() == ["w0"]
+    new = dataclasses.replace(view("w1", 0, 0).stats, incarnation="inc-2")
+    fleet.snap = FleetSnapshot(2, (view("w0", 0, 0), WorkerView("w1", READY, None, new)))
+    assert d.candidates(set())[1].ready_ids() == ["w0", "w1"]
 
 
 def test_a_refresh_of_the_same_poll_keeps_the_arrays_and_what_routing_charged_to_them():

@@ -102,7 +102,13 @@ def test_a_request_that_kills_its_workers_takes_down_two_then_is_refused_and_rem
     assert "worker-0" in error["message"] and "worker-1" in error["message"]
     assert "not retried again" in error["message"]
 
-    back = fleet.wait_ready(2, timeout=120)  # both restarted (first crash: no wait)
+    # both restarted (first crash: no wait), the second just before the refusal: the fleet
+    # sees it die a poll later
+    def restarted():
+        now = fleet.fleet()
+        return now if all(w["state"] == "ready" and w["restarts"] > restarts[w["worker_id"]]
+                          for w in now["workers"]) else None
+    back = wait_until(restarted, 120, "both workers not restarted")
     assert {w["worker_id"]: w["restarts"] for w in back["workers"]} == {
         w: n + 1 for w, n in restarts.items()}
     new_pids = {w["worker_id"]: w["pid"] for w in back["workers"]}
@@ -130,6 +136,9 @@ def test_workers_that_crash_again_soon_wait_before_they_restart(fleet):
     # a different request (not remembered) that crashes both workers once more
     r = httpx.post(f"{fleet.url}/v1/completions", json=poison_body("crash me too"), timeout=60)
     assert r.json()["error"]["code"] == "suspected_poison_request"
+    # the second worker died just before the refusal: its restart is a poll or more away
+    wait_until(lambda: all(crash_ledger(h)["crashes"] > before[w] for w, h in handles.items()),
+               120, "both crashes not recorded")
     fleet.wait_ready(2, timeout=120)
     ledgers = {w: crash_ledger(h) for w, h in handles.items()}
     # the second crash in a row within 5 minutes: each waited 1 s (lifecycle.restart_delay_s)

@@ -186,6 +186,85 @@ def test_a_worker_that_drained_away_does_not_count_as_a_death():
     assert not metrics.counters["suspected_poison_requests"]
 
 
+# -- the last ready worker is spared ----------------------------------------------------------
+def _spared(restart: bool, other_fails: str | None = None):
+    """On 2 workers the request's worker dies mid-stream and restarts (or not): what each
+    worker was sent, in order, and the responses of the request and of another one sent while
+    the first waited."""
+    fleet = LocalFleet(n=2, step_delay_s=0.005, restart_on_death=True)
+    (clean,), _ = run_all(LocalFleet(n=2, step_delay_s=0.005), post(BODY))
+    home = clean.headers["x-raypaged-worker"]
+    other = next(w for w in fleet.workers if w != home)
+    fleet.failing[home] = MID_STREAM
+    if other_fails:
+        fleet.failing[other] = other_fails
+    sent = []  # (worker, request id), across restarts
+    for wid, w in fleet.workers.items():
+        w.submit = (lambda real, wid: lambda *a, **k: sent.append((wid, a[1])) or real(*a, **k))(
+            w.submit, wid)
+    app, metrics = local_app(fleet)
+
+    async def main():
+        async with client_for(app) as client:
+            first = asyncio.create_task(client.post("/v1/completions", json=BODY))
+            while home not in fleet.restarting:
+                await asyncio.sleep(0.01)
+            meanwhile = None if other_fails else await client.post(
+                "/v1/completions", json={**BODY, "prompt": "someone else's prompt"})
+            await asyncio.sleep(0.5)  # two snapshots' watch: still waiting, not on `other`
+            waiting = not first.done()
+            if restart:
+                sent.append(("restarted", home))
+                fleet.restart(home)
+                new = fleet.workers[home]
+                new.submit = (lambda real: lambda *a, **k: sent.append((home, a[1])) or real(
+                    *a, **k))(new.submit)
+            return await first, meanwhile, waiting
+    try:
+        (r, meanwhile, waiting) = asyncio.run(main())
+    finally:
+        fleet.shutdown()
+    return r, meanwhile, waiting, sent, home, other, clean, metrics
+
+
+def test_a_request_whose_worker_died_waits_for_its_restart_not_the_last_ready_worker():
+    r, meanwhile, waiting, sent, home, other, clean, metrics = _spared(restart=True)
+    assert r.status_code == 200 and r.json()["choices"] == clean.json()["choices"]
+    assert waiting  # half a second after the death, with `other` ready, it had not moved there
+    assert meanwhile.status_code == 200 and meanwhile.headers["x-raypaged-worker"] == other
+    first_id = sent[0][1]
+    # sent to home, continued on `other` only once home was back: never while `other` was the
+    # last ready worker
+    mine = [s for s in sent if s[1].startswith(first_id) or s[0] == "restarted"]
+    assert mine == [(home, first_id), ("restarted", home), (other, f"{first_id}-1")]
+    assert metrics.counters["request_retries"] == {"": 1.0}
+
+
+def test_a_worker_that_does_not_come_back_in_time_leaves_the_request_to_the_last_one(
+        monkeypatch):
+    import raypaged.serve.generation as generation
+    monkeypatch.setattr(generation, "SPARE_WAIT_S", 1.0)
+    r, meanwhile, waiting, sent, home, other, clean, _ = _spared(restart=False)
+    assert r.status_code == 200 and r.json()["choices"] == clean.json()["choices"]
+    assert waiting and meanwhile.status_code == 200
+    first_id = sent[0][1]
+    assert [s for s in sent if s[1].startswith(first_id)] == [(home, first_id),
+                                                             (other, f"{first_id}-1")]
+
+
+def test_a_worker_lost_serving_the_request_takes_it_again_as_a_new_process_if_none_is_left():
+    # home dies mid-stream and restarts; then `other` is lost before the request reaches it
+    r, _, waiting, sent, home, other, clean, metrics = _spared(restart=True,
+                                                               other_fails=BEFORE_FIRST)
+    assert r.status_code == 200, (r.text, sent)
+    assert r.status_code == 200 and r.json()["choices"] == clean.json()["choices"]
+    first_id = sent[0][1]
+    mine = [s for s in sent if s[1].startswith(first_id) or s[0] == "restarted"]
+    # `other` never took it (lost at submit); the new process of home did, not a 503
+    assert mine == [(home, first_id), ("restarted", home), (home, f"{first_id}-2")]
+    assert metrics.counters["request_retries"] == {"": 2.0}
+
+
 def test_the_poison_memory_forgets_after_its_time_and_keeps_only_the_newest():
     memory = PoisonMemory(remember_s=10.0, most=2)
     memory.remember(b"a", "A", now=0.0)
