@@ -38,7 +38,8 @@ the load starts (issue 24: within 3x of idle during each attack). The phases the
 benchmarks/chaos_phases.py.
 and prints and writes (benchmarks/results/chaos.json, .png): requests sent, completed, failed by
 status, lost (a 200 with fewer tokens than asked, or a stream without [DONE]), hung (no answer
-in 120 s), per phase the load requests in the air that completed and that failed, collateral
+in 120 s), per phase the load requests in the air that completed and that failed (and the
+slowest that completed), collateral
 failures of the poison phase (load requests failing while only poison was in the air), each
 phase's recovery time (fault -> the fleet noticed it and has all its workers ready again;
 fault -> the first load request started after it completing; for the controller, fault -> a
@@ -292,6 +293,10 @@ def summarize(res: dict, t0: float) -> dict:
         # load requests that were in the air during this phase and failed
         p["failed"] = sum(not o.ok for o in outs if o.ended >= start and o.started < end)
         p["completed"] = sum(o.ok for o in outs if o.ended >= start and o.started < end)
+        # the slowest of them that completed: what a failover's wait cost (a restart, when
+        # the fleet spares its last ready worker)
+        p["load_max_s"] = round(max((o.ended - o.started for o in outs if o.ok
+                                     and o.ended >= start and o.started < end), default=0), 2)
         p.update(ratios(res["probes"], res["probe_idle"], start, end))
     first_at = res["phases"][0]["at"] if res["phases"] else float("inf")
     return {
@@ -376,7 +381,7 @@ def main(argv=None) -> int:
             "collateral_poison_failures", "preemptions"]
     print(table([{**summary, "failed_by_status": json.dumps(summary["failed_by_status"])}], cols))
     print(table(summary["phases"], ["phase", "target", "at_s", "completed", "failed",
-                                    "fleet_ready_s", "first_ok_request_s", "controller_back_s",
+                                    "load_max_s", "fleet_ready_s", "first_ok_request_s", "controller_back_s",
                                     "worker_pids_unchanged"]))
     idle = summary["probe_idle"]
     print(f"small probe request (4 tokens, streamed) idle: TTFT p50 {idle['ttft_p50_s']:.3f} s, "
