@@ -107,4 +107,3 @@ class Dispatcher:
                     or self.blocks[worker_id] + blocks <= view.stats.budget.num_blocks)
         room = [w for w in order if has_room(w)]
         return room + [w for w in order if w not in room] if len(room) < len(order) else order
-

@@ -73,6 +73,7 @@ class Generation:
         self._died_serving: list[tuple[str, str | None]] = []
         self._excluded: set[str] = set()
         self._lost: dict[str, str | None] = {}  # workers lost serving it -> that incarnation
+        self._deadline: float | None = None  # the stream's, on the loop's clock (monotonic)
         self._queue: asyncio.Queue = asyncio.Queue()  # (leg, outputs | WorkerUnavailable)
         self._pending: collections.deque = collections.deque()  # first outputs, not yielded
         self._routed = False
@@ -266,6 +267,8 @@ class Generation:
         worker is not waited for (it is killed and restarted only at
         --worker-unresponsive-timeout-s)."""
         deadline = time.monotonic() + SPARE_WAIT_S
+        if self._deadline is not None:  # a stream's own deadline comes first (a whole
+            deadline = min(deadline, self._deadline)  # request's cancels this wait itself)
         noticed_by = time.monotonic() + NOTICE_S
         while True:
             snap = self.d.fleet.snapshot()
@@ -275,6 +278,8 @@ class Generation:
             # still up in the snapshot: the controller has not seen it die yet (a poll or two)
             unnoticed = not lost.is_lost(snap) and time.monotonic() < noticed_by
             coming = unnoticed or any(w.state in (STARTING, RESTARTING) for w in snap.workers)
+            if self._deadline is not None and time.monotonic() >= self._deadline:
+                raise DeadlinePassed()  # not sent anywhere again
             if len(others) != 1 or not coming or time.monotonic() >= deadline:
                 return
             await asyncio.sleep(WATCH_S)
@@ -338,6 +343,7 @@ class Generation:
           DeadlinePassed), each by putting a marker in the queue."""
         loop = asyncio.get_running_loop()
         queue, ticker, alarm = self._queue, None, None
+        self._deadline = deadline
 
         def tick() -> None:
             nonlocal ticker

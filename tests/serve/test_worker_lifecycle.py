@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 
 import pytest
 
 from local_fleet import (BEFORE_FIRST, DRAINED_MID_STREAM, FROZEN_MID_STREAM, MID_STREAM,
                          LocalFleet, client_for, local_app)
+from raypaged.serve.config import ServeOptions
 from raypaged.serve.fleet import READY, UNRESPONSIVE
 from raypaged.serve.lifecycle import HEALTHY_S, next_start, overdue, restart_delay_s
 from raypaged.serve.poison import PoisonMemory
@@ -263,6 +265,31 @@ def test_a_worker_lost_serving_the_request_takes_it_again_as_a_new_process_if_no
     # `other` never took it (lost at submit); the new process of home did, not a 503
     assert mine == [(home, first_id), ("restarted", home), (home, f"{first_id}-2")]
     assert metrics.counters["request_retries"] == {"": 2.0}
+
+
+def test_a_stream_waiting_for_a_spare_ends_at_its_deadline_and_is_not_sent_again():
+    fleet = LocalFleet(n=2, step_delay_s=0.005, restart_on_death=True)
+    (clean,), _ = run_all(LocalFleet(n=2, step_delay_s=0.005), post(BODY))
+    home = clean.headers["x-raypaged-worker"]
+    fleet.failing[home] = MID_STREAM  # dies, and is never restarted
+    sent = []
+    for w in fleet.workers.values():
+        w.submit = (lambda real: lambda *a, **k: sent.append(a[1]) or real(*a, **k))(w.submit)
+    app, _ = local_app(fleet, options=ServeOptions(request_timeout_s=1.5))
+
+    async def main():
+        async with client_for(app) as client:
+            start = time.monotonic()
+            r = await client.post("/v1/completions", json={**BODY, "stream": True})
+            return r, time.monotonic() - start
+    try:
+        r, took = asyncio.run(main())
+    finally:
+        fleet.shutdown()
+    ev = events(r)
+    assert ev[-1] == "[DONE]" and json.loads(ev[-2])["error"]["code"] == "request_timeout"
+    assert 1.5 <= took < 5  # at its deadline, not SPARE_WAIT_S
+    assert len(sent) == 1  # never sent to the last ready worker
 
 
 def test_the_poison_memory_forgets_after_its_time_and_keeps_only_the_newest():
