@@ -48,13 +48,15 @@ async def one(client: httpx.AsyncClient, url: str, i: int) -> tuple[int, str, st
     return r.status_code, prompt, text, errors
 
 
-async def load_until(url: str, concurrency: int, done) -> list:
-    """Keep `concurrency` streams going until done() says so; every result."""
+async def load_until(url: str, concurrency: int, done, pause_s: float = 0.0) -> list:
+    """Keep `concurrency` streams going, each lane pausing `pause_s` between its requests,
+    until done() says so; every result."""
     results, counter = [], iter(range(1 << 30))
     async with httpx.AsyncClient(timeout=120) as client:
         async def lane():
             while not await asyncio.to_thread(done):
                 results.append(await one(client, url, next(counter)))
+                await asyncio.sleep(pause_s)
         await asyncio.gather(*(lane() for _ in range(concurrency)))
     return results
 
@@ -86,19 +88,21 @@ def test_scales_out_under_load_and_back_in_with_no_failed_request(scaling_fleet)
     assert s["decisions"][0]["reason"] in ("queue_wait", "preemptions")
     assert s["cold_starts"]["count"] == 1
 
-    # light load: 2 streams at a time, until the fleet is back to one worker; the drained
-    # worker's streams still running at the drain deadline continue on the other
+    # light load: one stream every ~2 s, until the fleet is back to one worker; the drained
+    # worker's streams still running at the drain deadline continue on the other. (Two
+    # streams back to back were ~150 tokens/s: on a loaded machine, where the measured capacity
+    # fell to 77-118 tokens/s, more than half of one worker's, so it rightly stayed at two.)
     deadline = time.monotonic() + 120
     low = asyncio.run(load_until(
-        app.url, 2, lambda: time.monotonic() > deadline or (
-            scaling(app)["serving"] == 1 and len(app.fleet()["workers"]) == 1)))
+        app.url, 1, lambda: time.monotonic() > deadline or (
+            scaling(app)["serving"] == 1 and len(app.fleet()["workers"]) == 1), pause_s=1.0))
     s = scaling(app)
     assert s["serving"] == 1 and s["desired"] == 1, json.dumps(s)
     assert s["decisions"][-1]["reason"] == "low_load"
     assert s["drains"]["count"] == 1
 
     results = high + low
-    assert len(high) >= 24 and len(low) >= 2
+    assert len(high) >= 24 and len(low) >= 1
     assert [(st, e) for st, _, _, e in results] == [(200, "")] * len(results)
     assert all(len(text) == MAX_TOKENS for _, _, text, _ in results)
     by_prompt = {}
