@@ -31,7 +31,7 @@ anything else is a file read. Builds run in a process pool, one variant (all its
 task (each one is single-threaded LLVM + ptxas work).
 
 A clean checkout has no cache, and the full profile costs ~10 minutes on 2 cores, a third of CI's
-time. So the results are also committed, as one record (record.json: cache key -> result,
+time. So the results are also committed, as one record (record.json.gz: cache key -> result,
 written by `compile_check --write-record`), read where the cache misses. A record answers only
 for the exact Triton version, kernel source and specialisation it was built from (the same key),
 and it is not trusted: `verify` variants drawn at random from those it answered, all their
@@ -285,8 +285,9 @@ def build_all(variants: list[KernelVariant], capabilities: tuple[int, ...], cach
                       key=lambda kv: repr(kv[0]))
     forced = {v.key() for v in fresh}
     rechecked = [v for k, v in answered if k in forced]
-    rechecked += [v for _, v in random.Random(seed).sample(
-        [kv for kv in answered if kv[0] not in forced], min(verify, len(answered)))]
+    drawn_from = [kv for kv in answered if kv[0] not in forced]
+    rechecked += [v for _, v in random.Random(seed).sample(drawn_from,
+                                                           min(verify, len(drawn_from)))]
     for v in rechecked:
         for cap in capabilities:
             del found[v.key(), cap, "shared"]
