@@ -140,10 +140,7 @@ class Generation:
                 try:
                     rejected = await self._submit(leg, view, params, continuation, keys.hashes)
                 except WorkerUnavailable as lost:  # a worker can die of it before it replies
-                    died_serving = lost.reached and self._in_fleet(worker_id)
-                    self._worker_lost(leg, died_serving)
-                    if died_serving:
-                        await self._wait_for_spare(leg)
+                    await self._worker_lost(leg, lost.reached and self._in_fleet(worker_id))
                     break  # rank again without it
                 if rejected is None:
                     return
@@ -228,7 +225,9 @@ class Generation:
         """Lost, but not by draining (a drained worker leaves the snapshot)."""
         return self.d.fleet.snapshot().worker(worker_id) is not None
 
-    def _worker_lost(self, leg: Leg, died_serving: bool) -> None:
+    async def _worker_lost(self, leg: Leg, died_serving: bool) -> None:
+        """Count the loss (a 400 or 503 when it is one too many); after a death, wait for a
+        spare before the request goes anywhere else."""
         worker_id = leg.worker_id
         self._excluded.add(worker_id)
         self._lost[worker_id] = leg.incarnation
@@ -242,6 +241,8 @@ class Generation:
             raise self._error(503, f"{self._failovers} workers failed while serving this "
                               "request", code="worker_unavailable", retry_after=1)
         self.d.metrics.inc("request_retries")
+        if died_serving:
+            await self._wait_for_spare(leg)
 
     def _refuse_as_poison(self) -> None:
         workers = " and ".join(w for w, _ in self._died_serving)
@@ -267,17 +268,16 @@ class Generation:
         worker is not waited for (it is killed and restarted only at
         --worker-unresponsive-timeout-s)."""
         deadline = time.monotonic() + SPARE_WAIT_S
-        if self._deadline is not None:  # a stream's own deadline comes first (a whole
-            deadline = min(deadline, self._deadline)  # request's cancels this wait itself)
         noticed_by = time.monotonic() + NOTICE_S
         while True:
             snap = self.d.fleet.snapshot()
-            others = [w for w in snap.ready() if w.worker_id != lost.worker_id]
             if snap.renewed(lost.worker_id, lost.incarnation):
                 return
+            others = [w for w in snap.ready() if w.worker_id != lost.worker_id]
             # still up in the snapshot: the controller has not seen it die yet (a poll or two)
             unnoticed = not lost.is_lost(snap) and time.monotonic() < noticed_by
             coming = unnoticed or any(w.state in (STARTING, RESTARTING) for w in snap.workers)
+            # a stream's own deadline comes first (a whole request's cancels this wait itself)
             if self._deadline is not None and time.monotonic() >= self._deadline:
                 raise DeadlinePassed()  # not sent anywhere again
             if len(others) != 1 or not coming or time.monotonic() >= deadline:
@@ -287,10 +287,7 @@ class Generation:
     async def _fail_over(self, leg: Leg) -> None:
         """Carry the leg's unfinished samples on elsewhere from what the client already has."""
         self._close_leg(leg)
-        died_serving = self._in_fleet(leg.worker_id)
-        self._worker_lost(leg, died_serving)
-        if died_serving:
-            await self._wait_for_spare(leg)
+        await self._worker_lost(leg, self._in_fleet(leg.worker_id))
         samples = self.progress.samples
         if not leg.resumed and not any(samples[i].token_ids for i in leg.indexes):
             await self._open(leg.indexes, None)  # nothing of it seen: the same request again
