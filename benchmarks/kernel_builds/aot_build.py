@@ -269,10 +269,12 @@ def build_all(variants: list[KernelVariant], capabilities: tuple[int, ...], cach
     keys += [(v, cap, "direct") for v, cap in direct]
     found: dict[tuple, BuildResult] = {}
     from_record: dict[tuple, BuildResult] = {}
+    cache_hits = 0
     for v, cap, how in keys:
         key = cache_key(v, cap, how)
         path = cache_dir / f"{key}.json"
         if path.is_file():
+            cache_hits += 1
             found[v.key(), cap, how] = BuildResult(**{**json.loads(path.read_text()),
                                                       "label": v.label})
         elif key in record and how == "shared":
@@ -315,10 +317,10 @@ def build_all(variants: list[KernelVariant], capabilities: tuple[int, ...], cach
     mismatches = [f"{v.label} sm_{cap}" for v in rechecked for cap in capabilities
                   if not same_result(found[v.key(), cap, "shared"],
                                      from_record[v.key(), cap, "shared"])]
-    stats = dict(builds=builds, cache_hits=len(keys) - builds - len(from_record)
-                 + len(rechecked) * len(capabilities),
-                 record_hits=len(from_record) - len(rechecked) * len(capabilities),
-                 record_verified=len(rechecked) * len(capabilities), record_seed=seed,
+    verified = len(rechecked) * len(capabilities)
+    stats = dict(builds=builds, cache_hits=cache_hits,
+                 record_hits=len(from_record) - verified,
+                 record_verified=verified, record_seed=seed,
                  record_missing=sum(cache_key(v, cap) not in record
                                     for v, cap, how in keys if how == "shared"),
                  record_mismatches=mismatches,
