@@ -10,7 +10,7 @@ For each ready worker, from the fleet snapshot (each worker's cache summary and 
                                                  snapshot's, plus what this router sent since
 
 Among the workers under the concurrency cap (a worker may hold at most
-ceil(factor x (requests in flight + 1) / workers)), the candidates are those within `slack`
+cap = ceil(factor x (requests in flight + 1) / workers)), the candidates are those within `slack`
 tokens of the cheapest; of them the one holding the longest prefix wins, ties to the cheaper,
 then to fewer requests in flight, then by rendezvous order. The slack is what a hit is worth
 beyond this request: where a prefix lives, its next requests hit too, and a second copy
@@ -20,6 +20,16 @@ block of goes to the first of its rendezvous order under the cap, as `--routing 
 cold prefixes spread over the fleet by their hash, and the next request with the same prefix
 finds it cached there (or in flight there, before the summary shows it: same key, same
 worker). Every replica with the same snapshot and the same requests sent makes the same choice.
+
+The affinity exception: a worker over the cap (but under twice it) stays a candidate for a
+request whose prefix it holds beyond the longest any worker under the cap holds by more than
+`slack` tokens: a hit the slack could not buy elsewhere. The cap counts requests, not their
+sizes, so on long multi-turn chats it binds on ordinary fluctuations and sent a conversation's
+next turn, history and all, to be prefilled again on another worker (3.5 of the 5.5 points of
+hit rate the chosen workers lacked against the fleet's best, Mooncake, 16 workers, load 0.8;
+docs/fleet_sim.md).
+The cost still decides among the candidates, and a surplus within the slack (every worker
+holding the same system prompt) never lifts the cap, so a shared prefix cannot herd.
 
 The chosen worker is charged with the prefill the choice predicts there (prompt tokens - its
 hit) until the next snapshot, so a burst between two snapshots spreads by what it adds: a
@@ -71,13 +81,17 @@ def cheapest(num_tokens: int, keys: Sequence[int], block_size: int, loads: Fleet
     if loads.count == len(requests):  # no worker left out: no masks to apply
         cap = math.ceil(concurrency_factor * (requests.sum() + 1) / len(requests))
         eligible = requests + 1 <= cap
+        held_back = ~eligible & (requests + 1 <= 2 * cap)
     else:
         cap = math.ceil(concurrency_factor * (requests[loads.ready].sum() + 1) / loads.count)
         eligible = loads.ready & (requests + 1 <= cap)
+        held_back = loads.ready & ~eligible & (requests + 1 <= 2 * cap)
     if not eligible.any():
         eligible = loads.ready
     held = held_keys(keys, loads)
     hits = (held if blocks_at is None else np.asarray(blocks_at, np.int64)[held]) * block_size
+    if held_back.any():  # the affinity exception (module docstring)
+        eligible = eligible | (held_back & (hits > hits[eligible].max(initial=0) + slack))
     if not hits[eligible].any():
         candidates = np.flatnonzero(eligible)
         return int(candidates[np.argmax(priority[candidates])]), 0

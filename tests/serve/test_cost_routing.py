@@ -45,11 +45,30 @@ def test_a_long_queue_outweighs_a_cache_hit():
     assert rank(workers) == (["w0", "w2", "w1"], COLD)
 
 
-def test_the_concurrency_cap_passes_over_a_full_worker_whatever_it_caches():
-    # 5 in flight + this one over 3 workers, factor 1.5: at most ceil(1.5 * 6 / 3) = 3 each
+def test_the_concurrency_cap_passes_over_a_full_worker_whose_extra_hit_is_within_the_slack():
+    # 5 in flight + this one over 3 workers, factor 1.5: at most ceil(1.5 * 6 / 3) = 3 each.
+    # w1 is full and holds 64 tokens, 32 more than w0 under the cap: within a slack of 32
     workers = {"w2": WorkerLoad(0), "w0": WorkerLoad(2, cache=view(KEYS[:2])),
                "w1": WorkerLoad(3, cache=view(KEYS))}
-    assert rank(workers) == (["w0", "w2", "w1"], CACHED)
+    assert rank_by_cost(len(PROMPT), KEYS, BS, workers, ORDER, 1.5, slack=32) == \
+        (["w0", "w2", "w1"], CACHED)
+
+
+def test_a_full_worker_takes_a_prefix_it_holds_beyond_the_slack_until_twice_the_cap():
+    # cap 3 as above; w1 holds 32 tokens more than any worker under the cap, slack 31
+    workers = {"w2": WorkerLoad(0), "w0": WorkerLoad(2, cache=view(KEYS[:2])),
+               "w1": WorkerLoad(3, cache=view(KEYS))}
+    assert rank_by_cost(len(PROMPT), KEYS, BS, workers, ORDER, 1.5, slack=31) == \
+        (["w1", "w2", "w0"], CACHED)
+    # its cost still decides: w0 costs 33, so w1 is a candidate while 1 + queued <= 33 + 31
+    for queued, first in ((63, "w1"), (64, "w0")):
+        workers["w1"] = WorkerLoad(3, queued, view(KEYS))
+        assert rank_by_cost(len(PROMPT), KEYS, BS, workers, ORDER, 1.5, slack=31)[0][0] == first
+    # twice the cap is the end: factor 1.0, w1 alone in flight with r: cap ceil((r + 1) / 3)
+    for in_flight, first in ((3, "w1"), (4, "w0")):  # 4 of cap 2: inside 2 x 2; 5: past it
+        workers = {"w2": WorkerLoad(0), "w0": WorkerLoad(0, cache=view(KEYS[:2])),
+                   "w1": WorkerLoad(in_flight, cache=view(KEYS))}
+        assert rank_by_cost(len(PROMPT), KEYS, BS, workers, ORDER, 1.0, slack=31)[0][0] == first
 
 
 def test_equal_costs_fall_back_to_rendezvous_order():

@@ -37,13 +37,17 @@ def spec_cost(prompt, workers: dict[str, WorkerLoad], factor: float, slack: int)
     """The rule as cost_routing.py states it, one view at a time: of the workers under the cap
     within `slack` tokens of the cheapest, the longest hit, then the lowest cost, then the
     fewest requests, then rendezvous order; a prompt no worker under the cap holds: the first
-    of its rendezvous order under the cap."""
+    of its rendezvous order under the cap. A worker over the cap but under twice it is a
+    candidate too when it holds more than `slack` tokens beyond every worker under the cap."""
     order = rendezvous_order(routing_key(prompt, BS, 4), sorted(workers))
     keys = prompt_block_keys(prompt, BS)
     cap = math.ceil(factor * (sum(x.requests for x in workers.values()) + 1) / len(order))
-    eligible = [w for w in order if workers[w].requests + 1 <= cap] or order
+    under = [w for w in order if workers[w].requests + 1 <= cap] or order
     hit = {w: BS * (workers[w].cache.cached_prefix_blocks(keys) if workers[w].cache else 0)
            for w in order}
+    most = max(hit[w] for w in under)
+    eligible = [w for w in order if w in under or (
+        workers[w].requests + 1 <= 2 * cap and hit[w] > most + slack)]
     cost = {w: len(prompt) - hit[w] + workers[w].queued_tokens for w in order}
     if not any(hit[w] for w in eligible):
         best = eligible[0]
