@@ -57,6 +57,7 @@ class FleetSnapshot:
     caches: dict = field(default_factory=dict, compare=False)
     # the autoscaler's state for /fleet and /metrics (serve/autoscaler.py); {} when not scaling
     scaling: dict = field(default_factory=dict, compare=False)
+    epoch: str = ""  # the controller's (Controller.snapshot): versions count within one
 
     def ready(self) -> list[WorkerView]:
         return [w for w in self.workers if w.ready]

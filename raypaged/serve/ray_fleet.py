@@ -69,11 +69,17 @@ class RayFleetClient:
         if self._controller is None:
             self._controller = await self._resolve()
         try:
-            snapshot = await self._controller.snapshot.remote()
-            if snapshot.version == 0 and self._snapshot.workers:
+            ours = self._snapshot
+            snapshot = await self._controller.snapshot.remote(
+                (ours.epoch, ours.version) if ours.epoch else None)
+            if snapshot is None:  # ours is the controller's latest; so are our cache views
+                return
+            if snapshot.version == 0 and ours.workers:
                 # A new controller that has not polled its workers yet knows less than we do
                 # (every worker "starting"): keep ours until it has.
                 return
+            snapshot = (with_handles(snapshot, ours)
+                        or await self._controller.snapshot.remote(None))  # (not expected)
             versions = {wid: view.version for wid, view in self._caches.items()}
             for wid, delta in (await self._controller.cache_deltas.remote(versions)).items():
                 if wid not in self._caches:
@@ -131,3 +137,16 @@ class RayFleetClient:
             link = self._links[view.worker_id] = contextvars.Context().run(
                 RayWorkerLink, view.handle, view.worker_id, incarnation, self.replica_id)
         return link
+
+
+def with_handles(snapshot: FleetSnapshot, ours: FleetSnapshot) -> FleetSnapshot | None:
+    """`snapshot` with the worker handles the controller left out (ours is of the same epoch:
+    we hold them) put back from `ours`; None if one is not there after all."""
+    if all(v.handle is not None for v in snapshot.workers):
+        return snapshot
+    have = {v.worker_id: v.handle for v in ours.workers}
+    if any(v.handle is None and have.get(v.worker_id) is None for v in snapshot.workers):
+        return None
+    return dataclasses.replace(snapshot, workers=tuple(
+        v if v.handle is not None else dataclasses.replace(v, handle=have[v.worker_id])
+        for v in snapshot.workers))

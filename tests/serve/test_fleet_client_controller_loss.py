@@ -41,7 +41,7 @@ class FakeController:
             self.asked_versions.append(dict(versions))
             return {"worker-0": cache.delta_since(versions.get("worker-0", -1))}
 
-        self.snapshot = answer(lambda: self.current)
+        self.snapshot = answer(lambda known=None: self.current)  # always the whole view
         self.cache_deltas = answer(deltas)
         self.report_router_metrics = answer(lambda *a: None)
         self.current = snapshot
