@@ -20,6 +20,10 @@ one router receives. `--sample N=JSON` adds cache_aware rows with route_cache_sa
 views hold only the sampled keys (as the controller mirrors them), the router walks only the
 prompt's sampled keys, and the traffic comes from that JSON (a fleet_sim run with
 --route-cache-sample N).
+Fleet view traffic (`fleet_view_*`): what the serving protocol sends one router for the
+fleet's states and stats (Controller.snapshot, the real class over W workers with busy stats;
+handles stand-ins of a Ray handle's pickled size): `whole` every 0.25 s refresh, as before
+snapshot(known), and `since`, as now (fleet_view_bytes_per_s).
 
     python benchmarks/router_cost.py [--workers 8,64,1000] [--requests 300] [--repeats 5]
                                      [--sim-json benchmarks/results/fleet_sim_16_depth_sample16.json]
@@ -29,8 +33,11 @@ prompt's sampled keys, and the traffic comes from that JSON (a fleet_sim run wit
 from __future__ import annotations
 
 import argparse
+import asyncio
+import dataclasses
 import json
 import os
+import pickle
 import random
 import statistics
 import sys
@@ -41,11 +48,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
+from raypaged.config import KVPlan  # noqa: E402
 from raypaged.core.cache_index import CacheIndex  # noqa: E402
+from raypaged.core.contracts import EngineStats, MemoryStats  # noqa: E402
 from raypaged.core.cache_summary import SummaryDelta, sampled  # noqa: E402
 from raypaged.core.request import Request  # noqa: E402
 from raypaged.core.sampling_params import SamplingParams  # noqa: E402
-from raypaged.serve.config import ServeOptions  # noqa: E402
+from raypaged.serve.config import POLL_INTERVAL_S, ServeOptions  # noqa: E402
+from raypaged.serve.controller import Controller  # noqa: E402
+from raypaged.serve.messages import WorkerStats  # noqa: E402
 from raypaged.serve.cost_routing import prompt_block_keys  # noqa: E402
 from raypaged.serve.fleet_loads import FleetLoads, WorkerLoad  # noqa: E402
 from benchmarks.sim.policies import ROUTER_POLICIES, RouterPolicy  # noqa: E402
@@ -131,6 +142,55 @@ def time_worker_hashing(policy: str, prompts, loads, every: int = 1) -> dict:
             "blocks_from_router_mean": statistics.fmean(given)}
 
 
+# What one Ray actor handle pickles to (measured: a Ray 2.x handle, any number of methods),
+# the size of the stand-in below; a benchmark without Ray cannot make real ones.
+ACTOR_HANDLE_BYTES = 377
+
+
+class HandleStandIn:
+    def __init__(self, worker_id: str) -> None:
+        self.blob = worker_id.encode().ljust(ACTOR_HANDLE_BYTES - 70, b".")
+
+
+def fleet_view_bytes_per_s(workers: int, rng, refresh_s: float = 0.25,
+                           poll_s: float = POLL_INTERVAL_S) -> dict:
+    """Bytes per second one router receives for the fleet view (Controller.snapshot: every
+    worker's state and stats; the cache deltas come apart, see snapshot_bytes_per_s), from the
+    real Controller over W workers answering distinct busy stats: `whole`, the view with
+    every handle at every refresh (the protocol before snapshot(known)); `since`, what
+    snapshot(known) sends: nothing when the router holds the latest version, the views without
+    the handles it holds when a poll made a new one (one per poll)."""
+    plan = KVPlan(53_900_000_000, 131_072, block_size=16, num_blocks=25_720,
+                  max_model_len=131_072)  # the simulator's H100 worker (docs/fleet_sim.md)
+    answers = {}
+    for i in range(workers):
+        r = lambda n: rng.randrange(n)  # noqa: E731 - busy, distinct counters
+        memory = MemoryStats(25_720, 16, r(25_720), r(25_720), r(25_720), r(10**7), r(10**7),
+                             r(10**6), r(10**3))
+        busy = EngineStats(memory, r(256), r(64), r(100), r(10**5), r(10**6),
+                           num_queued_tokens=r(10**5), num_prefill_tokens=r(10**9))
+        answers[f"w{i:04d}"] = WorkerStats(
+            f"w{i:04d}", f"{rng.getrandbits(64):016x}", r(1 << 22), "meta-llama/Llama-3.1-8B",
+            131_072, 16, plan, busy, num_active=r(300), eager_steps=r(10**6))
+
+    async def probe(handle, since):
+        return answers[handle.blob[:5].decode()]
+
+    async def measure():
+        controller = Controller([(w, HandleStandIn(w)) for w in answers], probe)
+        controller._ensure_polling = lambda: None  # polled here, once
+        await controller.poll_once()
+        whole = await controller.snapshot()
+        since = await controller.snapshot((whole.epoch, whole.version - 1))
+        held = await controller.snapshot((whole.epoch, whole.version))
+        return len(pickle.dumps(whole)), len(pickle.dumps(since)), len(pickle.dumps(held))
+
+    whole, since, held = asyncio.run(measure())
+    refreshes, polls = 1 / refresh_s, 1 / poll_s
+    return {"fleet_view_whole_bytes_per_s": whole * refreshes,
+            "fleet_view_since_bytes_per_s": since * polls + held * (refreshes - polls)}
+
+
 def bytes_per_worker_s(path: str) -> float | None:
     """cache_aware at load 0.8 (else the default policy's row) of a fleet_sim JSON, per worker."""
     file = Path(path) if Path(path).is_absolute() else ROOT / path
@@ -169,12 +229,13 @@ def main(argv=None) -> int:
     per_worker = {sim_json: bytes_per_worker_s(sim_json) for _, _, sim_json in variants}
     rows = []
     for w in [int(x) for x in ns.workers.split(",")]:
+        view = fleet_view_bytes_per_s(w, random.Random(w))
         for every in sorted({e for _, e, _ in variants}):
             loads = fleet_views(prompts, w, ns.prompts_per_worker, random.Random(w), every)
             for policy, e, sim_json in variants:
                 if e != every:
                     continue
-                row = {"workers": w, "policy": policy, "cache_sample": every,
+                row = {"workers": w, "policy": policy, "cache_sample": every, **view,
                        **time_decisions(policy, prompts, loads, every, ns.repeats)}
                 if policy != "round_robin":
                     row.update(time_worker_hashing(policy, prompts, loads, every))
@@ -191,6 +252,7 @@ def main(argv=None) -> int:
     cols = ["workers", "policy", "cache_sample", "decision_p50_us", "decision_p99_us",
             "hashing_p99_us", "choice_p50_us", "choice_p99_us", "whole_hashing_p50_us",
             "whole_hashing_p99_us", "decision_whole_p99_us", "snapshot_bytes_per_s",
+            "fleet_view_whole_bytes_per_s", "fleet_view_since_bytes_per_s",
             "decision_target", "choice_target", "snapshot_target", "worker_hash_whole_p50_us",
             "worker_hash_after_router_p50_us", "worker_hash_saved"]
     print(table(rows, cols))
