@@ -27,9 +27,9 @@ request whose prefix it holds beyond the longest any worker under the cap holds 
 sizes, so on long multi-turn chats it binds on ordinary fluctuations and sent a conversation's
 next turn, history and all, to be prefilled again on another worker (3.5 of the 5.5 points of
 hit rate the chosen workers lacked against the fleet's best, Mooncake, 16 workers, load 0.8;
-docs/fleet_sim.md).
-The cost still decides among the candidates, and a surplus within the slack (every worker
-holding the same system prompt) never lifts the cap, so a shared prefix cannot herd.
+docs/fleet_sim.md). The cost still decides among the candidates, and a surplus within the
+slack (every worker holding the same system prompt) never lifts the cap, so a shared prefix
+cannot herd.
 
 The chosen worker is charged with the prefill the choice predicts there (prompt tokens - its
 hit) until the next snapshot, so a burst between two snapshots spreads by what it adds: a
