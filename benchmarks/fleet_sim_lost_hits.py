@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import math
 import sys
 from pathlib import Path
 
@@ -34,20 +33,12 @@ from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
 from benchmarks.sim.experiment import build_fleet  # noqa: E402
 from benchmarks.sim.policies import DEFAULT_POLICY  # noqa: E402
 from benchmarks.sim.trace import time_scaled  # noqa: E402
-from raypaged.core.block_hash import hash_block_tokens  # noqa: E402
+from raypaged.core.request import Request  # noqa: E402
+from raypaged.core.sampling_params import SamplingParams  # noqa: E402
 from raypaged.serve.config import ServeOptions  # noqa: E402
-from raypaged.serve.cost_routing import held_keys  # noqa: E402
+from raypaged.serve.cost_routing import concurrency_cap, held_keys  # noqa: E402
 
 REASONS = ("over the bound", "lagging view", "cost / slack")
-
-
-def true_hit(pool, hashes) -> int:
-    n = 0
-    for h in hashes:
-        if pool.lookup(h) is None:
-            break
-        n += 1
-    return n * BLOCK
 
 
 def main(argv=None) -> int:
@@ -69,18 +60,21 @@ def main(argv=None) -> int:
     def audited(tokens, loads):
         nonlocal kept, best_sum
         requests = loads.requests.copy()          # before the choice counts itself
+        cap = concurrency_cap(loads, factor)
         keys = fleet.policy.router.prompt_keys(tokens, None, loads)  # what the router walks
         held = held_keys(keys.block_keys, loads)
         view = (held if keys.blocks_at is None else np.asarray(keys.blocks_at)[held]) * BLOCK
         chosen = choose(tokens, loads)
-        hashes = hash_block_tokens(tokens, BLOCK, max_blocks=(len(tokens) - 1) // BLOCK)
-        true = {w: true_hit(fleet.workers[w].scheduler.kv.pool, hashes) for w in loads.worker_ids}
+        # each pool's hit as its engine's admission would take it now (one hashing for all)
+        probe = Request("audit", tokens, SamplingParams(max_tokens=1), 1,
+                        block_hashes=keys.hashes)
+        true = {w: BLOCK * len(fleet.workers[w].scheduler.kv.find_cached_prefix(probe))
+                for w in loads.worker_ids}
         best = max(true, key=true.get)
         kept += true[chosen]
         best_sum += true[best]
         if true[best] > true[chosen]:
             i = loads.at[best]
-            cap = math.ceil(factor * (requests.sum() + 1) / len(requests))
             reason = (REASONS[0] if requests[i] + 1 > cap else
                       REASONS[1] if view[i] < true[best] else REASONS[2])
             lost[reason] += true[best] - true[chosen]

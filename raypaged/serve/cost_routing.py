@@ -78,12 +78,11 @@ def cheapest(num_tokens: int, keys: Sequence[int], block_size: int, loads: Fleet
     the positions asked for) is the rendezvous order: ties, and the cold choice, go to the
     highest. A few numpy calls over W: no Python per worker."""
     requests = loads.requests
+    cap = concurrency_cap(loads, concurrency_factor)
     if loads.count == len(requests):  # no worker left out: no masks to apply
-        cap = math.ceil(concurrency_factor * (requests.sum() + 1) / len(requests))
         eligible = requests + 1 <= cap
         held_back = ~eligible & (requests + 1 <= 2 * cap)
     else:
-        cap = math.ceil(concurrency_factor * (requests[loads.ready].sum() + 1) / loads.count)
         eligible = loads.ready & (requests + 1 <= cap)
         held_back = loads.ready & ~eligible & (requests + 1 <= 2 * cap)
     if not eligible.any():
@@ -106,6 +105,14 @@ def cheapest(num_tokens: int, keys: Sequence[int], block_size: int, loads: Fleet
             return int(candidates[0]), int(hits[candidates[0]])
     best = int(candidates[np.argmax(priority[candidates])])
     return best, int(hits[best])
+
+
+def concurrency_cap(loads: FleetLoads, concurrency_factor: float) -> int:
+    """The most requests in flight a ready worker may hold with the next one: ceil(factor x
+    (requests in flight on the ready workers + 1) / ready workers)."""
+    requests = loads.requests
+    total = requests.sum() if loads.count == len(requests) else requests[loads.ready].sum()
+    return math.ceil(concurrency_factor * (total + 1) / loads.count)
 
 
 def held_keys(keys: Sequence[int], loads: FleetLoads) -> np.ndarray:
