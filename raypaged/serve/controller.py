@@ -91,9 +91,10 @@ class Controller:
         self._ensure_polling()
         if known == (self.epoch, self._version):
             return None
-        has = known[1] if known is not None and known[0] == self.epoch else -1
-        views = tuple(v if self._handle_at.get(v.worker_id, 0) > has or has < 0
-                      else dataclasses.replace(v, handle=None) for v in self._views.values())
+        views = tuple(self._views.values())
+        if known is not None and known[0] == self.epoch:  # it holds the handles given by then
+            views = tuple(v if self._handle_at.get(v.worker_id, 0) > known[1]
+                          else dataclasses.replace(v, handle=None) for v in views)
         scaling = self.autoscaler.to_json(views) if self.autoscaler is not None else {}
         return FleetSnapshot(self._version, views, dict(self._router_metrics), scaling=scaling,
                              epoch=self.epoch)
