@@ -173,11 +173,14 @@ def fleet_view_bytes_per_s(workers: int, rng, refresh_s: float = 0.25,
             f"w{i:04d}", f"{rng.getrandbits(64):016x}", r(1 << 22), "meta-llama/Llama-3.1-8B",
             131_072, 16, plan, busy, num_active=r(300), eager_steps=r(10**6))
 
+    handles = {w: HandleStandIn(w) for w in answers}
+    answer_of = {handle: answers[w] for w, handle in handles.items()}
+
     async def probe(handle, since):
-        return answers[handle.blob[:5].decode()]
+        return answer_of[handle]
 
     async def measure():
-        controller = Controller([(w, HandleStandIn(w)) for w in answers], probe)
+        controller = Controller(list(handles.items()), probe)
         controller._ensure_polling = lambda: None  # polled here, once
         await controller.poll_once()
         whole = await controller.snapshot()
