@@ -27,7 +27,7 @@ import numpy as np
 from raypaged.core.block_hash import BlockHash, hash_block, hash_block_tokens, salt_key
 from raypaged.core.cache_summary import block_key, sampled_positions
 from raypaged.serve.config import ServeOptions
-from raypaged.serve.cost_routing import CACHED, COLD, cheapest
+from raypaged.serve.cost_routing import CACHED, COLD, cheapest, concurrency_cap
 from raypaged.serve.fleet_loads import FleetLoads, Ranking, WorkerLoad, fleet_salts
 
 AFFINITY, LOAD_BOUND, ROUND_ROBIN = "affinity", "load_bound", "round_robin"
@@ -207,12 +207,10 @@ def _first_under_bound(loads: FleetLoads, weights: np.ndarray,
     requests = loads.requests
     if loads.count == len(requests):  # nobody left out: skip the masks
         ready, top = None, int(np.argmax(weights))
-        total = requests.sum()
     else:
         ready = np.flatnonzero(loads.ready)
         top = int(ready[np.argmax(weights[ready])])
-        total = requests[ready].sum()
-    capacity = math.ceil(load_factor * (total + 1) / loads.count)
+    capacity = concurrency_cap(loads, load_factor)
     if requests[top] + 1 <= capacity:  # usually: the key's own worker takes it
         return top, top
     under = np.flatnonzero(requests + 1 <= capacity)
