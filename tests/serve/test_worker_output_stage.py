@@ -4,6 +4,7 @@ never reach the stream, and aborts still end every sample."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from fake_engine import EOS, ByteTokenizer, FakeEngine, LetterRunner
 from raypaged.core.engine_core import EngineCore
@@ -65,16 +66,37 @@ def test_streams_through_the_stage_match_the_in_line_engine():
             assert not any(s in text for s in p.stop)
 
 
+class HeldRunner(LetterRunner):
+    """Each step after the first waits for `go`: the test knows the request is mid-stream
+    (however slowly CI runs), and nothing finishes it before the abort is queued."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps = threading.Event()
+        self.go = threading.Event()
+
+    def execute(self, batch):
+        if self.steps.is_set():
+            self.go.wait(timeout=30)
+        self.steps.set()
+        return super().execute(batch)
+
+
 def test_an_engine_with_output_thread_uses_its_stage_in_the_worker():
     async def main():
-        engine = real_engine(True, step_delay_s=0.002)
+        plan = FakeEngine().plan
+        runner = HeldRunner()
+        core = EngineCore(Scheduler(plan.num_blocks, plan.block_size, plan.max_model_len), runner)
+        engine = Engine(core, ByteTokenizer(), plan, "letters", (EOS,), output_thread=True)
         w = Worker(engine, "w")
         task = asyncio.create_task(collect(w, "r", SamplingParams(n=2, max_tokens=150,
                                                                    ignore_eos=True)))
-        while not engine.core.has_unfinished():
+        while not runner.steps.is_set():  # the first step ran; the second waits for `go`
             await asyncio.sleep(0.002)
         assert engine.stage is not None
         w.abort("r")
+        await asyncio.sleep(0)  # the abort's callback runs: it is in the step thread's inbox
+        runner.go.set()
         outs = await task
         assert sorted(o.index for o in outs if o.finish_reason == "abort") == [0, 1]
         w.shutdown()
