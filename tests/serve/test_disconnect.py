@@ -1,10 +1,16 @@
-"""A client that goes away mid-stream frees its KV blocks on the worker within a second."""
+"""A client that goes away mid-stream frees its KV blocks on the worker within seconds, long
+before its 400 tokens would have finished (several seconds on these CPUs).
+
+The bound is 3 s, not 1 s: the abort crosses the proxy, the router and a Ray call, and on CI's
+two loaded cores each hop has taken hundreds of milliseconds (1 s failed there, passing here)."""
 from __future__ import annotations
 
 import time
 
 import httpx
 import ray
+
+FREED_WITHIN_S = 3.0
 
 
 def worker_usage(app, worker_id) -> tuple[int, int]:
@@ -28,11 +34,12 @@ def test_disconnect_mid_stream_returns_kv_usage_to_zero(app, model_name):
                 break
     left = time.monotonic()  # the connection is closed here
 
-    while time.monotonic() - left < 1.0:
+    while time.monotonic() - left < FREED_WITHIN_S:
         if worker_usage(app, worker_id) == (0, 0):
             break
         time.sleep(0.05)
-    assert worker_usage(app, worker_id) == (0, 0), "blocks still held 1 s after the disconnect"
+    assert worker_usage(app, worker_id) == (0, 0), \
+        f"blocks still held {FREED_WITHIN_S} s after the disconnect"
 
 
 def test_disconnect_while_waiting_for_a_non_streaming_answer_frees_it_too(app, model_name):
@@ -43,7 +50,7 @@ def test_disconnect_while_waiting_for_a_non_streaming_answer_frees_it_too(app, m
     except httpx.TimeoutException:
         pass
     left = time.monotonic()
-    while time.monotonic() - left < 1.0:
+    while time.monotonic() - left < FREED_WITHIN_S:
         if all(worker_usage(app, w) == (0, 0) for w in ("worker-0", "worker-1")):
             break
         time.sleep(0.05)
