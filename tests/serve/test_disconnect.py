@@ -1,8 +1,9 @@
 """A client that goes away mid-stream frees its KV blocks on the worker within seconds, long
-before its 400 tokens would have finished (several seconds on these CPUs).
+before its 1,000 tokens would have finished (30 s and more on these CPUs).
 
-The bound is 3 s, not 1 s: the abort crosses the proxy, the router and a Ray call, and on CI's
-two loaded cores each hop has taken hundreds of milliseconds (1 s failed there, passing here)."""
+The bound is 10 s, not 1 s: the abort crosses the proxy, the router and a Ray call, and in
+full CI runs on two loaded cores the blocks were still held 1 s and 3 s after a disconnect
+(never in this module alone). A request the abort never reached still fails it."""
 from __future__ import annotations
 
 import time
@@ -10,7 +11,8 @@ import time
 import httpx
 import ray
 
-FREED_WITHIN_S = 3.0
+FREED_WITHIN_S = 10.0
+MAX_TOKENS = 1000  # within max_model_len 1024 with the prompt; ~30 ms each here
 
 
 def worker_usage(app, worker_id) -> tuple[int, int]:
@@ -20,7 +22,7 @@ def worker_usage(app, worker_id) -> tuple[int, int]:
 
 def test_disconnect_mid_stream_returns_kv_usage_to_zero(app, model_name):
     body = {"model": model_name, "prompt": "Write a very long story about a lighthouse keeper.",
-            "max_tokens": 400, "ignore_eos": True, "stream": True}
+            "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{app.url}/v1/completions", json=body, headers=app.headers,
                       timeout=60) as r:
         assert r.status_code == 200
@@ -38,13 +40,14 @@ def test_disconnect_mid_stream_returns_kv_usage_to_zero(app, model_name):
         if worker_usage(app, worker_id) == (0, 0):
             break
         time.sleep(0.05)
-    assert worker_usage(app, worker_id) == (0, 0), \
-        f"blocks still held {FREED_WITHIN_S} s after the disconnect"
+    usage = worker_usage(app, worker_id)
+    assert usage == (0, 0), (f"(blocks, requests) {usage} still held {FREED_WITHIN_S} s after "
+                             f"the disconnect ({blocks_used} blocks then: growing = never aborted)")
 
 
 def test_disconnect_while_waiting_for_a_non_streaming_answer_frees_it_too(app, model_name):
     body = {"model": model_name, "prompt": "Describe the sea at night in great detail.",
-            "max_tokens": 400, "ignore_eos": True}
+            "max_tokens": MAX_TOKENS, "ignore_eos": True}
     try:
         httpx.post(f"{app.url}/v1/completions", json=body, headers=app.headers, timeout=1.5)
     except httpx.TimeoutException:
