@@ -10,6 +10,7 @@ cache) gives the hit-rate ceiling at each load. Ratios are to round robin in the
     python benchmarks/fleet_sim.py [--workers 16] [--requests 2000] [--loads 0.5,0.8,0.95]
                                    [--policies round_robin,least_loaded,hash,cache_aware]
                                    [--snapshot-interval 0.75] [--route-cache-sample N]
+                                   [--route-cache-slack TOKENS]
                                    [--jobs 2] [--name fleet_sim]
 """
 from __future__ import annotations
@@ -49,6 +50,8 @@ def parse_args(argv=None):
     p.add_argument("--route-cache-sample", type=int, default=None,
                    help="routers see the cache keys of every N-th block of a prompt and of its "
                         "blocks 1, 2, 4, 8, ... (default: serving's, 16)")
+    p.add_argument("--route-cache-slack", type=int, default=None,
+                   help="cache_aware's slack in tokens (default: serving's, 2048)")
     p.add_argument("--jobs", type=int, default=2, help="simulations run at once (processes)")
     p.add_argument("--name", default=None, help="results name (default fleet_sim_<workers>)")
     ns = p.parse_args(argv)
@@ -90,7 +93,8 @@ def main(argv=None) -> int:
     trace_rate = len(window) / span
     with multiprocessing.get_context("spawn").Pool(ns.jobs) as pool:
         options = {k: v for k, v in (("route_load_factor", ns.route_load_factor),
-                                     ("route_cache_sample", ns.route_cache_sample))
+                                     ("route_cache_sample", ns.route_cache_sample),
+                                     ("route_cache_slack", ns.route_cache_slack))
                    if v is not None}
         sat = pool.apply(_run, ((ns.requests, ns.workers, "round_robin", None,
                                  ns.snapshot_interval, options),))
@@ -133,7 +137,8 @@ def main(argv=None) -> int:
                      "workers": ns.workers, "loads": ns.loads,
                      "snapshot_interval_s": ns.snapshot_interval,
                      "route_load_factor": ns.route_load_factor,
-                     "route_cache_sample": ns.route_cache_sample},
+                     "route_cache_sample": ns.route_cache_sample,
+                     "route_cache_slack": ns.route_cache_slack},
         "cost_model": COST.name, "engine": vars(ENGINE) if hasattr(ENGINE, "__dict__") else
         {f: getattr(ENGINE, f) for f in ENGINE.__dataclass_fields__},
         "default_policy": DEFAULT_POLICY, "saturation": sat, "saturation_req_s": saturation,

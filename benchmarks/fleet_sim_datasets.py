@@ -3,8 +3,9 @@ serve_bench's synthetic datasets instead of the Mooncake trace the load factor w
 
 For each dataset (benchmarks/serve_datasets.py, seeded): round robin's saturation (every
 request offered at t = 0: the rate at which the first 90% finish), then Poisson arrivals at
-`--load` of it, and each policy on the same arrivals. A policy is `name` or `name:factor` (the
-serving Router's --route-load-factor; default serving's). GPU profile, 16 workers.
+`--load` of it, and each policy on the same arrivals. A policy is `name`, or
+`name:factor:sample:slack` (the serving Router's --route-load-factor, --route-cache-sample and
+--route-cache-slack; an empty or missing field: serving's default). GPU profile, 16 workers.
 
     python benchmarks/fleet_sim_datasets.py [--datasets zipf,system_prompt,multi_turn,prefix_repetition]
         [--policies round_robin,least_loaded,hash,cache_aware,cache_aware:2] [--load 0.8]
@@ -51,11 +52,13 @@ def _requests(dataset: str, n: int, rate: float | None, seed: int):
 
 def _run(task: tuple) -> dict:
     dataset, n, workers, policy, rate = task
-    # policy[:load factor[:cache sample]], e.g. cache_aware:2 or cache_aware:1.25:16
-    name, factor, sample = (policy.split(":") + ["", ""])[:3]
+    # policy[:load factor[:cache sample[:slack]]], e.g. cache_aware:2 or cache_aware::16:4096
+    name, factor, sample, slack = (policy.split(":") + ["", "", ""])[:4]
     options = {"route_load_factor": float(factor)} if factor else {}
     if sample:
         options["route_cache_sample"] = int(sample)
+    if slack:
+        options["route_cache_slack"] = int(slack)
     t0 = time.perf_counter()
     out = simulate(_requests(dataset, n, rate, 1), workers, ENGINE, COST, name, **options)
     return {"dataset": dataset, "policy": policy, **out, "wall_s": time.perf_counter() - t0}
