@@ -12,6 +12,7 @@ fleet is `serve_bench.py --dataset D --loads 0.5,0.8`.
 
     python benchmarks/fleet_sim_cpu_fleet.py [--datasets prefix_repetition,system_prompt,zipf,multi_turn]
         [--policies round_robin,hash,cache_aware] [--loads 0.5,0.8] [--num-prompts 192]
+        (a policy: name[:load factor[:cache sample[:slack]]], as fleet_sim_datasets.py)
         [--seeds 0,1,2] [--probe benchmarks/results/fleet_sim_probe.json] [--name fleet_sim_cpu_fleet]
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ from benchmarks.serve_bench import parse_args as serve_bench_args  # noqa: E402
 from benchmarks.serve_datasets import make_dataset  # noqa: E402
 from benchmarks.sim.calibration import probe_terms  # noqa: E402
 from benchmarks.sim.experiment import simulate  # noqa: E402
+from benchmarks.sim.policies import policy_spec  # noqa: E402
 from benchmarks.sim.trace import from_prompts  # noqa: E402
 from benchmarks.sim.worker import EngineShape  # noqa: E402
 
@@ -64,9 +66,10 @@ def main(argv=None) -> int:
                            "round_robin", seed=seed)["throughput_first_90pct"]
             for load in [float(x) for x in ns.loads.split(",") if x]:
                 reqs = from_prompts(items, arrivals(len(items), load * sat, seed))
-                runs = {pol: simulate(reqs, 2, engine, cost, pol, seed=seed,
-                                      route_prefix_blocks=bench.route_prefix_blocks,
-                                      route_load_factor=bench.route_load_factor)
+                runs = {pol: simulate(reqs, 2, engine, cost, policy_spec(pol)[0], seed=seed,
+                                      **{"route_prefix_blocks": bench.route_prefix_blocks,
+                                         "route_load_factor": bench.route_load_factor,
+                                         **policy_spec(pol)[1]})
                         for pol in policies}
                 rr = runs["round_robin"]
                 for pol, out in runs.items():

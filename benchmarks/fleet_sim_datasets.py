@@ -27,6 +27,7 @@ from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
 from benchmarks.serve_datasets import make_dataset  # noqa: E402
 from benchmarks.sim.cost_model import H100_LLAMA3_8B  # noqa: E402
 from benchmarks.sim.experiment import simulate  # noqa: E402
+from benchmarks.sim.policies import policy_spec  # noqa: E402
 from benchmarks.sim.trace import from_prompts  # noqa: E402
 from benchmarks.sim.worker import EngineShape  # noqa: E402
 
@@ -52,13 +53,7 @@ def _requests(dataset: str, n: int, rate: float | None, seed: int):
 
 def _run(task: tuple) -> dict:
     dataset, n, workers, policy, rate = task
-    # policy[:load factor[:cache sample[:slack]]], e.g. cache_aware:2 or cache_aware::16:4096
-    name, factor, sample, slack = (policy.split(":") + ["", "", ""])[:4]
-    options = {"route_load_factor": float(factor)} if factor else {}
-    if sample:
-        options["route_cache_sample"] = int(sample)
-    if slack:
-        options["route_cache_slack"] = int(slack)
+    name, options = policy_spec(policy)
     t0 = time.perf_counter()
     out = simulate(_requests(dataset, n, rate, 1), workers, ENGINE, COST, name, **options)
     return {"dataset": dataset, "policy": policy, **out, "wall_s": time.perf_counter() - t0}

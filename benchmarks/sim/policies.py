@@ -62,6 +62,17 @@ class LeastLoaded:
         return best
 
 
+def policy_spec(spec: str) -> tuple[str, dict]:
+    """`name[:load factor[:cache sample[:slack]]]` (e.g. `cache_aware:2` or
+    `cache_aware:::4096`) -> (name, the ServeOptions routing settings given); an empty field
+    keeps serving's default."""
+    name, factor, sample, slack = (spec.split(":") + ["", "", ""])[:4]
+    options = {key: kind(value) for key, kind, value in (
+        ("route_load_factor", float, factor), ("route_cache_sample", int, sample),
+        ("route_cache_slack", int, slack)) if value}
+    return name, options
+
+
 def make_policy(name: str, block_size: int, seed: int = 0, **router_options) -> Policy:
     """router_options: ServeOptions routing settings (route_load_factor, route_prefix_blocks)."""
     if name in ROUTER_POLICIES:

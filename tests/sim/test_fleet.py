@@ -4,6 +4,7 @@ import pytest
 from raypaged.serve.routing import rendezvous_order, routing_key
 from benchmarks.sim.cost_model import LinearCost
 from benchmarks.sim.experiment import ORACLE, build_fleet, simulate
+from benchmarks.sim.policies import policy_spec
 from benchmarks.sim.trace import SimRequest
 from benchmarks.sim.worker import EngineShape
 
@@ -123,3 +124,10 @@ def test_a_simulated_worker_takes_the_routers_hashes_and_hashes_only_the_rest(mo
     # engine the prompt's 2 other full blocks
     assert fleet.policy.last_hashes and len(fleet.policy.last_hashes) == 4
     assert sum(counted) == 6 - 4
+
+
+def test_a_policy_spec_names_serving_settings_and_keeps_the_defaults_it_leaves_empty():
+    assert policy_spec("cache_aware") == ("cache_aware", {})
+    assert policy_spec("cache_aware:::4096") == ("cache_aware", {"route_cache_slack": 4096})
+    assert policy_spec("cache_aware:2:16") == ("cache_aware", {"route_load_factor": 2.0,
+                                                               "route_cache_sample": 16})
