@@ -12,8 +12,9 @@ fleet is `serve_bench.py --dataset D --loads 0.5,0.8`.
 
     python benchmarks/fleet_sim_cpu_fleet.py [--datasets prefix_repetition,system_prompt,zipf,multi_turn]
         [--policies round_robin,hash,cache_aware] [--loads 0.5,0.8] [--num-prompts 192]
-        (a policy: name[:load factor[:cache sample[:slack]]], as fleet_sim_datasets.py)
         [--seeds 0,1,2] [--probe benchmarks/results/fleet_sim_probe.json] [--name fleet_sim_cpu_fleet]
+
+A policy is `name[:load factor[:cache sample[:slack]]]`, as in fleet_sim_datasets.py.
 """
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ def main(argv=None) -> int:
                          max_model_len=bench.max_model_len, max_num_seqs=256,
                          max_num_batched_tokens=2048)
     policies = [x for x in ns.policies.split(",") if x]
+    specs = {pol: policy_spec(pol) for pol in policies}  # name, its routing settings
     rows = []
     for dataset in [d for d in ns.datasets.split(",") if d]:
         for seed in [int(s) for s in ns.seeds.split(",") if s]:
@@ -66,11 +68,11 @@ def main(argv=None) -> int:
                            "round_robin", seed=seed)["throughput_first_90pct"]
             for load in [float(x) for x in ns.loads.split(",") if x]:
                 reqs = from_prompts(items, arrivals(len(items), load * sat, seed))
-                runs = {pol: simulate(reqs, 2, engine, cost, policy_spec(pol)[0], seed=seed,
+                runs = {pol: simulate(reqs, 2, engine, cost, name, seed=seed,
                                       **{"route_prefix_blocks": bench.route_prefix_blocks,
                                          "route_load_factor": bench.route_load_factor,
-                                         **policy_spec(pol)[1]})
-                        for pol in policies}
+                                         **options})
+                        for pol, (name, options) in specs.items()}
                 rr = runs["round_robin"]
                 for pol, out in runs.items():
                     rows.append({"dataset": dataset, "seed": seed, "load": load, "policy": pol,
