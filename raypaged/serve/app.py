@@ -82,7 +82,6 @@ class OpenAIRouter:
         self.frontend = OpenAIFrontend(dispatcher, tokenizer, self.info,
                                        limits=RequestLimits.of(self.config),
                                        request_timeout_s=self.config.request_timeout_s,
-                                       stream_path=self.config.stream_path,
                                        tool_call_parser=self.config.tool_call_parser,
                                        max_tool_calls=self.config.max_tool_calls)
         if self.config.ttft_slo_s is not None:

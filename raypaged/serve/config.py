@@ -128,11 +128,6 @@ class ServeOptions:
         "proxy actor); default: haproxy where it can run, else python. Joining a cluster "
         "(--address), its nodes' environment decides",
         group=SERVER, choices=("haproxy", "python"), serve=False)
-    stream_path: str = setting(
-        "fast", "how the router replica streams tokens: fast (outputs that queued up go out as "
-        "one SSE chunk, a text chunk is spliced into a frame made once per request, no timer or "
-        "task per token; docs/performance.md) or legacy (one chunk per engine step, as before, "
-        "for comparison)", group=SERVER, choices=("fast", "legacy"))
     request_timeout_s: float = setting(
         600.0, "a request still unanswered after this many seconds ends: 504, or an error event "
         "and [DONE] mid-stream, its blocks freed (600: the OpenAI client's own timeout)",

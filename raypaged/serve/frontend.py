@@ -19,19 +19,18 @@ import asyncio
 import functools
 import time
 import uuid
-from dataclasses import dataclass, replace
-from typing import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Callable
 
 from pydantic import ValidationError
 from starlette.responses import JSONResponse, StreamingResponse
 
 from raypaged.chat import encode_chat, render_chat, tool_call_format
 from raypaged.core.sampling_params import SamplingParams
-from raypaged.outputs import SequenceOutput
 from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.errors import (APIError, bad_request, from_validation_error, from_value_error,
                                    too_long)
-from raypaged.serve.generation import DeadlinePassed, Generation
+from raypaged.serve.generation import Generation
 from raypaged.serve.limits import RequestLimits
 from raypaged.serve.prompt_bound import max_token_bytes
 from raypaged.serve.sse_stream import sse_events
@@ -78,10 +77,9 @@ class OpenAIFrontend:
 
     def __init__(self, dispatcher: Dispatcher, tokenizer, info: ModelInfo, *,
                  limits: RequestLimits | None = None, request_timeout_s: float | None = None,
-                 stream_path: str = "fast", tool_call_parser: str | None = None,
+                 tool_call_parser: str | None = None,
                  max_tool_calls: int = MAX_TOOL_CALLS):
         self.dispatcher = dispatcher
-        self.fast = stream_path == "fast"  # the setting: Generation.stream, or step_batches
         self.tokenizer = tokenizer
         self.shapes = Shapes(tokenizer)
         self.info = info
@@ -172,15 +170,13 @@ class OpenAIFrontend:
             opts = req.stream_options
             head = {"id": gens[0].request_id, "object": route.chunk_object,
                     "created": int(time.time()), "model": self.info.name}
-            fast = self.fast and len(gens) == 1
-            # the fast path splices plain text chunks into a frame: Shapes' choices without
-            # logprobs, nor tool-call parsing around them
-            plain = fast and logprobs is None and not isinstance(chunk, ToolCallChoices)
-            batches = None if fast else step_batches(gens, params.n, deadline)
+            # plain text chunks are spliced into a frame: Shapes' choices without logprobs,
+            # nor tool-call parsing around them
+            plain = logprobs is None and not isinstance(chunk, ToolCallChoices)
             events = sse_events(gens, params.n, chunk, head, route.first_delta, plain,
                                 bool(opts and opts.include_usage),
                                 bool(opts and opts.continuous_usage_stats), deadline,
-                                self._timed_out, batches)
+                                self._timed_out)
             return sse_response(events, {WORKER_HEADER: workers_header(gens)})
         choices = await self._collect(gens, params.n)
         header = {WORKER_HEADER: workers_header(gens)}  # after a failover: who finished it
@@ -284,7 +280,7 @@ class OpenAIFrontend:
 
     async def _collect(self, gens: list[Generation], n: int) -> list[Choice]:
         try:  # a lost worker is failed over inside Generation; what comes out is an APIError
-            outputs = await asyncio.gather(*(g.collect(self.fast) for g in gens))
+            outputs = await asyncio.gather(*(g.collect() for g in gens))
         finally:
             await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)
         choices = [Choice() for _ in range(len(gens) * n)]
@@ -293,60 +289,3 @@ class OpenAIFrontend:
                 choices[g * n + out.index].add(out)
         return choices
 
-
-def step_batches(gens: list[Generation], n: int, deadline: float | None
-                 ) -> AsyncIterator[list[SequenceOutput]]:
-    """The stream_path "legacy" (and several prompts): one batch per engine step of each
-    generation (Generation.batches), its samples numbered across the request, until
-    `deadline`."""
-    return _until(gens[0].batches() if len(gens) == 1 else _merge(gens, n), deadline)
-
-
-async def _until(items: AsyncIterator, deadline: float | None) -> AsyncIterator:
-    """`items` until the loop's clock reaches `deadline` (then DeadlinePassed). The timeout
-    wraps only the wait for the next item, never the consumer's work between items, so what
-    it cancels is that wait alone."""
-    try:
-        while True:
-            timeout = asyncio.timeout_at(deadline)
-            try:
-                async with timeout:
-                    item = await anext(items)
-            except StopAsyncIteration:
-                return
-            except TimeoutError:
-                if timeout.expired():
-                    raise DeadlinePassed() from None
-                raise
-            yield item
-    finally:
-        await items.aclose()
-
-
-async def _merge(gens: list[Generation], n: int) -> AsyncIterator[list[SequenceOutput]]:
-    """Batches of several generations as they arrive, generation i's sample j as i * n + j."""
-    queue: asyncio.Queue = asyncio.Queue()
-    done = object()
-
-    async def pump(i: int, g: Generation) -> None:
-        try:
-            async for batch in g.batches():
-                await queue.put((i, batch))
-            await queue.put((i, done))
-        except Exception as exc:  # noqa: BLE001 - re-raised by the reader
-            await queue.put((i, exc))
-
-    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
-    try:
-        remaining = len(gens)
-        while remaining:
-            i, item = await queue.get()
-            if item is done:
-                remaining -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield [replace(out, index=i * n + out.index) for out in item]
-    finally:
-        for t in tasks:
-            t.cancel()

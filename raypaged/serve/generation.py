@@ -7,8 +7,8 @@ as many workers as it takes.
                worker's queue full                   -> next worker; all full -> 503 with the
                                                         soonest Retry-After they gave
                worker refuses the request (invalid)  -> 400
-    stream():  the first outputs, then the rest as they come (batches(): one batch per engine
-               step, the stream_path "legacy"). A leg whose worker dies (its link
+    stream():  the first outputs, then the rest as they come, every output waiting taken as one
+               batch. A leg whose worker dies (its link
                says so), restarts or stops answering (the controller's snapshot says it is no
                longer ready) is failed over: nothing of it seen yet -> the same request again
                elsewhere; else each unfinished sample goes on elsewhere as a Continuation of
@@ -323,16 +323,10 @@ class Generation:
             if all(self.progress.samples[i].finish_reason for i in leg.indexes):
                 self._close_leg(leg)
 
-    def batches(self) -> AsyncIterator[list[SequenceOutput]]:
-        """stream() as it was before the fast path: one batch per engine step, each waited for
-        with `asyncio.wait_for` (the setting stream_path "legacy", and requests of several
-        prompts)."""
-        return self.stream(fast=False)
-
-    async def stream(self, deadline: float | None = None,
-                     fast: bool = True) -> AsyncIterator[list[SequenceOutput]]:
-        """Every step's outputs, failing over lost workers on the way; `fast` (the setting
-        stream_path "fast") with less work per token:
+    async def stream(self, deadline: float | None = None
+                     ) -> AsyncIterator[list[SequenceOutput]]:
+        """Every step's outputs, failing over lost workers on the way, with little work per
+        token:
         - every item waiting is taken at once and yielded as one batch, so a router behind its
           workers sends one SSE chunk for several engine steps instead of one per step;
         - a wait is one `queue.get()`: no task and no timeout per token. Two timers per stream
@@ -346,10 +340,9 @@ class Generation:
             nonlocal ticker
             queue.put_nowait((None, _TICK))
             ticker = loop.call_later(WATCH_S, tick)
-        if fast:
-            ticker = loop.call_later(WATCH_S, tick)
-            if deadline is not None:
-                alarm = loop.call_at(deadline, queue.put_nowait, (None, _DEADLINE))
+        ticker = loop.call_later(WATCH_S, tick)
+        if deadline is not None:
+            alarm = loop.call_at(deadline, queue.put_nowait, (None, _DEADLINE))
         try:
             while True:
                 while self._pending:
@@ -359,13 +352,7 @@ class Generation:
                 if time.monotonic() - self._watched_at >= WATCH_S:
                     await self._watch()
                     continue
-                if fast or not queue.empty():
-                    item = await queue.get()
-                else:  # a task and a timer per wait, for comparison (docs/performance.md)
-                    try:
-                        item = await asyncio.wait_for(queue.get(), WATCH_S)
-                    except asyncio.TimeoutError:
-                        continue
+                item = await queue.get()
                 ready: list[SequenceOutput] = []
                 while True:
                     leg, items = item
@@ -383,7 +370,7 @@ class Generation:
                             break
                         self._take(leg, outs)
                         ready.extend(outs)
-                    if not fast or queue.empty():
+                    if queue.empty():
                         break
                     item = queue.get_nowait()
                 if ready:
@@ -398,8 +385,8 @@ class Generation:
                     timer.cancel()
             await self.close()
 
-    async def collect(self, fast: bool = False) -> list[SequenceOutput]:
-        return [out async for batch in self.stream(fast=fast) for out in batch]
+    async def collect(self) -> list[SequenceOutput]:
+        return [out async for batch in self.stream() for out in batch]
 
 
 class DeadlinePassed(Exception):

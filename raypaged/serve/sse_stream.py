@@ -1,23 +1,22 @@
-"""A request's SSE stream; for one Generation, on the fast path (the setting stream_path "fast",
-the default):
+"""A request's SSE stream:
 
-    Generation.stream(deadline) ─> a batch: every output that arrived since the last one
+    Generation.stream(deadline) (several prompts: merged, samples numbered across the request)
+    ─> a batch: every output that arrived since the last one
         ─> plain chunk (one sample, no logprobs, no tool-call parsing, not finished):
                the request's Frame with the text spliced in (one json.dumps of a string)
         ─> any other chunk: its choices' dicts
     ─> usage (if asked) ─> [DONE]
 
-Against frontend.step_batches (stream_path "legacy", kept for comparison and for requests of
-several prompts) it drops, per token: the _until generator, a timeout object and a task
-(Generation.stream), and the chunk's dicts and their serialisation. What the client reads is
-the same bytes, except that outputs which queued up while the router was busy arrive as one
-chunk instead of one per engine step.
+The frame saves, per token, the chunk's dicts and their serialisation; outputs which queued up
+while the router was busy go out as one chunk instead of one per engine step
+(docs/performance.md).
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import uuid
+from dataclasses import replace
 from typing import AsyncIterator, Callable
 
 from raypaged.outputs import SequenceOutput
@@ -48,14 +47,11 @@ class Frame:
 async def sse_events(gens: list[Generation], n: int, chunk: Callable, head: dict,
                      first_delta: dict | None, plain: bool, include_usage: bool,
                      continuous_usage: bool, deadline: float | None,
-                     timed_out: Callable[[], APIError],
-                     batches: AsyncIterator[list[SequenceOutput]] | None = None
-                     ) -> AsyncIterator[str]:
-    """The request's SSE events: `n` samples of each generation, from `batches` (their outputs,
-    numbered across the request: frontend.step_batches) or, by default, the one generation's
-    Generation.stream. `plain`: `chunk` is Shapes' completion or chat choice without
-    logprobs, so a chunk that is only text is the frame with its text in."""
-    stream = gens[0].stream(deadline) if batches is None else batches
+                     timed_out: Callable[[], APIError]) -> AsyncIterator[str]:
+    """The request's SSE events: `n` samples of each generation, until `deadline`. `plain`:
+    `chunk` is Shapes' completion or chat choice without logprobs, so a chunk that is only text
+    is the frame with its text in."""
+    stream = gens[0].stream(deadline) if len(gens) == 1 else merged(gens, n, deadline)
     try:
         if first_delta is not None:
             for i in range(len(gens) * n):
@@ -84,3 +80,33 @@ async def sse_events(gens: list[Generation], n: int, chunk: Callable, head: dict
         await stream.aclose()  # a client gone: the abort is counted before the close
         await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)
     yield "data: [DONE]\n\n"
+
+
+async def merged(gens: list[Generation], n: int, deadline: float | None
+                 ) -> AsyncIterator[list[SequenceOutput]]:
+    """The batches of several generations as they arrive, generation i's sample j as i * n + j."""
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i: int, g: Generation) -> None:
+        try:
+            async for batch in g.stream(deadline):
+                await queue.put((i, batch))
+            await queue.put((i, done))
+        except Exception as exc:  # noqa: BLE001 - re-raised by the reader
+            await queue.put((i, exc))
+
+    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        remaining = len(gens)
+        while remaining:
+            i, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield [replace(out, index=i * n + out.index) for out in item]
+    finally:
+        for t in tasks:
+            t.cancel()

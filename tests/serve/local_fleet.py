@@ -121,7 +121,6 @@ def local_app(fleet: LocalFleet, api_key: str | None = None, max_request_bytes: 
     info = ModelInfo("fake-model", engine.max_model_len, len(engine.tokenizer), 0)
     dispatcher = Dispatcher(fleet, Router(options, engine.block_size), metrics)
     frontend = OpenAIFrontend(dispatcher, engine.tokenizer, info,
-                              stream_path=options.stream_path,
                               request_timeout_s=options.request_timeout_s)
     app = build_http_app(frontend, fleet.snapshot, metrics,
                          lambda: render(fleet.snapshot(), metrics.snapshot(), info.name),

@@ -225,7 +225,7 @@ def test_a_request_without_max_tokens_counts_at_the_mean_output_seen_not_at_max_
                        SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos), None, 0.0)
         await g.start()
         blocks = g._ticket.blocks
-        async for _ in g.batches():  # to its end: a finished request's length is recorded
+        async for _ in g.stream():  # to its end: a finished request's length is recorded
             pass
         return blocks, g.num_output_tokens
 

@@ -1,7 +1,6 @@
-"""The setting stream_path: "fast" (Generation.stream + sse_stream.py, the default) sends what
-"legacy" (Generation.batches + frontend.step_batches) sends, byte for byte, except that
-outputs that queued up while the router was busy go out as one chunk; failover, deadlines and
-the abort accounting hold on both."""
+"""The SSE stream (Generation.stream + sse_stream.py): the events a client reads, the frame
+that splices text into a chunk made once, outputs that queued up while the router was busy
+going out as one chunk; failover, deadlines and the abort accounting."""
 from __future__ import annotations
 
 import asyncio
@@ -13,7 +12,6 @@ import pytest
 from local_fleet import MID_STREAM, LocalFleet, post_once
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.outputs import SequenceOutput
-from raypaged.serve.config import ServeArgs, ServeOptions
 from raypaged.serve.errors import APIError
 from raypaged.serve.fleet import READY
 from raypaged.serve.frontend import CHAT, COMPLETIONS
@@ -30,19 +28,19 @@ CHAT_BODY = {"model": "fake-model", "messages": [{"role": "user", "content": PRO
              "max_tokens": 8, "ignore_eos": True, "temperature": 0}
 
 
-def served(stream_path: str, path: str, body: dict, failing: dict | None = None):
+def served(path: str, body: dict, failing: dict | None = None):
     """(response, metrics) of one request on a fresh 2-worker in-process fleet; `failing`:
     worker id -> how it fails (local_fleet's modes)."""
     fleet = LocalFleet(step_delay_s=0.02)  # one step at a time reaches the router: no coalescing
     fleet.failing.update(failing or {})
-    return post_once(fleet, body, path, ServeOptions(stream_path=stream_path))
+    return post_once(fleet, body, path)
 
 
 def events(r) -> tuple[dict, list]:
     """(text per choice, the other events with their text taken out, repeats collapsed), the
     per-request id and time dropped. How tokens split into chunks is not compared: the worker
-    sends a router's steps that queued up as one message, and the fast path sends outputs that
-    queued up in the router as one chunk, so on a loaded machine either may join steps.
+    sends a router's steps that queued up as one message, and the router sends outputs that
+    queued up in it as one chunk, so on a loaded machine either may join steps.
     A chunk's bytes: test_a_frame_is_byte_for_byte_the_chunk_sse_data_makes."""
     texts: dict[int, str] = {}
     shapes: list = []
@@ -72,38 +70,33 @@ def events(r) -> tuple[dict, list]:
     ("/v1/completions", COMPLETION),
     ("/v1/chat/completions", CHAT_BODY),
     ("/v1/completions", {**COMPLETION, "n": 2, "logprobs": 1}),  # not plain: the dict path
-], ids=["completions", "chat", "n2_logprobs"])
-def test_fast_and_legacy_stream_the_same_events(path, body):
-    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    fast, _ = served("fast", path, body)
-    legacy, _ = served("legacy", path, body)
-    assert fast.status_code == legacy.status_code == 200
-    assert events(fast) == events(legacy), (fast.text, legacy.text)
-    texts, shapes = events(fast)
-    assert [len(t) for t in texts.values()] == [8] * body.get("n", 1)  # one character a token
+    ("/v1/completions", {**COMPLETION, "prompt": [PROMPT, PROMPT[::-1]]}),  # two generations
+], ids=["completions", "chat", "n2_logprobs", "two_prompts"])
+def test_a_stream_sends_every_token_of_every_choice_then_usage_and_done(path, body):
+    whole, _ = served(path, body)
+    r, _ = served(path, {**body, "stream": True, "stream_options": {"include_usage": True}})
+    assert r.status_code == 200
+    texts, shapes = events(r)
+    choices = body.get("n", 1) * (len(body["prompt"]) if isinstance(body.get("prompt"), list)
+                                  else 1)
+    assert [len(texts[i]) for i in range(choices)] == [8] * choices  # one character a token
+    if "messages" not in body:
+        assert [texts[i] for i in range(choices)] == [c["text"] for c in whole.json()["choices"]]
     assert shapes[-1] == "data: [DONE]"
-    assert shapes[-2]["usage"]["completion_tokens"] == 8 * body.get("n", 1)
+    assert shapes[-2]["usage"]["completion_tokens"] == 8 * choices
 
 
-@pytest.mark.parametrize("stream_path", ["fast", "legacy"])
-def test_a_stream_fails_over_mid_stream_with_the_same_text_on_both_paths(stream_path):
-    whole, _ = served("legacy", "/v1/completions", COMPLETION)
+def test_a_stream_fails_over_mid_stream_with_the_text_of_an_unbroken_answer():
+    whole, _ = served("/v1/completions", COMPLETION)
     home = whole.headers["x-raypaged-worker"]  # routing is deterministic: the same one again
-    r, metrics = served(stream_path, "/v1/completions", {**COMPLETION, "stream": True},
+    r, metrics = served("/v1/completions", {**COMPLETION, "stream": True},
                         failing={home: MID_STREAM})
     chunks = [json.loads(e[len("data: "):]) for e in r.text.split("\n\n")
               if e.startswith("data: {")]
     assert "".join(c["choices"][0]["text"] for c in chunks) == whole.json()["choices"][0]["text"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert metrics.counters["request_retries"] == {"": 1.0}
-
-
-@pytest.mark.parametrize("stream_path", ["fast", "legacy"])
-def test_non_streamed_answers_are_the_same_on_both_paths(stream_path):
-    r, _ = served(stream_path, "/v1/completions", COMPLETION)
-    legacy, _ = served("legacy", "/v1/completions", COMPLETION)
-    assert r.json()["choices"] == legacy.json()["choices"]
-    assert r.json()["usage"]["completion_tokens"] == 8
+    assert whole.json()["usage"]["completion_tokens"] == 8
 
 
 @pytest.mark.parametrize("text", ["", "plain", 'quote " and \\ backslash', "line\nbreak\t",
@@ -161,10 +154,8 @@ async def _read(agen) -> list:
 
 def test_outputs_queued_while_the_router_was_busy_go_out_as_one_chunk():
     steps = [_out("a"), _out("b"), _out("c"), _out("d", "length")]
-    fast = asyncio.run(_read(_generation(steps).stream()))
-    legacy = asyncio.run(_read(_generation(steps).batches()))
-    assert [[o.new_text for o in b] for b in fast] == [["a", "b", "c", "d"]]
-    assert [[o.new_text for o in b] for b in legacy] == [["a"], ["b"], ["c"], ["d"]]
+    batches = asyncio.run(_read(_generation(steps).stream()))
+    assert [[o.new_text for o in b] for b in batches] == [["a", "b", "c", "d"]]
 
     shapes = Shapes(tokenizer=None)
     head = {"id": "cmpl-1", "object": "text_completion", "created": 7, "model": "m"}
@@ -180,7 +171,7 @@ def test_outputs_queued_while_the_router_was_busy_go_out_as_one_chunk():
         "index": 0, "text": "abc", "logprobs": None, "finish_reason": None, "stop_reason": None}]})
 
 
-def test_a_fast_stream_past_its_deadline_ends_with_a_timeout_event_and_counts_an_abort():
+def test_a_stream_past_its_deadline_ends_with_a_timeout_event_and_counts_an_abort():
     g = _generation([_out("a")])  # then nothing more comes
     timed_out = APIError(504, "too slow", code="request_timeout")
     shapes = Shapes(tokenizer=None)
@@ -197,9 +188,3 @@ def test_a_fast_stream_past_its_deadline_ends_with_a_timeout_event_and_counts_an
     assert g.d.metrics.counters["request_success"] == {"abort": 1.0}
     assert g.d.closed_workers == ["worker-0"]
 
-
-def test_stream_path_is_a_setting_with_two_choices():
-    assert ServeOptions().stream_path == "fast"
-    assert ServeArgs(stream_path="legacy").split()[0].stream_path == "legacy"
-    with pytest.raises(ValueError, match="stream_path"):
-        ServeArgs(stream_path="quick")
