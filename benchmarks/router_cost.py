@@ -50,13 +50,13 @@ from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
 from raypaged.config import KVPlan  # noqa: E402
 from raypaged.core.cache_index import CacheIndex  # noqa: E402
 from raypaged.core.contracts import EngineStats, MemoryStats  # noqa: E402
-from raypaged.core.cache_summary import SummaryDelta, sampled  # noqa: E402
+from raypaged.core.block_hash import hash_block_tokens  # noqa: E402
+from raypaged.core.cache_summary import SummaryDelta, block_key, sampled  # noqa: E402
 from raypaged.core.request import Request  # noqa: E402
 from raypaged.core.sampling_params import SamplingParams  # noqa: E402
 from raypaged.serve.config import POLL_INTERVAL_S, ServeOptions  # noqa: E402
 from raypaged.serve.controller import Controller  # noqa: E402
 from raypaged.serve.messages import WorkerStats  # noqa: E402
-from raypaged.serve.cost_routing import prompt_block_keys  # noqa: E402
 from raypaged.serve.fleet_loads import FleetLoads, WorkerLoad  # noqa: E402
 from benchmarks.sim.policies import ROUTER_POLICIES, RouterPolicy  # noqa: E402
 from benchmarks.sim.trace import find_trace, load_mooncake  # noqa: E402
@@ -72,7 +72,9 @@ def pct(xs, q):
 
 def fleet_views(prompts: list[list[int]], workers: int, per_worker: int, rng,
                 every: int = 1) -> FleetLoads:
-    keys = [prompt_block_keys(p, BLOCK) for p in prompts]
+    # each prompt's cacheable blocks' keys: full blocks, never the last token
+    keys = [[block_key(h) for h in hash_block_tokens(p, BLOCK, None, (len(p) - 1) // BLOCK)]
+            for p in prompts]
     loads, index = {}, CacheIndex()  # the views a router's fleet client keeps (ray_fleet.py)
     for i in range(workers):
         held = {}  # key -> depth (its block's index in the prompt)

@@ -54,20 +54,10 @@ from typing import Sequence
 
 import numpy as np
 
-from raypaged.core.block_hash import hash_block_tokens
-from raypaged.core.cache_summary import CacheView, block_key
+from raypaged.core.cache_summary import CacheView
 from raypaged.serve.fleet_loads import FleetLoads
 
 CACHED, COLD = "cache_hit", "cold_prefix"
-
-
-def prompt_block_keys(token_ids: Sequence[int], block_size: int,
-                      cache_salt: str | None = None) -> list[int]:
-    """Keys of the prompt blocks that can be cache hits: full blocks, never the last token
-    (the engine computes at least one token of every prompt)."""
-    n = (len(token_ids) - 1) // block_size
-    return [block_key(h) for h in hash_block_tokens(token_ids, block_size, cache_salt,
-                                                    max_blocks=n)]
 
 
 def cheapest(num_tokens: int, keys: Sequence[int], block_size: int, loads: FleetLoads,

@@ -18,7 +18,6 @@ request goes to the next worker in its own order. Same loads, same choice in eve
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -28,7 +27,7 @@ from raypaged.core.block_hash import BlockHash, hash_block, hash_block_tokens, s
 from raypaged.core.cache_summary import block_key, sampled_positions
 from raypaged.serve.config import ServeOptions
 from raypaged.serve.cost_routing import CACHED, COLD, cheapest, concurrency_cap
-from raypaged.serve.fleet_loads import FleetLoads, Ranking, WorkerLoad, fleet_salts
+from raypaged.serve.fleet_loads import FleetLoads, Ranking, WorkerLoad
 
 AFFINITY, LOAD_BOUND, ROUND_ROBIN = "affinity", "load_bound", "round_robin"
 
@@ -72,23 +71,6 @@ class RendezvousWeights:
 
     def __getitem__(self, idx) -> np.ndarray:
         return _splitmix64(self._salts[idx] ^ self._key)
-
-
-def rendezvous_order(key: BlockHash, worker_ids: Sequence[str]) -> list[str]:
-    salts, names = fleet_salts(tuple(worker_ids))
-    weights = rendezvous_weights(key, salts)
-    # ~weights sorts highest first; a stable sort breaks (2^-64-rare) ties by the given order
-    return names[np.argsort(~weights, kind="stable")].tolist()
-
-
-def bounded_choice(order: Sequence[str], loads: Mapping[str, float], load_factor: float) -> int:
-    """Index in `order` of the first worker under the load bound."""
-    capacity = math.ceil(load_factor * (sum(loads.values()) + 1) / len(order))
-    for i, worker_id in enumerate(order):
-        if loads.get(worker_id, 0) + 1 <= capacity:
-            return i
-    # Unreachable (some worker is at or below the mean), but never route nowhere.
-    return min(range(len(order)), key=lambda i: loads.get(order[i], 0))
 
 
 @dataclass(frozen=True)
@@ -202,7 +184,7 @@ class Router:
 
 def _first_under_bound(loads: FleetLoads, weights: np.ndarray,
                        load_factor: float) -> tuple[int, int]:
-    """bounded_choice over the arrays: (position of the highest-weight ready worker under the
+    """The load bound over the arrays (tests/routing_spec.py has it per request): (position of the highest-weight ready worker under the
     bound, position of the highest-weight ready worker)."""
     requests = loads.requests
     if loads.count == len(requests):  # nobody left out: skip the masks

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from raypaged.core.cache_summary import CacheView, SummaryDelta
 from cost_ranking import rank_by_cost
-from raypaged.serve.cost_routing import COLD, CACHED, prompt_block_keys
+from raypaged.serve.cost_routing import COLD, CACHED
+from routing_spec import prompt_block_keys
 from raypaged.serve.fleet_loads import WorkerLoad
 
 BS = 16
@@ -220,7 +221,8 @@ def test_two_router_replicas_with_the_same_snapshot_choose_alike():
 import random  # noqa: E402
 
 from raypaged.core.cache_index import CacheIndex  # noqa: E402
-from raypaged.serve.routing import rendezvous_order, routing_key  # noqa: E402
+from raypaged.serve.routing import routing_key  # noqa: E402
+from routing_spec import rendezvous_order  # noqa: E402
 
 
 def test_ranking_from_the_inverted_index_equals_walking_each_view_on_random_fleets(monkeypatch):

@@ -14,14 +14,14 @@ from raypaged.core.cache_index import CacheIndex
 from raypaged.core.cache_summary import CacheView, SummaryDelta
 from raypaged.core.contracts import EngineStats, MemoryStats
 from raypaged.serve.config import ServeOptions
-from raypaged.serve.cost_routing import CACHED, COLD, prompt_block_keys
+from raypaged.serve.cost_routing import CACHED, COLD
 from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.fleet import READY, FleetSnapshot, WorkerView
 from raypaged.serve.fleet_loads import FleetLoads, Ranking, WorkerLoad
 from raypaged.serve.messages import WorkerStats
 from raypaged.serve.metrics import RequestMetrics
-from raypaged.serve.routing import (AFFINITY, LOAD_BOUND, Router, bounded_choice,
-                                    rendezvous_order, routing_key)
+from raypaged.serve.routing import AFFINITY, LOAD_BOUND, Router, routing_key
+from routing_spec import bounded_choice, prompt_block_keys, rendezvous_order
 
 BS = 16
 

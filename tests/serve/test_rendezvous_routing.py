@@ -6,8 +6,8 @@ import collections
 from raypaged.core.block_hash import hash_block_tokens
 from raypaged.serve.config import ServeOptions
 from raypaged.serve.fleet_loads import WorkerLoad
-from raypaged.serve.routing import (AFFINITY, LOAD_BOUND, ROUND_ROBIN, Router, bounded_choice,
-                                    rendezvous_order, routing_key)
+from raypaged.serve.routing import AFFINITY, LOAD_BOUND, ROUND_ROBIN, Router, routing_key
+from routing_spec import bounded_choice, rendezvous_order
 
 WORKERS = ["worker-0", "worker-1", "worker-2", "worker-3"]
 

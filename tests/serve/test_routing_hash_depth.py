@@ -8,7 +8,7 @@ from raypaged.core.block_hash import hash_block_tokens
 from raypaged.core.cache_index import CacheIndex
 from raypaged.core.cache_summary import CacheView, SummaryDelta, block_key, published
 from raypaged.serve.config import ServeOptions
-from raypaged.serve.cost_routing import prompt_block_keys
+from routing_spec import prompt_block_keys
 from raypaged.serve.fleet_loads import FleetLoads, WorkerLoad
 from raypaged.serve.routing import Router
 

@@ -1,7 +1,8 @@
 """The fleet loop: the serving Router choosing on lagged snapshots, times from the cost model."""
 import pytest
 
-from raypaged.serve.routing import rendezvous_order, routing_key
+from raypaged.serve.routing import routing_key
+from routing_spec import rendezvous_order
 from benchmarks.sim.cost_model import LinearCost
 from benchmarks.sim.experiment import ORACLE, build_fleet, simulate
 from benchmarks.sim.policies import policy_spec
