@@ -184,8 +184,9 @@ class Router:
 
 def _first_under_bound(loads: FleetLoads, weights: np.ndarray,
                        load_factor: float) -> tuple[int, int]:
-    """The load bound over the arrays (tests/routing_spec.py has it per request): (position of the highest-weight ready worker under the
-    bound, position of the highest-weight ready worker)."""
+    """The load bound over the arrays (tests/routing_spec.py has it per request): (position of
+    the highest-weight ready worker under the bound, position of the highest-weight ready
+    worker)."""
     requests = loads.requests
     if loads.count == len(requests):  # nobody left out: skip the masks
         ready, top = None, int(np.argmax(weights))
