@@ -12,15 +12,12 @@ this prompt's leading blocks do you hold" costs a set lookup per prompt block pe
     dropped   -         0010@1    -         1100@3    0001@4
                         worker 1 holds 1 block; workers 2, 3 hold 3; worker 0 holds all 4
 
-A worker's hit is the first key it lacks (exactly CacheView.cached_prefix_blocks), and an AND of
-two W-bit ints is one C call, so the walk costs O(prompt blocks), plus one group per depth at
-which some worker stops.
-
-That is still ~0.25 us per key: 1.5 ms for a fully cached 100k-token prompt. A prefix cache
-is nested (`nested=True`, what routers use): a worker holding a prompt's block i holds blocks
-0..i-1 too, because every hit on block i touches its ancestors and a freed sequence is evicted
-tail first. Then the holders of key i only shrink as i grows, and bisection finds the depths
-at which they shrink with O(groups x log(prompt blocks)) lookups:
+A worker's hit is the first key it lacks (exactly CacheView.cached_prefix_blocks). A walk of
+every key costs ~0.25 us a key: 1.5 ms for a fully cached 100k-token prompt. But a prefix cache
+is nested: a worker holding a prompt's block i holds blocks 0..i-1 too, because every hit on
+block i touches its ancestors and a freed sequence is evicted tail first. Then the holders of
+key i only shrink as i grows, and bisection finds the depths at which they shrink with
+O(groups x log(prompt blocks)) lookups:
 
     keys     k0    k1    k2    k3    k4    k5    k6    k7
     holders  111   111   111   011   011   011   011   001     probe k0, k7: differ -> split;
@@ -34,13 +31,9 @@ request is routed as if more were cached there (speed only; the engine still hit
 """
 from __future__ import annotations
 
-import itertools
-import operator
 from typing import Sequence
 
 from raypaged.core.cache_summary import CacheView, SummaryDelta
-
-_CHUNK = 64  # keys per step of the walk
 
 
 class CacheIndex:
@@ -58,31 +51,10 @@ class CacheIndex:
             self.worker_ids.append(worker_id)
         return self.views[worker_id]
 
-    def hit_groups(self, keys: Sequence[int], nested: bool = False) -> list[tuple[int, int]]:
+    def hit_groups(self, keys: Sequence[int]) -> list[tuple[int, int]]:
         """[(leading blocks held, bitmask of the views holding exactly that many)], by depth,
         for every view that holds at least the first key; views missing from every group hold
-        none. `nested`: bisect, exact when every view is nested (see the module docstring)."""
-        if nested:
-            return self._bisect(keys)
-        # The running AND over the keys' masks, in C (accumulate/map/compress), a chunk at a
-        # time so that a suffix nobody holds costs one chunk: a Python loop per key costs
-        # ~0.4 us, and a fully cached 100k-token prompt has ~6,000 keys.
-        holders, groups, alive, start = self.holders, [], -1, 0
-        while start < len(keys) and alive:
-            chunk = keys[start:start + _CHUNK]
-            acc = list(itertools.accumulate(map(holders.get, chunk, itertools.repeat(0)),
-                                            operator.and_, initial=alive))
-            # acc[j] = alive after key start + j - 1; a drop between acc[j] and acc[j + 1]
-            # means those workers hold exactly start + j keys
-            for j in itertools.compress(range(len(chunk)), map(operator.ne, acc, acc[1:])):
-                if start + j:  # at depth 0 the "drop" is every worker not holding key 0
-                    groups.append((start + j, acc[j] & ~acc[j + 1]))
-            alive, start = acc[-1], start + len(chunk)
-        if alive and keys:
-            groups.append((len(keys), alive))
-        return groups
-
-    def _bisect(self, keys: Sequence[int]) -> list[tuple[int, int]]:
+        none. Bisection: exact when every view is nested (see the module docstring)."""
         get = self.holders.get
         if not keys or not (first := get(keys[0], 0)):
             return []

@@ -39,9 +39,9 @@ look loaded by tokens it never computes, and pushed the prefix's next requests a
 At 1,000 workers per-worker Python is the cost, so the choice is made in numpy over the
 workers' arrays (fleet_loads.py, kept from one snapshot to the next), and when the views belong
 to one CacheIndex (the router's fleet client and the simulator keep them so) the hits come from
-one walk of the prompt's keys over its inverted index instead of a walk per worker: a bisection of the prompt's keys (CacheIndex.hit_groups,
-nested=True), which gives each view's own walk exactly wherever the views are nested, as
-prefix caches are (cache_index.py says when they are not).
+one bisection of the prompt's keys over its inverted index (CacheIndex.hit_groups) instead of
+a walk per worker: exactly each view's own walk wherever the views are nested, as prefix caches
+are (cache_index.py says when they are not).
 
 The snapshot lags the workers by up to a poll plus a refresh (~0.75 s by default): a prefix
 cached since then is not yet seen (that request is routed as cold, by its hash), and one evicted
@@ -115,7 +115,7 @@ def held_keys(keys: Sequence[int], loads: FleetLoads) -> np.ndarray:
         index = loads.index
         by_bit = np.zeros(len(index.worker_ids) + 1, np.int64)  # [-1]: views not indexed: 0
         nbytes = (len(index.worker_ids) + 7) // 8
-        for depth, mask in index.hit_groups(keys, nested=True):
+        for depth, mask in index.hit_groups(keys):
             bits = np.unpackbits(np.frombuffer(mask.to_bytes(nbytes, "little"), np.uint8),
                                  bitorder="little")
             by_bit[np.flatnonzero(bits)] = depth
