@@ -87,7 +87,7 @@ class Shed:
     worker: int  # index of the best worker in the list given
 
 
-def _best(prompt_tokens: int, workers: Sequence[WorkerQueue]) -> tuple[int, float, float] | None:
+def best_worker(prompt_tokens: int, workers: Sequence[WorkerQueue]) -> tuple[int, float, float] | None:
     """(index, predicted TTFT, drain rate) of the worker that would start this prompt soonest;
     None when no worker's rate is measured. Workers not measured take the mean measured rate."""
     measured = [w.tokens_per_s for w in workers if w.tokens_per_s is not None]
@@ -102,20 +102,12 @@ def _best(prompt_tokens: int, workers: Sequence[WorkerQueue]) -> tuple[int, floa
     return i, predicted[i], rates[i]
 
 
-def best_worker(prompt_tokens: int, workers: Sequence[WorkerQueue]
-                ) -> tuple[int, float] | None:
-    """(index, predicted TTFT in seconds) of the worker that would start this prompt soonest;
-    None when no worker's rate is measured (nothing to predict with)."""
-    best = _best(prompt_tokens, workers)
-    return None if best is None else best[:2]
-
-
 def decide(slo_s: float, prompt_tokens: int, workers: Sequence[WorkerQueue]
            ) -> tuple[int, Shed | None] | None:
     """(the worker that would start this prompt soonest, a Shed if even it is predicted to start
     later than `slo_s` because of the work queued there, else None to admit); None when no
     worker's rate is measured."""
-    best = _best(prompt_tokens, workers)
+    best = best_worker(prompt_tokens, workers)
     if best is None:
         return None
     i, predicted, rate = best

@@ -58,7 +58,7 @@ def test_no_measured_rate_sheds_nothing():
 def test_the_best_worker_decides_and_retry_after_is_when_its_queue_has_room():
     workers = [WorkerQueue(1000, 500.0),  # (1000 + 50) / 500 = 2.1 s
                WorkerQueue(400, 100.0)]   # (400 + 50) / 100 = 4.5 s
-    assert best_worker(50, workers) == (0, 2.1)
+    assert best_worker(50, workers)[:2] == (0, 2.1)
     assert shed(2.5, 50, workers) is None
     # over a 1 s SLO: the queue may hold 1 x 500 - 50 = 450 tokens; 550 more drain in 1.1 s
     assert shed(1.0, 50, workers) == Shed(2.1, 2, 0)
@@ -67,7 +67,7 @@ def test_the_best_worker_decides_and_retry_after_is_when_its_queue_has_room():
 def test_an_unmeasured_worker_is_predicted_at_the_mean_measured_rate():
     workers = [WorkerQueue(900, 100.0), WorkerQueue(900, 300.0), WorkerQueue(100, None)]
     # mean 200 tok/s: the idle-ish third worker starts 100 tokens in (100 + 100) / 200 = 1 s
-    assert best_worker(100, workers) == (2, 1.0)
+    assert best_worker(100, workers)[:2] == (2, 1.0)
     assert shed(1.0, 100, workers) is None
     assert shed(0.5, 100, workers) == Shed(1.0, 1, 2)
 
