@@ -5,6 +5,8 @@ import dataclasses
 import itertools
 from typing import Sequence, Union
 
+from tqdm import tqdm
+
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.chat import encode_chat, render_chat
 from raypaged.config import EngineArgs
@@ -75,26 +77,21 @@ class LLM:
                 except ValueError as e:
                     raise ValueError(f"prompt {i}: {e}") from None
                 results[rid] = RequestOutput(rid, text, ids, [CompletionOutput(k) for k in range(sp.n)])
-            bar = _progress(len(results), use_tqdm)
+            bar = tqdm(total=len(results), desc="generate", unit="req",
+                       disable=not use_tqdm or len(results) < 2)
             while engine.has_unfinished():
                 for out in engine.step():
                     res = results[out.request_id]
                     res.num_cached_tokens = max(res.num_cached_tokens, out.num_cached_tokens)
                     res.outputs[out.index].add(out)
-                    if out.finished and res.finished and bar is not None:
+                    if out.finished and res.finished:
                         bar.update(1)
         except BaseException:
             for rid in results:  # leave the engine clean for the next call
                 engine.abort(rid)
             raise
         finally:
-            if bar is not None:
+            if bar is not None:  # None: a request was refused before any ran
                 bar.close()
         return list(results.values())
 
-
-def _progress(total: int, use_tqdm: bool):
-    if not use_tqdm or total < 2:
-        return None
-    from tqdm import tqdm
-    return tqdm(total=total, desc="generate", unit="req")

@@ -19,7 +19,7 @@ import dataclasses
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Mapping
 
-from raypaged.core.contracts import ModelRunner, ScheduledBatch, StepResult, TokensView
+from raypaged.core.contracts import ModelRunner, ScheduledBatch, StepResult
 
 
 class StepRefused(Exception):
@@ -73,12 +73,7 @@ def fill_placeholders(batch: ScheduledBatch, sampled: Mapping[str, tuple[int, ..
             known = len(r.token_ids) - r.num_placeholders
             r = dataclasses.replace(
                 r, token_ids=[*r.token_ids[:known], *tokens], num_placeholders=0,
-                output_token_ids=_extended(r.output_token_ids, tuple(tokens)))
+                output_token_ids=r.output_token_ids.extended(tuple(tokens)))
         requests.append(r)
     return dataclasses.replace(batch, requests=tuple(requests))
 
-
-def _extended(outputs, tail: tuple[int, ...]) -> TokensView:
-    if isinstance(outputs, TokensView):
-        return outputs.extended(tail)
-    return TokensView(outputs, len(outputs), tail)
