@@ -37,33 +37,28 @@ class OutputStage:
         # (sequence id, reason) pairs for core, appended here and taken by the step thread
         # (deque append/popleft are atomic: no lock)
         self.aborts: collections.deque[tuple[str, str]] = collections.deque()
-        self._idle = threading.Condition()
-        self._pending = 0  # items submitted and not processed yet (for drain)
         self._thread = threading.Thread(target=self._run, name="raypaged-output-stage",
                                         daemon=True)
         self._thread.start()
 
     def add(self, *args) -> None:
         """OutputProcessor.add's arguments, applied in order with the deltas."""
-        self._put(("add", args))
+        self._queue.put(("add", args))
 
     def submit(self, deltas) -> None:
         if deltas:
-            self._put(("deltas", deltas))
+            self._queue.put(("deltas", deltas))
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Wait until every item submitted so far is processed and its outputs sunk."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+        """Wait until every item submitted so far is processed and its outputs sunk (a marker
+        through the same FIFO queue: nothing is counted per item)."""
+        done = threading.Event()
+        self._queue.put(done)
+        return done.wait(timeout)
 
     def stop(self) -> None:
         self._queue.put(_STOP)
         self._thread.join(timeout=10)
-
-    def _put(self, item) -> None:
-        with self._idle:
-            self._pending += 1
-        self._queue.put(item)
 
     def _run(self) -> None:
         while True:
@@ -71,9 +66,13 @@ class OutputStage:
             while not self._queue.empty():  # one sink call for everything ready: fewer wakeups
                 items.append(self._queue.get_nowait())
             outputs: list[SequenceOutput] = []
+            drained = []
             for item in items:
                 if item is _STOP:
                     return
+                if isinstance(item, threading.Event):
+                    drained.append(item)
+                    continue
                 kind, payload = item
                 try:
                     if kind == "add":
@@ -86,6 +85,5 @@ class OutputStage:
                     log.exception("the output stage failed on %s", kind)
             if outputs:
                 self._sink(outputs)
-            with self._idle:
-                self._pending -= len(items)
-                self._idle.notify_all()
+            for done in drained:
+                done.set()
