@@ -36,9 +36,8 @@ class Dispatcher:
         self._suspect_until: dict[str, tuple[float, str | None]] = {}
         self.suspect_s = suspect_s
         self.poison = PoisonMemory()  # requests refused as suspected poison (generation.py)
-        self._snapshot_version = -1
+        self._snapshot_version = -1  # none yet (versions count from 0)
         self._ours_at_snapshot: dict[str, int] = {}
-        self._snapshot: FleetSnapshot | None = None
         self._loads = FleetLoads((), ())
 
     def candidates(self, exclude: set[str]) -> tuple[FleetSnapshot, FleetLoads]:
@@ -55,11 +54,10 @@ class Dispatcher:
         would drop the prefill charged since it (cost_routing.py) while the workers' queues
         still show none of it, and a burst would herd onto the worker that looked idle."""
         snap = self.fleet.snapshot()
-        if self._snapshot is None or snap.version != self._snapshot_version:
+        if snap.version != self._snapshot_version:
             self._snapshot_version = snap.version
             self._ours_at_snapshot = dict(self.inflight)
             self._loads = self._loads_of(snap)
-        self._snapshot = snap
         now = time.monotonic()
         if self._suspect_until:  # drop the ones whose time is up, or back as a new process
             self._suspect_until = {w: (t, inc) for w, (t, inc) in self._suspect_until.items()
