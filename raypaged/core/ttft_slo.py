@@ -87,7 +87,8 @@ class Shed:
     worker: int  # index of the best worker in the list given
 
 
-def best_worker(prompt_tokens: int, workers: Sequence[WorkerQueue]) -> tuple[int, float, float] | None:
+def best_worker(prompt_tokens: int, workers: Sequence[WorkerQueue]
+                ) -> tuple[int, float, float] | None:
     """(index, predicted TTFT, drain rate) of the worker that would start this prompt soonest;
     None when no worker's rate is measured. Workers not measured take the mean measured rate."""
     measured = [w.tokens_per_s for w in workers if w.tokens_per_s is not None]
