@@ -10,6 +10,7 @@ Workers through the same four calls.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import uuid
 from typing import AsyncIterator, Callable
 
@@ -27,7 +28,9 @@ class WorkerLink:
         self.router_id = f"{owner}-{uuid.uuid4().hex[:12]}"
         self.dead: WorkerUnavailable | None = None
         self._sinks: dict[str, Sink] = {}
-        self._pump = asyncio.get_running_loop().create_task(self._run())
+        # the stream outlives the request that happens to open it (outside_requests)
+        self._pump = asyncio.get_running_loop().create_task(self._run(),
+                                                            context=contextvars.Context())
 
     # -- the calls to the worker (RayWorkerLink; tests link in-process Workers) -------------
     def _messages(self) -> AsyncIterator[dict[str, list]]:
@@ -93,6 +96,15 @@ class WorkerLink:
             sink(lost)
 
 
+def outside_requests(call, *args):
+    """`call(*args)` as no request's child. Ray cancels a task together with every call it
+    submitted that is still pending, and Serve's Python proxy cancels a request so when its
+    client leaves: the worker's cancel, sent by the request on its way out, was lost with it
+    (the request ran on to max_tokens). Ray finds a call's parent in the context variables of
+    the asyncio task that submits it; an empty context has none."""
+    return contextvars.Context().run(call, *args)
+
+
 class RayWorkerLink(WorkerLink):
     def __init__(self, handle, worker_id: str, incarnation: str | None, owner: str):
         self.handle = handle
@@ -113,7 +125,7 @@ class RayWorkerLink(WorkerLink):
             raise WorkerUnavailable(f"{self.worker_id}: {type(exc).__name__}") from exc
 
     def _cancel(self, request_id: str) -> None:
-        self.handle.cancel.remote(request_id)
+        outside_requests(self.handle.cancel.remote, request_id)
 
     def _close_stream(self) -> None:
         if self._gen is not None:
