@@ -11,7 +11,6 @@ import logging
 from typing import Callable
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST
 from ray.exceptions import TaskCancelledError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -135,10 +134,6 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
         message = {404: f"no route {request.url.path}",
                    405: f"method {request.method} is not allowed on {request.url.path}"}
         return APIError(exc.status_code, message.get(exc.status_code, str(exc.detail))).response()
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError):
-        return bad_request(str(exc)).response()
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):
