@@ -6,7 +6,6 @@ cannot be encoded, and a 100,000-deep array overflows the recursion of whoever w
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 
@@ -30,27 +29,6 @@ def check_content_type(content_type: str | None) -> None:
 
 def _refuse_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
-
-
-class LargeBodies:
-    """Parses bodies over `threshold` bytes in a thread, one at a time.
-
-    json.loads holds the GIL for its whole run (~0.4 s for 8 MiB of `[1,1,...]`): with eight
-    such bodies parsing in eight threads, the event loop waited behind several of them in turn
-    for each piece of work, and /health took seconds. One at a time, it waits behind one at
-    most; the others queue here, costing nothing. Smaller bodies are parsed on the loop.
-    The router parses large bodies in child processes (body_parser.py); this is what it falls
-    back to when a child cannot be had."""
-
-    def __init__(self, threshold: int) -> None:
-        self.threshold = threshold
-        self._one = asyncio.Semaphore(1)  # binds to the loop of its first use (the app's)
-
-    async def parse(self, body: bytes) -> object:
-        if len(body) <= self.threshold:
-            return parse_json_body(body)
-        async with self._one:
-            return await asyncio.to_thread(parse_json_body, body)
 
 
 def parse_json_body(body: bytes) -> object:
