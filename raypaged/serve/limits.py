@@ -8,32 +8,18 @@ type are left to pydantic, which names them just as clearly.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from raypaged.serve.config import ServeOptions
 from raypaged.serve.errors import bad_request, too_long
 from raypaged.settings import flag
 
-_DEFAULTS = ServeOptions()
 
-
-@dataclass(frozen=True)
-class RequestLimits:
-    max_prompts_per_request: int = _DEFAULTS.max_prompts_per_request
-    max_n: int = _DEFAULTS.max_n
-    max_request_output_tokens: int = _DEFAULTS.max_request_output_tokens
-    max_stop_strings: int = _DEFAULTS.max_stop_strings
-    max_stop_string_chars: int = _DEFAULTS.max_stop_string_chars
-    max_stop_token_ids: int = _DEFAULTS.max_stop_token_ids
-    max_logprobs: int = _DEFAULTS.max_logprobs
-    max_messages: int = _DEFAULTS.max_messages
-    max_content_parts: int = _DEFAULTS.max_content_parts
-    max_structured_output_chars: int = _DEFAULTS.max_structured_output_chars
-    max_logit_bias: int = _DEFAULTS.max_logit_bias
+class RequestLimits(ServeOptions):
+    """The checks, bounded by the settings of the same names (max_n, max_stop_strings, ...);
+    frozen and picklable, as ServeOptions is: body_parser runs a check in a child process."""
 
     @classmethod
-    def of(cls, options: ServeOptions) -> "RequestLimits":
-        return cls(**{name: getattr(options, name) for name in cls.__dataclass_fields__})
+    def of(cls, options: ServeOptions) -> RequestLimits:
+        return cls(**{**vars(options), "api_key": None})  # not to travel with each body
 
     # -- the checks ---------------------------------------------------------------------------
     def check_completion(self, body: dict, max_model_len: int) -> None:
