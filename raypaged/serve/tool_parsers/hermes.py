@@ -13,12 +13,7 @@ once the object is closed (a "</tool_call>" inside a string is text). Text outsi
 after the first call is dropped, as vLLM's Hermes parser does. A tag's object is a call when
 its "name" is one of the request's tools (no arguments: {}); a tag that holds none is dropped.
 If no tag yields a call, everything from the first tag on is content after all, sent when the
-sample ends. Once a call's header went out, the message is the calls whose headers went out, each
-with the arguments sent (a call cut by max_tokens keeps its partial arguments).
-
-The whole message runs the same machine over the whole text (`parse_whole`), so a client that
-accumulates the stream's deltas (the OpenAI SDK) ends with the whole message's content and
-calls, whatever pieces the text came in.
+sample ends (the rule every parser follows: tool_parsers/__init__.py).
 """
 from __future__ import annotations
 
