@@ -138,7 +138,8 @@ def _serve(ns: argparse.Namespace) -> int:
                  namespace="raypaged")
     else:
         ray.init(address=ns.address, namespace="raypaged")
-    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM takes the same way out as Ctrl-C
+    # SIGTERM takes the same way out as Ctrl-C (the handler raises KeyboardInterrupt)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         serve.start(http_options={"host": ns.host, "port": ns.port})
         print(f"raypaged: starting {args.workers} worker(s); the first model load can take a "
@@ -167,7 +168,3 @@ def _serve(ns: argparse.Namespace) -> int:
             if started_ray:
                 ray.shutdown()
     return 0
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt

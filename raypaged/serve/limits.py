@@ -8,6 +8,7 @@ type are left to pydantic, which names them just as clearly.
 """
 from __future__ import annotations
 
+from raypaged.core.sampling_params import _is_int
 from raypaged.serve.config import ServeOptions
 from raypaged.serve.errors import bad_request, too_long
 from raypaged.settings import flag
@@ -106,7 +107,3 @@ def _at_most(count: int, limit: int, param: str, what: str, setting: str) -> Non
     if count > limit:
         raise bad_request(f"{param} has {count} entries: at most {limit} {what} are accepted "
                           f"(the limit is the setting {setting}, {flag(setting)})", param)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
