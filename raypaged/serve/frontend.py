@@ -72,7 +72,7 @@ class ModelInfo:
 
 
 class OpenAIFrontend:
-    # TTFT-SLO load shedding (ttft_shed.py), set by the application when --ttft-slo-s is
+    # TTFT-SLO load shedding (ttft_shed.py), set by the application when --ttft-slo-s is given
     shedder: TTFTShedder | None = None
 
     def __init__(self, dispatcher: Dispatcher, tokenizer, info: ModelInfo, *,
@@ -232,8 +232,7 @@ class OpenAIFrontend:
 
     def _refuse_unfittable(self, text: str, param: str) -> None:
         """A text of more bytes than max_model_len tokens can cover is refused before it is
-        tokenized (see prompt_bound): tokenizing megabytes costs seconds of CPU and stalls the
-        event loop, only to be refused by _check_length after."""
+        tokenized (why: prompt_bound)."""
         if self.max_token_bytes is None:
             return
         size = len(text) if text.isascii() else len(text.encode(errors="surrogatepass"))

@@ -41,7 +41,10 @@ class HermesStream(CallsStream):
             if at < 0:
                 out = self._buf[:len(self._buf) - marker_tail(self._buf, OPEN,
                                                               not self._calling)]
-                self._pass(out, content)
+                if self._calling:  # between or after calls: dropped unless no call is named
+                    self._after += out
+                else:
+                    content.append(out)
                 self._buf = self._buf[len(out):]
                 break
             before = self._buf[:at]
@@ -57,12 +60,6 @@ class HermesStream(CallsStream):
     def _ended(self, deltas: list[dict]) -> None:
         if self._in_tag:  # the sample ended inside a tag (no </tool_call>)
             self._close_tag(deltas)
-
-    def _pass(self, text: str, content: list[str]) -> None:
-        if self._calling:
-            self._after += text   # between or after calls: dropped unless no call is named
-        else:
-            content.append(text)
 
     def _tag_body(self, deltas: list[dict]) -> bool:
         """Feed the tag's text to the scanner up to </tool_call>; False when the buffer ends
