@@ -35,7 +35,6 @@ from raypaged.serve.limits import RequestLimits
 from raypaged.serve.prompt_bound import max_token_bytes
 from raypaged.serve.sse_stream import sse_events
 from raypaged.serve.protocol import ChatCompletionRequest, CompletionRequest
-from raypaged.serve.structured import check_constraint
 from raypaged.serve.tool_calls import MAX_TOOL_CALLS, ToolCallChoices, with_tools
 from raypaged.serve.ttft_shed import TTFTShedder
 from raypaged.serve.responses import (WORKER_HEADER, Choice, Shapes, sse_response, usage,
@@ -161,7 +160,7 @@ class OpenAIFrontend:
             left = sum(self.info.max_model_len - len(tokens) for tokens in prompts)
             self.limits.check_total(left * req.n, len(prompts), req.n,
                                     "what is left of max_model_len, as max_tokens is unset")
-        constraint = await check_constraint(constraint or req.constraint(), self.limits)
+        constraint = await self.limits.check_constraint(constraint or req.constraint())
         params = self._params(req, max_tokens, logprobs, constraint)
         if self.shedder is not None:  # last check before any work reaches a worker
             self.shedder.check(sum(len(tokens) for tokens in prompts))

@@ -4,11 +4,16 @@ Every bound is a `ServeOptions` setting (serve/config.py, docs/limits.md). The c
 lengths of the raw body, so refusing a request that lists millions of prompts, stop strings or
 token ids costs microseconds rather than validating, tokenizing and submitting all of them; the
 400 names the field, the limit, and the setting (and flag) that raises it. Fields of the wrong
-type are left to pydantic, which names them just as clearly.
+type are left to pydantic, which names them just as clearly. A structured-output constraint is
+checked once the request model has made it (check_constraint), still before queueing.
 """
 from __future__ import annotations
 
+import asyncio
+
 from raypaged.core.sampling_params import _is_int
+from raypaged.core.structured_outputs import StructuredOutputsParams
+from raypaged.model.grammar import build_grammar
 from raypaged.serve.config import ServeOptions
 from raypaged.serve.errors import bad_request, too_long
 from raypaged.settings import flag
@@ -71,6 +76,25 @@ class RequestLimits(ServeOptions):
                 f"ask of this server: lower max_tokens or n, or split the request (the limit is "
                 f"the setting max_request_output_tokens, {flag('max_request_output_tokens')})",
                 "max_tokens")
+
+    async def check_constraint(self, spec: StructuredOutputsParams | None
+                               ) -> StructuredOutputsParams | None:
+        """A constraint's size, then the grammar built from it (model/grammar.py, no tokenizer
+        needed) in a thread: a bad schema, regex or EBNF is a 400 that names the problem, before
+        anything is queued, rather than a failed request later."""
+        if spec is None:
+            return None
+        if spec.size > self.max_structured_output_chars:
+            raise bad_request(
+                f"the structured_outputs {spec.kind} is {spec.size} characters, more than the "
+                f"{self.max_structured_output_chars} this server accepts (the limit is the "
+                f"setting max_structured_output_chars, {flag('max_structured_output_chars')})",
+                "structured_outputs")
+        try:
+            await asyncio.to_thread(build_grammar, spec)
+        except ValueError as exc:
+            raise bad_request(str(exc), "structured_outputs") from None
+        return spec
 
     def _check_common(self, body: dict) -> None:
         n = body.get("n")

@@ -85,7 +85,7 @@ class _Sampling(BaseModel):
             raise bad_request("give either structured_outputs or response_format, not both",
                               "structured_outputs")
         try:
-            if so is not None:  # a schema given as text is parsed by check_constraint's build
+            if so is not None:  # a schema given as text: parsed by limits.check_constraint
                 return StructuredOutputsParams(json=so.json_, **so.model_dump(exclude={"json_"}))
         except ValueError as exc:
             raise bad_request(str(exc), "structured_outputs") from None
