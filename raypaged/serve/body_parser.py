@@ -51,11 +51,9 @@ class BodyParsers:
 
     async def parse(self, body: bytes, precheck=None,
                     fields: frozenset[str] | None = None) -> object:
-        """The parsed, checked body. A large one's `precheck(value)` (picklable: the route's
-        RequestLimits check, which the frontend runs again on what comes back) runs on a dict
-        body in the child, so that a refused body's value never crosses back; of a dict body
-        that passes, only the top-level keys in `fields` (the route's request model's field
-        names; None: all) cross back."""
+        """The parsed, checked body. A large dict body gets `precheck(value)` in the child
+        (picklable: the route's RequestLimits check, which the frontend runs again), and only
+        its top-level keys in `fields` (the route's request model's; None: all) cross back."""
         if len(body) <= self.threshold:  # on the loop: cheaper than a trip to a child
             return parse_json_body(body)
         # shielded: a client gone mid-parse must not leave a child half-way through a reply

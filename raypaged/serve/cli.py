@@ -103,8 +103,7 @@ def run_serve(ns: argparse.Namespace) -> int:
                 if why_not:
                     print(f"raypaged: note: Serve's Python proxy in front of the routers, not "
                           f"HAProxy: {why_not}", file=sys.stderr)
-            env = ingress_env(ingress, ingress_dir, ns.body_timeout_s)
-            os.environ.update(env)
+            os.environ.update(ingress_env(ingress, ingress_dir, ns.body_timeout_s))
     except IngressUnavailable as exc:
         print(f"raypaged: {exc}", file=sys.stderr)
         return 2

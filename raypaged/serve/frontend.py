@@ -8,7 +8,6 @@ Every problem found before the first batch is an APIError with its status. A los
 failed over inside Generation; only when that gives up (an APIError) does a stream under way
 end with an error event and [DONE].
 
-What one request may ask (serve/limits.py) is checked on the parsed JSON before anything else.
 A request still unanswered `request_timeout_s` after its body arrived ends: 504 before the
 response starts, an error event and [DONE] during a stream; either way its Generations close,
 which cancels it on its workers and frees its blocks (the same path as a client leaving).

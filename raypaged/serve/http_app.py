@@ -39,9 +39,8 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
     app = FastAPI(title="raypaged", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(DisconnectAsMessage)
     large_bodies = BodyParsers(LARGE_BODY_BYTES)  # parsed in child processes
-    # each route's limits, checked where a large body is parsed: refused there, its parsed
-    # value never reaches this process (the frontend checks every body again: cheap); of one
-    # that passes, only the fields its request model knows come back (the model ignores others)
+    # each route's limits and request model's fields, for the child that parses a large body
+    # (body_parser.py: a refused body's value never reaches this process)
     prechecks = {route: (frontend.body_checks[model], model_fields(model))
                  for route, model in ((frontend.completions, CompletionRequest),
                                       (frontend.chat_completions, ChatCompletionRequest))}
