@@ -6,11 +6,9 @@ for the prompt to be refused as over max_model_len. Each token of a BPE tokenize
 the bytes of its own vocabulary string, so a text of more than (max_model_len - 1) x
 max_token_bytes bytes cannot fit: refusing it needs only its length.
 
-That holds only while the tokenizer never drops or shrinks text on the way to its tokens. The
-tokenizer's pipeline is checked against a list of steps known to keep every byte (a BPE model
-without a lossy unknown token, normalizers that only prepend or widen, splits that keep what
-they split on, added tokens that absorb no whitespace); for anything else there is no bound
-(None) and every prompt is tokenized, as before.
+That holds only while the tokenizer never drops or shrinks text on the way to its tokens, so
+its pipeline is checked against steps known to keep every byte; for anything else there is no
+bound (None) and every prompt is tokenized.
 """
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ import math
 import time
 
 from raypaged.core.fair_admission import blocks_needed
+from raypaged.core.ttft_slo import RETRY_AFTER_MAX_S
 
-RETRY_AFTER_MAX_S = 60
 PACE_WINDOW = 64  # finishes the pace is measured over
 
 
