@@ -79,9 +79,8 @@ class RequestLimits(ServeOptions):
 
     async def check_constraint(self, spec: StructuredOutputsParams | None
                                ) -> StructuredOutputsParams | None:
-        """A constraint's size, then the grammar built from it (model/grammar.py, no tokenizer
-        needed) in a thread: a bad schema, regex or EBNF is a 400 that names the problem, before
-        anything is queued, rather than a failed request later."""
+        """A constraint's size, then its grammar built in a thread (model/grammar.py, no
+        tokenizer needed): a bad schema, regex or EBNF is a 400 before anything is queued."""
         if spec is None:
             return None
         if spec.size > self.max_structured_output_chars:

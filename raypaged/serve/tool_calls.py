@@ -53,8 +53,7 @@ def tool_mode(tools: list[dict] | None, tool_choice) -> tuple[str, str | None]:
 def with_tools(req, chunk, parser: str, max_calls: int):
     """A chat request's tools, before it is queued: (its chunk maker, wrapped in
     ToolCallChoices unless tool_choice is "none"; the constraint a forced tool_choice decodes
-    under, or None). A forced choice with response_format / structured_outputs is a 400; an
-    "auto" parser whose marker is a special token turns the request's skipping of them off."""
+    under, or None)."""
     tools = req.tool_dicts()
     mode, name = tool_mode(tools, req.tool_choice)
     forced = tool_constraint(tools, mode, name, req.parallel_tool_calls, max_calls)
