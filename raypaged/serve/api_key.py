@@ -1,12 +1,6 @@
-"""The API key: from the arguments, else $RAYPAGED_API_KEY. A key that is set but empty is an
-error, never "no key": an empty Secret or a mistyped `export` must not open the API.
-
-    configured (flag, Serve args)   $RAYPAGED_API_KEY   ->  key
-    None                            unset               ->  None (no auth: the caller's choice)
-    None                            "k"                 ->  "k"
-    "k"                             anything            ->  "k"
-    "" or blanks                    anything            ->  ValueError
-    None                            "" or blanks        ->  ValueError
+"""The API key: from the arguments (flag, Serve args), else $RAYPAGED_API_KEY, else None (no
+auth: the caller's choice). A key that is set but empty or blank, in either place, is an error,
+never "no key": an empty Secret or a mistyped `export` must not open the API.
 """
 from __future__ import annotations
 

@@ -1,21 +1,17 @@
 """Large request bodies parsed in child processes, so that no parse holds the router's GIL.
 
-json.loads holds the GIL for its whole run (~0.13 s for 8 MiB of `[1,1,...]` on an idle core,
-~0.5-1.4 s on a loaded one) and the element check after it more: parsed in a thread, one body
-kept the router's event loop from reading the other bodies (they ran into body_timeout_s),
-from answering /health and from streaming tokens; parsed one at a time, eight maximum bodies
-sent at once were refused one after another, the last 2.5 s after they were sent (quiet
-machine, docs/limits.md). In a child the parse costs the router nothing, and `processes`
-children refuse that many bodies at once.
+json.loads holds the GIL for its whole run, and the element check after it more: parsed in a
+thread, one 8 MiB body kept the router's event loop from reading the other bodies (they ran into
+body_timeout_s), from answering /health and from streaming tokens (docs/limits.md). In a child
+the parse costs the router nothing, and `processes` children refuse that many bodies at once.
 
 A child parses, checks (json_body.parse_json_body) and runs the route's own limit check
 (serve/limits.py) on what it parsed: a body refused there crosses back as a few bytes, never as
-its parsed value. A body that passes crosses back pickled (pickle.loads of 4M ints is ~3x
-cheaper than json.loads of their JSON), holding only the top-level fields the route's request
-model knows: the models ignore the others, and 8 MiB of them would cost the router's loop a
-pickle.loads of what it throws away. A child that dies, cannot be started or does not answer
-within `timeout_s` (stopped, hung) is killed and replaced by the in-process parse
-(json_body.LargeBodies), slower, never wrong; the next body starts a fresh child.
+its parsed value. A body that passes crosses back pickled (cheaper to load than its JSON),
+holding only the top-level fields the route's request model knows: the models ignore the
+others, and unpickling them would cost the router's loop for nothing. A child that dies, cannot
+be started or does not answer within `timeout_s` (stopped, hung) is killed and this body parsed
+in the router instead, slower, never wrong; the next body starts a fresh child.
 
 Protocol on the child's stdin / stdout: 8-byte little-endian length, then a pickle;
 in: (body, precheck or None, field names or None); out: ("ok", value) or
@@ -30,35 +26,34 @@ import struct
 import sys
 
 from raypaged.serve.errors import APIError
-from raypaged.serve.json_body import LargeBodies, parse_json_body
+from raypaged.serve.json_body import parse_json_body
 
 logger = logging.getLogger(__name__)
 
 HEADER = struct.Struct("<Q")
 
-# How long a child may take to answer one body. An 8 MiB body (the default max_request_bytes)
-# parses and checks in ~0.13 s on an idle core and ~1.4 s on a loaded one: a child 10 s late is
-# stopped or hung, and waiting on it would hold its slot (and queue every large body behind
-# it) for ever.
+# How long a child may take to answer one body: an 8 MiB body (the default max_request_bytes)
+# takes ~1.4 s on a loaded core, so a child 10 s late is stopped or hung, and waiting on it
+# would hold its slot (and queue every large body behind it) for ever.
 CHILD_TIMEOUT_S = 10.0
 
 
 class BodyParsers:
-    """`processes` children, started on the first large body; each parses one body at a time."""
+    """`processes` children, started on the first large body; each parses one body at a time.
+    A body no child answers is parsed in a thread here, one at a time: the event loop then
+    waits behind one such parse (holding the GIL) at most, not behind several in turn."""
 
     def __init__(self, threshold: int, processes: int = 2,
                  timeout_s: float = CHILD_TIMEOUT_S) -> None:
         self.threshold, self.processes, self.timeout_s = threshold, processes, timeout_s
-        self.fallback = LargeBodies(threshold)  # in this process, one at a time
+        self._one = asyncio.Semaphore(1)  # the parses in this process (binds at first use)
         self._idle: asyncio.Queue | None = None  # children free to take a body (None: start one)
 
     async def parse(self, body: bytes, precheck=None,
                     fields: frozenset[str] | None = None) -> object:
-        """The parsed, checked body. A large one's `precheck(value)` (picklable: the route's
-        RequestLimits check, which the frontend runs again on what comes back) runs on a dict
-        body in the child, so that a refused body's value never crosses back; of a dict body
-        that passes, only the top-level keys in `fields` (the route's request model's field
-        names; None: all) cross back."""
+        """The parsed, checked body. A large dict body gets `precheck(value)` in the child
+        (picklable: the route's RequestLimits check, which the frontend runs again), and only
+        its top-level keys in `fields` (the route's request model's; None: all) cross back."""
         if len(body) <= self.threshold:  # on the loop: cheaper than a trip to a child
             return parse_json_body(body)
         # shielded: a client gone mid-parse must not leave a child half-way through a reply
@@ -92,7 +87,8 @@ class BodyParsers:
         if not answered:
             logger.warning("body parser child failed (%r): parsing in the router instead",
                            failure)
-            return await self.fallback.parse(body)  # precheck: run by the frontend after
+            async with self._one:  # precheck: run by the frontend after
+                return await asyncio.to_thread(parse_json_body, body)
         if kind == "refused":
             raise APIError(*value)
         return value

@@ -69,11 +69,10 @@ def local_worker_resources(args: ServeArgs, num_cpus: int, num_gpus: int) -> Ser
 # the variable to 1 to opt out, or start Ray yourself and pass --address (docs/security.md).
 LOOPBACK_RAY = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-# Serve's controller runs its control loop every 0.1 s by default: on an idle 2-core local
-# server that is the largest standing cost of the stack (24 ms of CPU per second, and 5 more in
-# the GCS). Every 0.5 s it is 11 (serve_cpu.py, docs/performance.md "What the 2-core stack
-# costs"); what it delays (deploys, replica restarts: by at most 0.4 s) is not on the token
-# path, and our fleet's own controller does the autoscaling. Set the variable to override.
+# Serve's controller runs its control loop every 0.1 s by default, the largest standing CPU cost
+# of an idle local server (docs/performance.md "What the 2-core stack costs"); what 0.5 s delays
+# (deploys, replica restarts) is not on the token path, and our fleet's own controller does the
+# autoscaling. Set the variable to override.
 SERVE_CONTROL_LOOP = ("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.5")
 
 # Behind HAProxy a router replica that stops keeps taking requests for 30 s by default (Serve's
@@ -104,8 +103,7 @@ def run_serve(ns: argparse.Namespace) -> int:
                 if why_not:
                     print(f"raypaged: note: Serve's Python proxy in front of the routers, not "
                           f"HAProxy: {why_not}", file=sys.stderr)
-            env = ingress_env(ingress, ingress_dir, ns.body_timeout_s)
-            os.environ.update(env)
+            os.environ.update(ingress_env(ingress, ingress_dir, ns.body_timeout_s))
     except IngressUnavailable as exc:
         print(f"raypaged: {exc}", file=sys.stderr)
         return 2
@@ -138,7 +136,8 @@ def _serve(ns: argparse.Namespace) -> int:
                  namespace="raypaged")
     else:
         ray.init(address=ns.address, namespace="raypaged")
-    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM takes the same way out as Ctrl-C
+    # SIGTERM takes the same way out as Ctrl-C (the handler raises KeyboardInterrupt)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         serve.start(http_options={"host": ns.host, "port": ns.port})
         print(f"raypaged: starting {args.workers} worker(s); the first model load can take a "
@@ -167,7 +166,3 @@ def _serve(ns: argparse.Namespace) -> int:
             if started_ray:
                 ray.shutdown()
     return 0
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt

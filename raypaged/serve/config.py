@@ -22,8 +22,7 @@ from raypaged.settings import pydantic_fields, setting, validate
 # system prompt, shallow enough that requests sharing a few hundred tokens still agree.
 DEFAULT_ROUTE_PREFIX_BLOCKS = 4
 
-# Defaults of the settings max_n and router_max_ongoing_requests (below).
-MAX_N = 16
+# The default of router_max_ongoing_requests and router_max_queued_requests (below).
 ROUTER_MAX_ONGOING_REQUESTS = 2048
 
 # Fixed by the code, not settings: how often routers refresh the fleet snapshot, how often the
@@ -153,7 +152,7 @@ class ServeOptions:
     max_prompts_per_request: int = setting(
         64, "prompts in one completions request (a list of strings or token lists)",
         group=LIMITS, ge=1)
-    max_n: int = setting(MAX_N, "largest n (samples per prompt)", group=LIMITS, ge=1)
+    max_n: int = setting(16, "largest n (samples per prompt)", group=LIMITS, ge=1)
     max_request_output_tokens: int = setting(
         16 * 8192, "prompts x n x max_tokens one request may generate (max_tokens unset counts "
         "as what is left of max_model_len)", group=LIMITS, ge=1)

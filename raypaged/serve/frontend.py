@@ -8,7 +8,6 @@ Every problem found before the first batch is an APIError with its status. A los
 failed over inside Generation; only when that gives up (an APIError) does a stream under way
 end with an error event and [DONE].
 
-What one request may ask (serve/limits.py) is checked on the parsed JSON before anything else.
 A request still unanswered `request_timeout_s` after its body arrived ends: 504 before the
 response starts, an error event and [DONE] during a stream; either way its Generations close,
 which cancels it on its workers and frees its blocks (the same path as a client leaving).
@@ -35,7 +34,6 @@ from raypaged.serve.limits import RequestLimits
 from raypaged.serve.prompt_bound import max_token_bytes
 from raypaged.serve.sse_stream import sse_events
 from raypaged.serve.protocol import ChatCompletionRequest, CompletionRequest
-from raypaged.serve.structured import check_constraint
 from raypaged.serve.tool_calls import MAX_TOOL_CALLS, ToolCallChoices, with_tools
 from raypaged.serve.ttft_shed import TTFTShedder
 from raypaged.serve.responses import (WORKER_HEADER, Choice, Shapes, sse_response, usage,
@@ -72,7 +70,7 @@ class ModelInfo:
 
 
 class OpenAIFrontend:
-    # TTFT-SLO load shedding (ttft_shed.py), set by the application when --ttft-slo-s is
+    # TTFT-SLO load shedding (ttft_shed.py), set by the application when --ttft-slo-s is given
     shedder: TTFTShedder | None = None
 
     def __init__(self, dispatcher: Dispatcher, tokenizer, info: ModelInfo, *,
@@ -161,7 +159,7 @@ class OpenAIFrontend:
             left = sum(self.info.max_model_len - len(tokens) for tokens in prompts)
             self.limits.check_total(left * req.n, len(prompts), req.n,
                                     "what is left of max_model_len, as max_tokens is unset")
-        constraint = await check_constraint(constraint or req.constraint(), self.limits)
+        constraint = await self.limits.check_constraint(constraint or req.constraint())
         params = self._params(req, max_tokens, logprobs, constraint)
         if self.shedder is not None:  # last check before any work reaches a worker
             self.shedder.check(sum(len(tokens) for tokens in prompts))
@@ -232,8 +230,7 @@ class OpenAIFrontend:
 
     def _refuse_unfittable(self, text: str, param: str) -> None:
         """A text of more bytes than max_model_len tokens can cover is refused before it is
-        tokenized (see prompt_bound): tokenizing megabytes costs seconds of CPU and stalls the
-        event loop, only to be refused by _check_length after."""
+        tokenized (why: prompt_bound)."""
         if self.max_token_bytes is None:
             return
         size = len(text) if text.isascii() else len(text.encode(errors="surrogatepass"))

@@ -11,7 +11,6 @@ import logging
 from typing import Callable
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST
 from ray.exceptions import TaskCancelledError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -40,9 +39,8 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
     app = FastAPI(title="raypaged", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(DisconnectAsMessage)
     large_bodies = BodyParsers(LARGE_BODY_BYTES)  # parsed in child processes
-    # each route's limits, checked where a large body is parsed: refused there, its parsed
-    # value never reaches this process (the frontend checks every body again: cheap); of one
-    # that passes, only the fields its request model knows come back (the model ignores others)
+    # each route's limits and request model's fields, for the child that parses a large body
+    # (body_parser.py: a refused body's value never reaches this process)
     prechecks = {route: (frontend.body_checks[model], model_fields(model))
                  for route, model in ((frontend.completions, CompletionRequest),
                                       (frontend.chat_completions, ChatCompletionRequest))}
@@ -135,10 +133,6 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
         message = {404: f"no route {request.url.path}",
                    405: f"method {request.method} is not allowed on {request.url.path}"}
         return APIError(exc.status_code, message.get(exc.status_code, str(exc.detail))).response()
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError):
-        return bad_request(str(exc)).response()
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):

@@ -6,7 +6,6 @@ cannot be encoded, and a 100,000-deep array overflows the recursion of whoever w
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 
@@ -32,27 +31,6 @@ def _refuse_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
-class LargeBodies:
-    """Parses bodies over `threshold` bytes in a thread, one at a time.
-
-    json.loads holds the GIL for its whole run (~0.4 s for 8 MiB of `[1,1,...]`): with eight
-    such bodies parsing in eight threads, the event loop waited behind several of them in turn
-    for each piece of work, and /health took seconds. One at a time, it waits behind one at
-    most; the others queue here, costing nothing. Smaller bodies are parsed on the loop.
-    The router parses large bodies in child processes (body_parser.py); this is what it falls
-    back to when a child cannot be had."""
-
-    def __init__(self, threshold: int) -> None:
-        self.threshold = threshold
-        self._one = asyncio.Semaphore(1)  # binds to the loop of its first use (the app's)
-
-    async def parse(self, body: bytes) -> object:
-        if len(body) <= self.threshold:
-            return parse_json_body(body)
-        async with self._one:
-            return await asyncio.to_thread(parse_json_body, body)
-
-
 def parse_json_body(body: bytes) -> object:
     try:
         value = json.loads(body, parse_constant=_refuse_constant)
@@ -67,13 +45,9 @@ def parse_json_body(body: bytes) -> object:
 
 def _check(value: object) -> None:
     """Walk iteratively (no recursion to overflow): depth, finite numbers, and every string
-    and key encodable.
-
-    The stack holds one iterator per open container, so it never grows past the nesting
-    depth (<= MAX_JSON_DEPTH) and the walk allocates nothing per element: an 8 MiB
-    `[1,1,...]` body (4M elements) costs its parsed list and no more (the walk that pushed a
-    (value, path, depth) tuple per element took ~70x the body). A path is spelled out only for
-    the element that is refused."""
+    and key encodable. The stack holds one iterator per open container (never more than
+    MAX_JSON_DEPTH), so the walk allocates nothing per element: a body of millions of elements
+    costs its parsed value and no more. A path is spelled out only for the element refused."""
     if not isinstance(value, (dict, list)):
         _check_leaf(value, [], None)
         return
@@ -108,9 +82,8 @@ NUMBERS = frozenset({int, float, bool})
 
 def _plain_list(value) -> bool:
     """A list of scalars that all pass, found by C loops (map) instead of the walk's Python
-    loop per element: an 8 MiB `[1,1,...]` body is 4M ints, and walking them took ~1.2 s of
-    CPU per body, holding a share of the GIL the event loop needs for /health. False: walk it
-    (and name the element that fails)."""
+    loop per element (over a second of CPU, under the GIL, for 4M ints). False: walk it (and
+    name the element that fails)."""
     if not isinstance(value, list):
         return False
     kinds = set(map(type, value))

@@ -4,36 +4,28 @@ Every bound is a `ServeOptions` setting (serve/config.py, docs/limits.md). The c
 lengths of the raw body, so refusing a request that lists millions of prompts, stop strings or
 token ids costs microseconds rather than validating, tokenizing and submitting all of them; the
 400 names the field, the limit, and the setting (and flag) that raises it. Fields of the wrong
-type are left to pydantic, which names them just as clearly.
+type are left to pydantic, which names them just as clearly. A structured-output constraint is
+checked once the request model has made it (check_constraint), still before queueing.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
 
+from raypaged.core.sampling_params import _is_int
+from raypaged.core.structured_outputs import StructuredOutputsParams
+from raypaged.model.grammar import build_grammar
 from raypaged.serve.config import ServeOptions
 from raypaged.serve.errors import bad_request, too_long
 from raypaged.settings import flag
 
-_DEFAULTS = ServeOptions()
 
-
-@dataclass(frozen=True)
-class RequestLimits:
-    max_prompts_per_request: int = _DEFAULTS.max_prompts_per_request
-    max_n: int = _DEFAULTS.max_n
-    max_request_output_tokens: int = _DEFAULTS.max_request_output_tokens
-    max_stop_strings: int = _DEFAULTS.max_stop_strings
-    max_stop_string_chars: int = _DEFAULTS.max_stop_string_chars
-    max_stop_token_ids: int = _DEFAULTS.max_stop_token_ids
-    max_logprobs: int = _DEFAULTS.max_logprobs
-    max_messages: int = _DEFAULTS.max_messages
-    max_content_parts: int = _DEFAULTS.max_content_parts
-    max_structured_output_chars: int = _DEFAULTS.max_structured_output_chars
-    max_logit_bias: int = _DEFAULTS.max_logit_bias
+class RequestLimits(ServeOptions):
+    """The checks, bounded by the settings of the same names (max_n, max_stop_strings, ...);
+    frozen and picklable, as ServeOptions is: body_parser runs a check in a child process."""
 
     @classmethod
-    def of(cls, options: ServeOptions) -> "RequestLimits":
-        return cls(**{name: getattr(options, name) for name in cls.__dataclass_fields__})
+    def of(cls, options: ServeOptions) -> RequestLimits:
+        return cls(**{**vars(options), "api_key": None})  # not to travel with each body
 
     # -- the checks ---------------------------------------------------------------------------
     def check_completion(self, body: dict, max_model_len: int) -> None:
@@ -85,6 +77,24 @@ class RequestLimits:
                 f"the setting max_request_output_tokens, {flag('max_request_output_tokens')})",
                 "max_tokens")
 
+    async def check_constraint(self, spec: StructuredOutputsParams | None
+                               ) -> StructuredOutputsParams | None:
+        """A constraint's size, then its grammar built in a thread (model/grammar.py, no
+        tokenizer needed): a bad schema, regex or EBNF is a 400 before anything is queued."""
+        if spec is None:
+            return None
+        if spec.size > self.max_structured_output_chars:
+            raise bad_request(
+                f"the structured_outputs {spec.kind} is {spec.size} characters, more than the "
+                f"{self.max_structured_output_chars} this server accepts (the limit is the "
+                f"setting max_structured_output_chars, {flag('max_structured_output_chars')})",
+                "structured_outputs")
+        try:
+            await asyncio.to_thread(build_grammar, spec)
+        except ValueError as exc:
+            raise bad_request(str(exc), "structured_outputs") from None
+        return spec
+
     def _check_common(self, body: dict) -> None:
         n = body.get("n")
         if _is_int(n) and not 1 <= n <= self.max_n:
@@ -120,7 +130,3 @@ def _at_most(count: int, limit: int, param: str, what: str, setting: str) -> Non
     if count > limit:
         raise bad_request(f"{param} has {count} entries: at most {limit} {what} are accepted "
                           f"(the limit is the setting {setting}, {flag(setting)})", param)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,17 +1,14 @@
 """The most bytes of text one token can stand for, so a prompt too long to fit in max_model_len
 tokens, whatever its tokens turn out to be, is refused before it is tokenized.
 
-Tokenizing a 7.5 MB prompt costs the router ~15 s of CPU, and turning its ~2 million ids into
-Python lists holds the GIL for ~100 ms at a time (/health stalls); the prompt is then refused as
-over max_model_len anyway. Each token of a BPE tokenizer covers at most the bytes of its own
-vocabulary string, so a text of more than (max_model_len - 1) x max_token_bytes bytes cannot
-fit: refusing it needs only its length.
+Tokenizing a multi-MB prompt costs the router seconds of CPU and stalls its event loop, only
+for the prompt to be refused as over max_model_len. Each token of a BPE tokenizer covers at most
+the bytes of its own vocabulary string, so a text of more than (max_model_len - 1) x
+max_token_bytes bytes cannot fit: refusing it needs only its length.
 
-That holds only while the tokenizer never drops or shrinks text on the way to its tokens. The
-tokenizer's pipeline is checked against a list of steps known to keep every byte (a BPE model
-without a lossy unknown token, normalizers that only prepend or widen, splits that keep what
-they split on, added tokens that absorb no whitespace); for anything else there is no bound
-(None) and every prompt is tokenized, as before.
+That holds only while the tokenizer never drops or shrinks text on the way to its tokens, so
+its pipeline is checked against steps known to keep every byte; for anything else there is no
+bound (None) and every prompt is tokenized.
 """
 from __future__ import annotations
 

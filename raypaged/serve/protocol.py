@@ -85,11 +85,8 @@ class _Sampling(BaseModel):
             raise bad_request("give either structured_outputs or response_format, not both",
                               "structured_outputs")
         try:
-            if so is not None:
-                schema = so.json_
-                if isinstance(schema, str):
-                    schema = _schema_text(schema, "structured_outputs.json")
-                return StructuredOutputsParams(json=schema, **so.model_dump(exclude={"json_"}))
+            if so is not None:  # a schema given as text: parsed by limits.check_constraint
+                return StructuredOutputsParams(json=so.json_, **so.model_dump(exclude={"json_"}))
         except ValueError as exc:
             raise bad_request(str(exc), "structured_outputs") from None
         if rf is None or rf.type == "text":
@@ -116,17 +113,6 @@ _SAMPLING_FIELDS = {"n", "temperature", "top_p", "top_k", "min_p", "seed", "min_
                     "stop_token_ids", "ignore_eos", "presence_penalty", "frequency_penalty",
                     "repetition_penalty", "include_stop_str_in_output", "skip_special_tokens",
                     "logit_bias"}
-
-
-def _schema_text(text: str, param: str) -> dict:
-    import json
-    try:
-        schema = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"{param} is not valid JSON: {exc}") from None
-    if not isinstance(schema, dict):
-        raise ValueError(f"{param} must be a JSON schema (an object)")
-    return schema
 
 
 Prompt = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]

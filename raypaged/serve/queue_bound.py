@@ -20,8 +20,8 @@ import math
 import time
 
 from raypaged.core.fair_admission import blocks_needed
+from raypaged.core.ttft_slo import RETRY_AFTER_MAX_S
 
-RETRY_AFTER_MAX_S = 60
 PACE_WINDOW = 64  # finishes the pace is measured over
 
 
@@ -34,8 +34,7 @@ class QueueBound:
         self._finished_at: collections.deque[float] = collections.deque(maxlen=PACE_WINDOW)
 
     def need(self, num_prompt_tokens: int, max_tokens: int | None, n: int) -> int:
-        """Blocks a request may hold at its longest: its prompt once (samples share it), and
-        each sample's output (unset max_tokens: the rest of max_model_len)."""
+        """Blocks a request may hold at its longest (no max_tokens: the rest of max_model_len)."""
         return blocks_needed(num_prompt_tokens, max_tokens, n, self.block_size,
                              self.max_model_len)
 

@@ -7,9 +7,8 @@
         ─> any other chunk: its choices' dicts
     ─> usage (if asked) ─> [DONE]
 
-The frame saves, per token, the chunk's dicts and their serialisation; outputs which queued up
-while the router was busy go out as one chunk instead of one per engine step
-(docs/performance.md).
+The frame saves, per token, the chunk's dicts and their serialisation; outputs that queued up
+while the router was busy go out as one chunk (docs/performance.md).
 """
 from __future__ import annotations
 

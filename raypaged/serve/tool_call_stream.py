@@ -12,12 +12,9 @@ index, id, type and name (arguments ""), then its `arguments` text in pieces as 
 A character scanner follows strings, escapes and nesting; it needs no lookahead, so each piece
 of text is handed on in the step it arrives. Arguments seen before their call's name (a key
 order the grammar does not produce) wait for the name. A named tool_choice's whole output is
-its arguments, so it needs no scanner. tool_choice "auto" reuses it for the Hermes format
-and the other model formats (tool_parsers/): each call object is one more entry of a list whose
-"[" the parser feeds once, and the arguments sit under "arguments" (or "parameters": Llama).
-There an object is a call only if its name is a declared tool (and, for the bare-JSON formats,
-it has an arguments key): its header waits for both. Only the first "name" and the first
-arguments key of an object count, so the result cannot depend on how the text was split.
+its arguments, so it needs no scanner. tool_choice "auto" reuses it for the model formats
+(tool_parsers/, CallsStream below). Only the first "name" and the first arguments key of an
+object count, so the result cannot depend on how the text was split.
 """
 from __future__ import annotations
 

@@ -7,11 +7,9 @@
                              (tool_parsers/: hermes, llama3_json, mistral) become tool_calls
     tool_choice "none"       unconstrained, text only
 
-Streaming: as OpenAI streams, one `delta.tool_calls` entry per call with its id and name as
-soon as the name is known, then its `arguments` text in pieces as tokens arrive
-(tool_call_stream.py; for `auto`, tool_parsers/: text before the calls start is
-`delta.content`); the last chunk has finish_reason "tool_calls". A client that accumulates
-deltas (the OpenAI SDK) gets the message the non-streamed answer has.
+Streamed as OpenAI streams them (tool_call_stream.py; for `auto`, tool_parsers/: text before the
+calls start is `delta.content`); the last chunk has finish_reason "tool_calls". A client that
+accumulates deltas (the OpenAI SDK) gets the message the non-streamed answer has.
 """
 from __future__ import annotations
 
@@ -55,8 +53,7 @@ def tool_mode(tools: list[dict] | None, tool_choice) -> tuple[str, str | None]:
 def with_tools(req, chunk, parser: str, max_calls: int):
     """A chat request's tools, before it is queued: (its chunk maker, wrapped in
     ToolCallChoices unless tool_choice is "none"; the constraint a forced tool_choice decodes
-    under, or None). A forced choice with response_format / structured_outputs is a 400; an
-    "auto" parser whose marker is a special token turns the request's skipping of them off."""
+    under, or None)."""
     tools = req.tool_dicts()
     mode, name = tool_mode(tools, req.tool_choice)
     forced = tool_constraint(tools, mode, name, req.parallel_tool_calls, max_calls)
@@ -75,15 +72,10 @@ def tool_constraint(tools: list[dict], mode: str, name: str | None, parallel: bo
                     max_calls: int = MAX_TOOL_CALLS) -> StructuredOutputsParams | None:
     """The schema a forced tool choice decodes under: a named function's parameters, or for
     "required" a list of at most `max_calls` calls (1 unless `parallel`, OpenAI's
-    parallel_tool_calls).
-
-    Why the bound: sampled, a small model extends the list with near-identical calls until
-    max_tokens cuts the JSON (3 of 88 requests in benchmarks/structured_validity.py at
-    max_tokens 900, docs/structured_outputs.md); maxItems makes the list end (at 8, one list of
-    8 calls of ~110 tokens was still cut at 900: hence 4). Writing the list
-    compact (no free whitespace) was measured too and made it worse: without a newline to
-    write after a call, the model took "," over "]" far more often (20 of 41 valid answers
-    reached the bound, 3 cut)."""
+    parallel_tool_calls). Why the bound: sampled, a small model extends the list with
+    near-identical calls until max_tokens cuts the JSON; maxItems makes the list end. A compact
+    list (no free whitespace) made it worse: with no newline to write after a call, the model
+    took "," over "]" far more often (docs/structured_outputs.md)."""
     def params(tool: dict) -> dict:
         return tool["function"].get("parameters") or _NO_PARAMETERS
     if mode == "named":

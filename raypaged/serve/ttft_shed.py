@@ -1,9 +1,8 @@
 """The router's TTFT-SLO shedding (`--ttft-slo-s`): core/ttft_slo.py's rule on the fleet snapshot.
 
 Checked once per request after its prompts are tokenized and before any Generation starts, so a
-shed request has cost the fleet nothing: 503, `Retry-After` from the best worker's queue, and an
-OpenAI-shaped error naming the setting; counted as raypaged:shed_requests{reason="ttft_slo"} and
-in /fleet's `shed_requests`.
+shed request has cost the fleet nothing: 503 with a `Retry-After` from the best worker's queue,
+counted as raypaged:shed_requests{reason="ttft_slo"} and in /fleet's `shed_requests`.
 
 The snapshot lags the workers by up to a poll and a refresh (~0.75 s): a burst arriving within
 one snapshot would all read the same queues and all be admitted. So this router adds what it

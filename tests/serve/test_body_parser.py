@@ -88,6 +88,36 @@ def test_a_child_that_cannot_start_leaves_the_parse_to_the_router(monkeypatch):
     assert run(parsers.parse(body, COMPLETION)) == {"prompt": [1] * 5001}
 
 
+def test_bodies_parsed_in_the_router_are_parsed_one_at_a_time(monkeypatch):
+    """json.loads holds the GIL for a whole body: two at once would keep the event loop (and
+    /health) waiting behind both in turn. Small bodies do not queue behind a large one."""
+    import threading
+
+    from raypaged.serve import body_parser
+
+    running, most, gate = [0], [0], threading.Event()
+
+    def parse(body):
+        if len(body) <= 10:  # a small one, on the loop: beside a large one, not behind it
+            return len(body)
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        gate.wait(0.05)  # long enough for the others to start, were they allowed to
+        running[0] -= 1
+        return len(body)
+
+    monkeypatch.setattr(body_parser.sys, "executable", "/nonexistent/python")  # no child
+    monkeypatch.setattr(body_parser, "parse_json_body", parse)
+    bodies = BodyParsers(threshold=10)
+
+    async def main():
+        return await asyncio.gather(*(bodies.parse(b"x" * 11) for _ in range(4)),
+                                    bodies.parse(b"x" * 10))
+
+    assert asyncio.run(main()) == [11, 11, 11, 11, 10]
+    assert most[0] == 1
+
+
 def test_small_bodies_are_parsed_in_the_router_with_no_child():
     parsers = BodyParsers(threshold=100)
     assert run(parsers.parse(b'{"prompt": "hi"}', COMPLETION)) == {"prompt": "hi"}

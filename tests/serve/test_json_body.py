@@ -58,33 +58,3 @@ def test_lists_of_scalars_that_pass():
     assert parse_json_body(f'{{"p": [1, true, null, 2.5, {big}]}}'.encode())["p"][-1] == big
     assert parse_json_body(b'{"p": ["a", "b", "\\u00e9"]}') == {"p": ["a", "b", "\u00e9"]}
     assert parse_json_body(b'[1, 2, 3]') == [1, 2, 3]
-
-
-def test_large_bodies_are_parsed_one_at_a_time(monkeypatch):
-    """json.loads holds the GIL for a whole body: two at once would keep the event loop (and
-    /health) waiting behind both in turn. Small bodies do not queue behind a large one."""
-    import asyncio
-    import threading
-
-    from raypaged.serve import json_body
-
-    running, most, gate = [0], [0], threading.Event()
-
-    def parse(body):
-        if len(body) <= 10:  # a small one, on the loop: beside a large one, not behind it
-            return len(body)
-        running[0] += 1
-        most[0] = max(most[0], running[0])
-        gate.wait(0.05)  # long enough for the others to start, were they allowed to
-        running[0] -= 1
-        return len(body)
-
-    monkeypatch.setattr(json_body, "parse_json_body", parse)
-    bodies = json_body.LargeBodies(threshold=10)
-
-    async def main():
-        return await asyncio.gather(*(bodies.parse(b"x" * 11) for _ in range(4)),
-                                    bodies.parse(b"x" * 10))
-
-    assert asyncio.run(main()) == [11, 11, 11, 11, 10]
-    assert most[0] == 1

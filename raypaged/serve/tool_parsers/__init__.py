@@ -6,12 +6,11 @@ tool_call_parser, vLLM's --tool-call-parser names):
     llama3_json  <|python_tag|>{"name", "parameters"}; {...}     Llama 3.1-3.3
     mistral      [TOOL_CALLS][{"name", "arguments"}, ...]        Mistral v0.3 / Nemo / Small
 
-Each is a stream with `feed(text) -> (content, deltas)`, `finish() -> (content, deltas)` and
-`calls()`; the whole message runs the same stream over the whole text (`parse_whole`), so the
-OpenAI SDK's accumulation of a stream is the non-streamed message however the text was split.
-The rule both follow: once a call's header went out, the message is the calls whose headers
-went out (with the arguments sent, partial if max_tokens cut them) and the content before
-them; if none went out, the whole text is content.
+Each is a CallsStream (tool_call_stream.py); the whole message runs the same stream over the
+whole text (`parse_whole`), so the OpenAI SDK's accumulation of a stream is the non-streamed
+message however the text was split. The rule every parser follows: once a call's header went
+out, the message is the calls whose headers went out (with the arguments sent, partial if
+max_tokens cut them) and the content before them; if none went out, the whole text is content.
 """
 from __future__ import annotations
 

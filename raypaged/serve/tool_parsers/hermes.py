@@ -13,12 +13,7 @@ once the object is closed (a "</tool_call>" inside a string is text). Text outsi
 after the first call is dropped, as vLLM's Hermes parser does. A tag's object is a call when
 its "name" is one of the request's tools (no arguments: {}); a tag that holds none is dropped.
 If no tag yields a call, everything from the first tag on is content after all, sent when the
-sample ends. Once a call's header went out, the message is the calls whose headers went out, each
-with the arguments sent (a call cut by max_tokens keeps its partial arguments).
-
-The whole message runs the same machine over the whole text (`parse_whole`), so a client that
-accumulates the stream's deltas (the OpenAI SDK) ends with the whole message's content and
-calls, whatever pieces the text came in.
+sample ends (the rule every parser follows: tool_parsers/__init__.py).
 """
 from __future__ import annotations
 
@@ -46,7 +41,10 @@ class HermesStream(CallsStream):
             if at < 0:
                 out = self._buf[:len(self._buf) - marker_tail(self._buf, OPEN,
                                                               not self._calling)]
-                self._pass(out, content)
+                if self._calling:  # between or after calls: dropped unless no call is named
+                    self._after += out
+                else:
+                    content.append(out)
                 self._buf = self._buf[len(out):]
                 break
             before = self._buf[:at]
@@ -62,12 +60,6 @@ class HermesStream(CallsStream):
     def _ended(self, deltas: list[dict]) -> None:
         if self._in_tag:  # the sample ended inside a tag (no </tool_call>)
             self._close_tag(deltas)
-
-    def _pass(self, text: str, content: list[str]) -> None:
-        if self._calling:
-            self._after += text   # between or after calls: dropped unless no call is named
-        else:
-            content.append(text)
 
     def _tag_body(self, deltas: list[dict]) -> bool:
         """Feed the tag's text to the scanner up to </tool_call>; False when the buffer ends

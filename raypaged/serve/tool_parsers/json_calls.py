@@ -15,11 +15,8 @@ its "name" is one of the request's tools and it has the arguments key (vLLM's ll
 requires it too): `{"name": "Alice", "age": 30}` is an answer, not a call. Between objects only
 whitespace and the separator may come: anything else, or an object that is no call, ends the
 calls and, with what follows, is dropped (as text after Hermes tags is). If no object is a
-call, everything from the start on is content after all, sent when the sample ends.
-
-Once a call's header went out, the message is the calls whose headers went out, each with the
-arguments sent: a call cut by max_tokens keeps its partial arguments (finish_reason "length",
-as OpenAI's); the whole message (`parse_whole`) is the same.
+call, everything from the start on is content after all, sent when the sample ends (the rule
+every parser follows: tool_parsers/__init__.py).
 """
 from __future__ import annotations
 
