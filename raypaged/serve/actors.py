@@ -41,7 +41,7 @@ GENERATE_HEADROOM = 64
 @ray.remote(concurrency_groups={CONTROL: CONTROL_CONCURRENCY})
 class WorkerActor(Worker):
     """Concurrency, explicitly: generate() streams share the default group (max_concurrency,
-    set by the controller from the queue bound and max_num_seqs); stats, health and abort have
+    set by the controller from the queue bound and max_num_seqs); stats and health have
     their own group, so a worker holding its full load of streams still answers the controller
     at once, and only a frozen one stays silent."""
 
@@ -61,10 +61,6 @@ class WorkerActor(Worker):
     @ray.method(concurrency_group=CONTROL)
     def health(self) -> Health:
         return super().health()
-
-    @ray.method(concurrency_group=CONTROL)
-    def abort(self, request_id: str) -> None:
-        super().abort(request_id)
 
 
 def back_off_restart() -> None:
