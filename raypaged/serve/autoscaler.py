@@ -98,7 +98,7 @@ class Autoscaler:
         if surplus > 0:
             # the ready worker with the least to finish; the newest of equals
             ready = sorted((v for v in current if v.ready),
-                           key=lambda v: (v.load, -_index(v.worker_id)))
+                           key=lambda v: (v.load, -worker_index(v.worker_id)))
             for v in ready[:surplus]:
                 logger.info("draining %s (%d requests)", v.worker_id, v.load)
                 controller.set_draining(v.worker_id, now)
@@ -162,5 +162,6 @@ def _tally(times: dict, seconds: float) -> None:
     times["last_s"] = seconds
 
 
-def _index(worker_id: str) -> int:
+def worker_index(worker_id: str) -> int:
+    """`worker-<i>` -> i"""
     return int(worker_id.rsplit("-", 1)[1])
