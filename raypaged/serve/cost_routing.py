@@ -24,10 +24,9 @@ worker). Every replica with the same snapshot and the same requests sent makes t
 The affinity exception: a worker over the cap (but under twice it) stays a candidate for a
 request whose prefix it holds beyond the longest any worker under the cap holds by more than
 `slack` tokens: a hit the slack could not buy elsewhere. The cap counts requests, not their
-sizes, so on long multi-turn chats it binds on ordinary fluctuations and sent a conversation's
-next turn, history and all, to be prefilled again on another worker (3.5 of the 5.5 points of
-hit rate the chosen workers lacked against the fleet's best, Mooncake, 16 workers, load 0.8;
-docs/fleet_sim.md). The cost still decides among the candidates, and a surplus within the
+sizes, so on long multi-turn chats it binds on ordinary fluctuations and would send a
+conversation's next turn, history and all, to be prefilled again on another worker
+(docs/fleet_sim.md). The cost still decides among the candidates, and a surplus within the
 slack (every worker holding the same system prompt) never lifts the cap, so a shared prefix
 cannot herd.
 
