@@ -36,11 +36,8 @@ request that hits adds its suffix only (charging the whole prompt made a hot pre
 look loaded by tokens it never computes, and pushed the prefix's next requests away).
 
 At 1,000 workers per-worker Python is the cost, so the choice is made in numpy over the
-workers' arrays (fleet_loads.py, kept from one snapshot to the next), and when the views belong
-to one CacheIndex (the router's fleet client and the simulator keep them so) the hits come from
-one bisection of the prompt's keys over its inverted index (CacheIndex.hit_groups) instead of
-a walk per worker: exactly each view's own walk wherever the views are nested, as prefix caches
-are (cache_index.py says when they are not).
+workers' arrays (fleet_loads.py), the hits of one CacheIndex's views (the router's fleet client
+and the simulator keep them so) in one bisection of the prompt's keys (held_keys).
 
 The snapshot lags the workers by up to a poll plus a refresh (~0.75 s by default): a prefix
 cached since then is not yet seen (that request is routed as cold, by its hash), and one evicted

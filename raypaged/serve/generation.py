@@ -42,7 +42,7 @@ from raypaged.outputs import SequenceOutput
 from raypaged.serve.client_gate import CLIENT
 from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.errors import APIError
-from raypaged.serve.fleet import RESTARTING, STARTING, FleetSnapshot, WorkerView
+from raypaged.serve.fleet import RESTARTING, STARTING, WorkerView
 from raypaged.serve.leg import Leg
 from raypaged.serve.messages import Lost, Rejected, WorkerUnavailable
 from raypaged.serve.poison import REMEMBER_S, fingerprint
@@ -119,7 +119,7 @@ class Generation:
         retry_after = None  # set once a worker said its queue is full
         while True:
             snap, loads = self.d.candidates(self._excluded)
-            renewed = self._excluded & self._renewed(snap)
+            renewed = {w for w, inc in self._lost.items() if snap.renewed(w, inc)} & self._excluded
             if not loads and renewed:  # only workers it lost are left, back as new processes
                 self._excluded -= renewed
                 continue
@@ -252,10 +252,6 @@ class Generation:
         self.d.poison.remember(self._fingerprint(), reason)
         self.d.metrics.inc("suspected_poison_requests", "refused")
         raise self._error(400, reason, code="suspected_poison_request")
-
-    def _renewed(self, snap: FleetSnapshot) -> set[str]:
-        """Workers lost serving this request that are ready again as new processes."""
-        return {w for w, incarnation in self._lost.items() if snap.renewed(w, incarnation)}
 
     async def _wait_for_spare(self, lost: Leg) -> None:
         """After `lost`'s worker died serving this request: while only one other worker is
