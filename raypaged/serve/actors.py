@@ -8,6 +8,7 @@ and are adopted by the next one (detached_workers.py). A batch job's workers are
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import re
@@ -18,7 +19,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 from raypaged.config import EngineArgs
 from raypaged.serve.allocator import worker_env_vars
-from raypaged.serve.autoscaler import Autoscaler, policy_of
+from raypaged.serve.autoscaler import Autoscaler, policy_of, worker_index
 from raypaged.serve.config import POLL_INTERVAL_S, POLL_TIMEOUT_S, STEP_STALL_S, ServeOptions
 from raypaged.serve.controller import Controller, WorkerDown
 from raypaged.serve.detached_workers import (WORKER_NAMESPACE, fingerprint, kill_workers,
@@ -41,7 +42,7 @@ GENERATE_HEADROOM = 64
 @ray.remote(concurrency_groups={CONTROL: CONTROL_CONCURRENCY})
 class WorkerActor(Worker):
     """Concurrency, explicitly: generate() streams share the default group (max_concurrency,
-    set by the controller from the queue bound and max_num_seqs); stats, health and abort have
+    set by the controller from the queue bound and max_num_seqs); stats and health have
     their own group, so a worker holding its full load of streams still answers the controller
     at once, and only a frozen one stays silent."""
 
@@ -62,10 +63,6 @@ class WorkerActor(Worker):
     def health(self) -> Health:
         return super().health()
 
-    @ray.method(concurrency_group=CONTROL)
-    def abort(self, request_id: str) -> None:
-        super().abort(request_id)
-
 
 def back_off_restart() -> None:
     """A worker process restarted after a crash waits before loading the model again, longer
@@ -81,16 +78,6 @@ def back_off_restart() -> None:
         logger.warning("worker restarted after %d crashes in a row: waiting %.0f s before "
                        "loading the model", ledger["crashes"], delay)
         time.sleep(delay)
-
-
-def replace_worker(handle) -> None:
-    """An unresponsive worker's end: its process killed, Ray starts a new one (max_restarts)."""
-    ray.kill(handle, no_restart=False)
-
-
-def worker_max_concurrency(max_queued: int, engine: EngineArgs) -> int:
-    """generate() calls one worker runs at once: every stream it may hold, plus headroom."""
-    return max_queued + engine.max_num_seqs + GENERATE_HEADROOM
 
 
 async def probe_worker(handle, cache_since: int) -> WorkerStats:
@@ -155,7 +142,8 @@ class WorkerFactory:
             num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=-1, max_task_retries=0,
             scheduling_strategy="SPREAD",
             runtime_env={"env_vars": worker_env_vars(self.fleet.worker_allocator)},
-            max_concurrency=worker_max_concurrency(self.fleet.max_queued_requests, self.engine))
+            max_concurrency=self.fleet.max_queued_requests + self.engine.max_num_seqs
+            + GENERATE_HEADROOM)
         self.spec = fingerprint({"engine": dataclasses.asdict(self.engine),
                                  "max_queued": self.fleet.max_queued_requests,
                                  "options": self.options})
@@ -168,7 +156,7 @@ class WorkerFactory:
         indexes = list(range(low))
         if self.detached:
             existing = named_workers(self.fleet.app_name)
-            indexes = sorted(_worker_index(n) for n in existing
+            indexes = sorted(worker_index(n.split(":")[-2]) for n in existing
                              if n.endswith(":" + self.spec))[:high]
             free = (i for i in range(low + high) if i not in indexes)
             indexes = sorted(indexes + [next(free) for _ in range(low - len(indexes))])
@@ -195,20 +183,10 @@ class WorkerFactory:
         return f"worker-{index}", handle
 
 
-def _worker_index(name: str) -> int:
-    """`<app>:worker-<i>:<spec>` -> i"""
-    return int(name.split(":")[-2].rsplit("-", 1)[1])
-
-
 def create_workers(fleet: ServeOptions, engine: EngineArgs,
                    detached: bool) -> list[tuple[str, object]]:
     """The fleet's worker actors, (worker id, handle) each, owned by the caller."""
     return WorkerFactory(fleet, engine, detached).initial()
-
-
-def retire_worker(handle) -> None:
-    """A drained worker's end: killed for good (no restart)."""
-    ray.kill(handle, no_restart=True)
 
 
 @ray.remote
@@ -224,10 +202,13 @@ class ControllerActor(Controller):
         if workers is None:
             factory = WorkerFactory(options, engine, detached_workers)
             workers = factory.initial()
+        # an unresponsive worker's process is killed, and Ray starts a new one (max_restarts)
         super().__init__(workers, probe_worker, POLL_INTERVAL_S, POLL_TIMEOUT_S,
-                         options.route_cache_sample, kill=replace_worker,
+                         options.route_cache_sample,
+                         kill=functools.partial(ray.kill, no_restart=False),
                          unresponsive_timeout_s=options.worker_unresponsive_timeout_s)
-        if factory is not None and factory.fleet.autoscaling:
-            self.autoscaler = Autoscaler(policy_of(factory.fleet), factory.start, retire_worker,
+        if factory is not None and factory.fleet.autoscaling:  # a drained worker goes for good
+            self.autoscaler = Autoscaler(policy_of(factory.fleet), factory.start,
+                                         functools.partial(ray.kill, no_restart=True),
                                          factory.fleet.drain_timeout_s, time.time(),
                                          desired=len(workers))

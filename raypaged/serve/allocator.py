@@ -3,8 +3,7 @@
 Under steady serving load a CPU worker's tensors change shape every step, and oneDNN's kernel
 cache (bounded by onednn_cache_capacity) evicts and refills; glibc malloc keeps the freed chunks
 in its per-thread arenas and rarely returns them, so RSS climbs although the heap in use is flat
-(benchmarks/memory_probe.py: glibc's free-inside-arenas grew 36 -> 93 MiB in 150 s while the
-heap in use stayed at 720 MiB). tcmalloc reuses them and kept RSS flat on the same load.
+(benchmarks/memory_probe.py); tcmalloc reuses them, and RSS stays flat.
 
 The library comes from Debian's libtcmalloc-minimal4 (`make tcmalloc`, which `make` runs). A
 worker started where it is missing falls back to glibc with one warning naming the fix;

@@ -53,14 +53,6 @@ class Autoscaler:
         self.drains = {"count": 0, "seconds_sum": 0.0, "last_s": None, "streams_moved": 0}
         self.cold_starts = {"count": 0, "seconds_sum": 0.0, "last_s": None}
 
-    @property
-    def desired(self) -> int:
-        return self.round.desired
-
-    @desired.setter
-    def desired(self, n: int) -> None:
-        self.round.desired = n
-
     # -- one round, after each poll -------------------------------------------------------
     def step(self, controller, now: float) -> None:
         views = controller.views()
@@ -90,15 +82,15 @@ class Autoscaler:
 
     def _converge(self, controller, views, now: float) -> None:
         current = [v for v in views if v.draining_since is None and v.state != DEAD]
-        for _ in range(self.desired - len(current)):
+        for _ in range(self.round.desired - len(current)):
             worker_id, handle = self.spawn()
             self._spawned_at[worker_id] = now
             controller.add_worker(worker_id, handle)
-        surplus = len(current) - self.desired
+        surplus = len(current) - self.round.desired
         if surplus > 0:
             # the ready worker with the least to finish; the newest of equals
             ready = sorted((v for v in current if v.ready),
-                           key=lambda v: (v.load, -_index(v.worker_id)))
+                           key=lambda v: (v.load, -worker_index(v.worker_id)))
             for v in ready[:surplus]:
                 logger.info("draining %s (%d requests)", v.worker_id, v.load)
                 controller.set_draining(v.worker_id, now)
@@ -136,7 +128,7 @@ class Autoscaler:
         samples = self.round.samples
         return {
             "min_workers": self.policy.min_workers, "max_workers": self.policy.max_workers,
-            "desired": self.desired, **_counts(views),
+            "desired": self.round.desired, **_counts(views),
             "capacity_tokens_per_s": self.round.capacity.tokens_per_s,
             "predicted_wait_s": samples[-1].wait_s if samples else 0.0,
             "queued_tokens": samples[-1].queued_tokens if samples else 0,
@@ -162,5 +154,6 @@ def _tally(times: dict, seconds: float) -> None:
     times["last_s"] = seconds
 
 
-def _index(worker_id: str) -> int:
+def worker_index(worker_id: str) -> int:
+    """`worker-<i>` -> i"""
     return int(worker_id.rsplit("-", 1)[1])

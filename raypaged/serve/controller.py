@@ -85,9 +85,8 @@ class Controller:
     async def snapshot(self, known: tuple[str, int] | None = None) -> FleetSnapshot | None:
         """The fleet view for a router holding snapshot `known` = (epoch, version) (None: none
         yet): None when it holds this one; else the views, without the handles it already has
-        (every worker's handle, ~380 bytes pickled, went to every router 4 times a second:
-        ~1.5 MB/s per router at 1,000 workers; docs/fleet_sim.md). The router's own request
-        metrics and the autoscaler's state go out with the next version (a poll: 0.5 s)."""
+        (docs/fleet_sim.md). The router's own request metrics and the autoscaler's state go
+        out with the next version (a poll)."""
         self._ensure_polling()
         if known == (self.epoch, self._version):
             return None
@@ -101,8 +100,7 @@ class Controller:
 
     async def cache_deltas(self, versions: dict[str, int]) -> dict[str, SummaryDelta]:
         """For a router whose copies are at `versions` (worker id -> version; -1: none yet):
-        the deltas of the workers whose cache changed since (a router keeps the others as
-        they are; an empty delta for each of 1,000 workers every refresh is ~290 kB/s)."""
+        the deltas of the workers whose cache changed since (it keeps the others as they are)."""
         return {wid: summary.delta_since(versions.get(wid, -1), depths=False)
                 for wid, summary in self._caches.items()
                 if summary.version != versions.get(wid, -1)}

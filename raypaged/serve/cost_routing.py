@@ -24,10 +24,9 @@ worker). Every replica with the same snapshot and the same requests sent makes t
 The affinity exception: a worker over the cap (but under twice it) stays a candidate for a
 request whose prefix it holds beyond the longest any worker under the cap holds by more than
 `slack` tokens: a hit the slack could not buy elsewhere. The cap counts requests, not their
-sizes, so on long multi-turn chats it binds on ordinary fluctuations and sent a conversation's
-next turn, history and all, to be prefilled again on another worker (3.5 of the 5.5 points of
-hit rate the chosen workers lacked against the fleet's best, Mooncake, 16 workers, load 0.8;
-docs/fleet_sim.md). The cost still decides among the candidates, and a surplus within the
+sizes, so on long multi-turn chats it binds on ordinary fluctuations and would send a
+conversation's next turn, history and all, to be prefilled again on another worker
+(docs/fleet_sim.md). The cost still decides among the candidates, and a surplus within the
 slack (every worker holding the same system prompt) never lifts the cap, so a shared prefix
 cannot herd.
 
@@ -37,11 +36,8 @@ request that hits adds its suffix only (charging the whole prompt made a hot pre
 look loaded by tokens it never computes, and pushed the prefix's next requests away).
 
 At 1,000 workers per-worker Python is the cost, so the choice is made in numpy over the
-workers' arrays (fleet_loads.py, kept from one snapshot to the next), and when the views belong
-to one CacheIndex (the router's fleet client and the simulator keep them so) the hits come from
-one bisection of the prompt's keys over its inverted index (CacheIndex.hit_groups) instead of
-a walk per worker: exactly each view's own walk wherever the views are nested, as prefix caches
-are (cache_index.py says when they are not).
+workers' arrays (fleet_loads.py), the hits of one CacheIndex's views (the router's fleet client
+and the simulator keep them so) in one bisection of the prompt's keys (held_keys).
 
 The snapshot lags the workers by up to a poll plus a refresh (~0.75 s by default): a prefix
 cached since then is not yet seen (that request is routed as cold, by its hash), and one evicted

@@ -43,16 +43,15 @@ class Dispatcher:
     def candidates(self, exclude: set[str]) -> tuple[FleetSnapshot, FleetLoads]:
         """Ready workers and their load: this replica's own requests, counted exactly, plus the
         other replicas' as the last snapshot saw them (its load minus what was ours then); the
-        tokens queued there and its prefix cache, as of the snapshot.
+        tokens queued there and its prefix cache, as of the snapshot. The snapshot alone lags
+        by up to a poll and a refresh: a burst would all see the same stale loads, and requests
+        finished since would still count and push work away.
 
-        The snapshot alone lags by up to a poll and a refresh: a burst would all see the same
-        stale loads, and requests finished since would still count and push work away.
-        The arrays are built once per controller poll (snapshot version) and kept up to date by
-        opened/closed and the routing's charges: a request costs no pass of Python over the
-        fleet (fleet_loads.py). The fleet client hands out a new snapshot object every refresh
-        (0.25 s) but the controller polls every 0.5 s: a rebuild on a refresh of the same poll
-        would drop the prefill charged since it (cost_routing.py) while the workers' queues
-        still show none of it, and a burst would herd onto the worker that looked idle."""
+        The arrays are built once per controller poll (snapshot version), not on each refresh
+        of the same poll, and kept up to date by opened/closed and the routing's charges
+        (fleet_loads.py): a rebuild would drop the prefill charged since the poll
+        (cost_routing.py) while the workers' queues still show none of it, and a burst would
+        herd onto the worker that looked idle."""
         snap = self.fleet.snapshot()
         if snap.version != self._snapshot_version:
             self._snapshot_version = snap.version

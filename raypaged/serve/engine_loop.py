@@ -14,7 +14,7 @@ commands to an inbox, and the step thread runs them between steps:
 With the engine's output stage (`output_thread`, raypaged/output_stage.py), step() only hands
 the step's token ids over, and the stage's thread detokenizes them and posts the outputs to the
 event loop itself: the step thread goes straight on to the next step. Engines without one (the
-serving tests' fake) return their outputs from step() as before.
+serving tests' fake) return their outputs from step().
 """
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
 """The workers a router chooses among, kept as arrays from one snapshot to the next.
 
-A dict of W `WorkerLoad`s per request made every choice ~5 Python passes over the fleet (~300 us
-at 1,000 workers) before anything was compared: at that size the per-worker Python *was* the
-decision. `FleetLoads` holds the same facts as numpy arrays in sorted worker-id order, built once
-per snapshot (Dispatcher.candidates, the simulator's Fleet) and updated in place as this router
-opens and closes requests, so a choice is a few numpy calls over W entries (~1-2 ns each) plus
-the work that depends on the prompt, not the fleet:
+At 1,000 workers per-worker Python would be most of a choice, so `FleetLoads` holds what
+`WorkerLoad` says of each worker as numpy arrays in sorted worker-id order, built once per
+snapshot (Dispatcher.candidates, the simulator's Fleet) and updated in place as this router
+opens and closes requests: a choice is a few numpy calls over W entries plus the work that
+depends on the prompt, not the fleet:
 
     position  0        1        2       ...  W-1      sorted worker ids
     requests  3        0        5                     in flight (mutable: this router's +1/-1)
@@ -40,8 +39,7 @@ class WorkerLoad:
 
 @functools.lru_cache(maxsize=16)
 def fleet_salts(worker_ids: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """(rendezvous salt per worker as uint64, the ids as an object array): once per set of
-    workers (a BLAKE2b per worker per request cost ~0.5 ms at 1,000)."""
+    """(rendezvous salt per worker as uint64, the ids as an object array), once per fleet."""
     salts = np.array([int.from_bytes(hashlib.blake2b(w.encode(), digest_size=8).digest(),
                                      "little") for w in worker_ids], dtype=np.uint64)
     return salts, np.array(worker_ids, dtype=object)
@@ -106,8 +104,7 @@ class FleetLoads:
 class Ranking(Sequence[str]):
     """The ready workers in the order to try: `first`, then the others by priority (the
     rendezvous weights), highest first. A request needs the rest only when its first choice
-    refuses it, so their sort (~25 us at 1,000 workers: half a choice) waits until someone
-    looks past the first."""
+    refuses it, so their sort waits until someone looks past the first."""
 
     def __init__(self, loads: FleetLoads, priority, first: int) -> None:
         """`priority[positions]`: the workers' rendezvous weights (an array, or a lazy

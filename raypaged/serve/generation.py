@@ -8,19 +8,17 @@ as many workers as it takes.
                                                         soonest Retry-After they gave
                worker refuses the request (invalid)  -> 400
     stream():  the first outputs, then the rest as they come, every output waiting taken as one
-               batch. A leg whose worker dies (its link
-               says so), restarts or stops answering (the controller's snapshot says it is no
-               longer ready) is failed over: nothing of it seen yet -> the same request again
-               elsewhere; else each unfinished sample goes on elsewhere as a Continuation of
-               the tokens the client already has, so the text goes on with no gap and no
-               repeat. After MAX_FAILOVERS lost workers the request ends with a 503.
+               batch. A leg whose worker dies (its link says so), restarts or stops answering
+               (the controller's snapshot says it is no longer ready) is failed over: nothing
+               of it seen yet -> the same request again elsewhere; else each unfinished sample
+               goes on elsewhere as a Continuation of the tokens the client already has, so
+               the text goes on with no gap and no repeat. After MAX_FAILOVERS lost workers
+               the request ends with a 503.
                A worker that dies (or freezes) once the request was sent to it may have been
                killed by it: it is retried once; a second worker lost that way refuses it as a
                suspected poison request (400, remembered: poison.py), never retried again.
-               That retry never goes to the fleet's last ready worker while another is coming
-               back: it waits (up to SPARE_WAIT_S) for a second one, so a poison request takes
-               down one worker at a time, and the fleet keeps serving everyone else.
-               A worker that left by draining counts for neither.
+               That retry waits for a second ready worker rather than risk the fleet's last
+               one (_wait_for_spare). A worker that left by draining counts for neither.
     collect(): every output, for non-streaming responses.
 
 The dispatcher (dispatch.py) holds what generations share; progress.py what the client has and
@@ -42,7 +40,7 @@ from raypaged.outputs import SequenceOutput
 from raypaged.serve.client_gate import CLIENT
 from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.errors import APIError
-from raypaged.serve.fleet import RESTARTING, STARTING, FleetSnapshot, WorkerView
+from raypaged.serve.fleet import RESTARTING, STARTING, WorkerView
 from raypaged.serve.leg import Leg
 from raypaged.serve.messages import Lost, Rejected, WorkerUnavailable
 from raypaged.serve.poison import REMEMBER_S, fingerprint
@@ -119,7 +117,7 @@ class Generation:
         retry_after = None  # set once a worker said its queue is full
         while True:
             snap, loads = self.d.candidates(self._excluded)
-            renewed = self._excluded & self._renewed(snap)
+            renewed = {w for w, inc in self._lost.items() if snap.renewed(w, inc)} & self._excluded
             if not loads and renewed:  # only workers it lost are left, back as new processes
                 self._excluded -= renewed
                 continue
@@ -252,10 +250,6 @@ class Generation:
         self.d.poison.remember(self._fingerprint(), reason)
         self.d.metrics.inc("suspected_poison_requests", "refused")
         raise self._error(400, reason, code="suspected_poison_request")
-
-    def _renewed(self, snap: FleetSnapshot) -> set[str]:
-        """Workers lost serving this request that are ready again as new processes."""
-        return {w for w, incarnation in self._lost.items() if snap.renewed(w, incarnation)}
 
     async def _wait_for_spare(self, lost: Leg) -> None:
         """After `lost`'s worker died serving this request: while only one other worker is

@@ -17,11 +17,10 @@ reload, as Serve does both by starting the binary):
   any X-Forwarded-For the client sent and sets its own (`option forwardfor`); the router
   believes it only from a loopback peer under this module (client_gate.client_of).
 - **A request's body has --body-timeout-s to arrive, at HAProxy too.** The router answers a
-  body that is too slow with 408, but HAProxy then kept the client's connection open, waiting
-  for the rest of the declared body (`timeout client` is an hour of silence): 200 such
-  connections stayed open for as long as they were watched. HAProxy now reads the body before
-  it forwards the request (`option http-buffer-request`) within the same deadline (`timeout
-  http-request`): 408 and the connection closed.
+  body that is too slow with 408, but HAProxy would keep the client's connection open, waiting
+  for the rest of the declared body (`timeout client` is an hour of silence). So HAProxy reads
+  the body before it forwards the request (`option http-buffer-request`) within the same
+  deadline (`timeout http-request`): 408 and the connection closed.
 
 Imports nothing but the standard library: it runs before every HAProxy start."""
 from __future__ import annotations

@@ -76,12 +76,9 @@ def haproxy_binary() -> str:
 
 
 def default_ingress() -> tuple[str, str | None]:
-    """(the ingress of a local cluster when --ingress is not given, why it is not HAProxy).
-
-    HAProxy where it can run: it takes about half the serving path's CPU per token off
-    (docs/performance.md, "Ray Serve's ingress"); through haproxy_local.py it listens on the
-    loopback alone and forwards the client's address, as the Python proxy does. Else Serve's
-    Python proxy."""
+    """(the ingress of a local cluster when --ingress is not given, why it is not HAProxy):
+    HAProxy where it can run (it takes about half the serving path's CPU per token off:
+    docs/performance.md, "Ray Serve's ingress"), else Serve's Python proxy."""
     try:
         _check_ray_version()
         haproxy_binary()
@@ -135,10 +132,9 @@ def ingress_env(ingress: str, run_dir: str, body_timeout_s: float) -> dict[str, 
 
 
 def _local_haproxy(real: str, run_dir: str, body_timeout_s: float) -> str:
-    """An executable in `run_dir` that Serve starts as its HAProxy: haproxy_local.py, which
-    binds the stats page and exporter to the loopback, forwards the client's address and
-    keeps the body deadline, then runs `real`. By file path, isolated: it needs no import path, and reads only the standard
-    library."""
+    """An executable in `run_dir` that Serve starts as its HAProxy: haproxy_local.py (by file
+    path, isolated: it needs no import path, and reads only the standard library), which
+    then runs `real`."""
     path = os.path.join(run_dir, "haproxy")
     with open(path, "w") as f:
         # exec, twice (here and in haproxy_local): Serve signals the pid it started, which

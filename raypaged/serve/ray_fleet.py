@@ -11,7 +11,6 @@ per engine step carrying every request's new outputs.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
 import logging
 import time
@@ -129,13 +128,8 @@ class RayFleetClient:
         if link is None or link.dead is not None or link.incarnation != incarnation:
             if link is not None:
                 link.close()
-            # made in a context of its own, not the request's that asked first: Ray takes the
-            # actor task a call is made from out of the asyncio task's context, and cancels a
-            # call with the task it was made from (recursively); the link's stream, opened
-            # from the request's context, would end when that request's client left, and with
-            # it every request on the link
-            link = self._links[view.worker_id] = contextvars.Context().run(
-                RayWorkerLink, view.handle, view.worker_id, incarnation, self.replica_id)
+            link = self._links[view.worker_id] = RayWorkerLink(
+                view.handle, view.worker_id, incarnation, self.replica_id)
         return link
 
 

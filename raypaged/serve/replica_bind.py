@@ -26,11 +26,6 @@ logger = logging.getLogger(__name__)
 RAY_REPLICA_GRPC_ADDRESS = "[::]:0"
 
 
-def node_address(node_ip: str, port: int = 0) -> str:
-    """A gRPC bind address for one IP (IPv6 in brackets)."""
-    return f"[{node_ip}]:{port}" if ":" in node_ip else f"{node_ip}:{port}"
-
-
 def bind_replica_grpc_to_node_ip() -> None:
     import ray
     from ray.serve._private import replica
@@ -45,8 +40,8 @@ def bind_replica_grpc_to_node_ip() -> None:
     node_ip = ray.util.get_node_ip_address()
 
     def add_port(server, address: str) -> int:
-        if address == RAY_REPLICA_GRPC_ADDRESS:
-            address = node_address(node_ip)
+        if address == RAY_REPLICA_GRPC_ADDRESS:  # the node IP, any port (IPv6 in brackets)
+            address = f"[{node_ip}]:0" if ":" in node_ip else f"{node_ip}:0"
         return original(server, address)
 
     add_port.binds_node_ip = True

@@ -8,8 +8,7 @@ same order and go to the first one, where their blocks already are:
     key            = hash of block d-1 (it names blocks 0..d-1); no full block: hash of the tokens
     order          = workers sorted by H(key, worker id), highest first (rendezvous / HRW)
     H(key, w)      = splitmix64(first 8 bytes of key XOR salt(w)), salt(w) = 8-byte BLAKE2b of
-                     the worker id, computed once per fleet; the W weights and their sort are
-                     one numpy call each (a BLAKE2b per worker per request cost ~0.5 ms at 1,000)
+                     the worker id, computed once per fleet; the W weights: one numpy call
 
 Load bound (consistent hashing with bounded loads, load_factor = 1 + eps): a worker may take the
 request only while  load + 1 <= ceil(load_factor * (total load + 1) / workers);  otherwise the
@@ -63,8 +62,7 @@ def rendezvous_weights(key: BlockHash, salts: np.ndarray) -> np.ndarray:
 class RendezvousWeights:
     """rendezvous_weights(key, salts)[idx], computed only for the workers asked about: a
     cache_aware choice needs the weights of its tied candidates (and of every ready worker only
-    when someone looks past its first choice), not all W; at 1,000 workers the whole array was
-    ~26 us of a ~46 us choice."""
+    when someone looks past its first choice), not all W."""
 
     def __init__(self, key: BlockHash, salts: np.ndarray) -> None:
         self._key, self._salts = np.uint64(int.from_bytes(key[:8], "little")), salts
@@ -132,14 +130,14 @@ class Router:
         """The prompt's block hashes as deep as a walk of the fleet's views can reach, and at
         least the rendezvous key's blocks.
 
-        Hashing is per token (a 120k-token prompt: ~6 ms, packing its ints alone ~1.5 ms) and
-        most of a long prompt is usually cached nowhere. A worker's hit is the first of the
-        prompt's keys its view lacks, so past a depth whose key no view holds there is nothing
-        to find: hash 1, 2, 4, 8, ... blocks (each step continues the chain) and stop at the
-        first such depth that no view of the fleet's CacheIndex holds. Those depths end a power
-        of two of blocks, which sampled views always publish (cache_summary.published), and
-        the keys kept end with that miss, so every worker's walk, and the index's bisection,
-        gives what it gives on the whole prompt. Views outside one index: hash everything."""
+        Hashing is per token, and most of a long prompt is usually cached nowhere. A worker's
+        hit is the first of the prompt's keys its view lacks, so past a depth whose key no view
+        holds there is nothing to find: hash 1, 2, 4, 8, ... blocks (each step continues the
+        chain) and stop at the first such depth that no view of the fleet's CacheIndex holds.
+        Those depths end a power of two of blocks, which sampled views always publish
+        (cache_summary.published), and the keys kept end with that miss, so every worker's
+        walk, and the index's bisection, gives what it gives on the whole prompt. Views outside
+        one index: hash everything."""
         bs, salt = self.block_size, cache_salt
         if loads is None or loads.index is None or loads.walked:
             return hash_block_tokens(token_ids, bs, salt)

@@ -67,7 +67,6 @@ class Worker:
         plan = engine.plan
         self.bound = QueueBound(max_queued, plan.num_blocks, plan.block_size, plan.max_model_len)
         self._loop: EngineLoop | None = None  # started on first use: it needs the event loop
-        self._event_loop: asyncio.AbstractEventLoop | None = None
         self._requests: dict[str, _Accepted] = {}
         self._outboxes: dict[str, _Outbox] = {}  # router id -> its outbox
         self._seen_stats = None           # the step loop's last published stats, and since when
@@ -128,19 +127,6 @@ class Worker:
             # FIFO inbox: runs after the request's add_request even if that is still queued
             self._loop.call_nowait(lambda e: e.abort(request_id))
 
-    def abort(self, request_id: str) -> None:
-        """A control call: it may run on another thread than the streams (its own Ray
-        concurrency group), so it hands the abort to their event loop; the request's outputs
-        end with finish_reason "abort"."""
-        if self._event_loop is not None:
-            self._event_loop.call_soon_threadsafe(self._abort_now, request_id)
-
-    def _abort_now(self, request_id: str) -> None:
-        def deliver(fut: asyncio.Future) -> None:
-            if not fut.cancelled() and fut.exception() is None:
-                self._deliver(fut.result() or [])
-        self._engine_loop().call(lambda e: e.abort(request_id)).add_done_callback(deliver)
-
     # -- what the controller and router read -----------------------------------------------
     def stats(self, cache_since: int | None = None) -> WorkerStats:
         """The engine's latest stats; with `cache_since`, also what its prefix cache gained and
@@ -179,8 +165,7 @@ class Worker:
     # -- internals -------------------------------------------------------------------------
     def _engine_loop(self) -> EngineLoop:
         if self._loop is None:
-            self._event_loop = asyncio.get_running_loop()
-            self._loop = EngineLoop(self.engine, self._event_loop,
+            self._loop = EngineLoop(self.engine, asyncio.get_running_loop(),
                                     on_outputs=self._deliver, on_crash=self._fail_all)
         return self._loop
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import uuid
-from typing import AsyncIterator, Callable
+from typing import Callable
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
@@ -23,6 +23,9 @@ Sink = Callable[[list], None]  # gets a request's outputs of a message, or Worke
 
 
 class WorkerLink:
+    """The four calls to the worker are a subclass's: `_messages()` (the stream),
+    `_submit(*args)`, `_cancel(request_id)` and `_close_stream()`."""
+
     def __init__(self, worker_id: str, incarnation: str | None, owner: str):
         self.worker_id, self.incarnation = worker_id, incarnation
         self.router_id = f"{owner}-{uuid.uuid4().hex[:12]}"
@@ -31,19 +34,6 @@ class WorkerLink:
         # the stream outlives the request that happens to open it (outside_requests)
         self._pump = asyncio.get_running_loop().create_task(self._run(),
                                                             context=contextvars.Context())
-
-    # -- the calls to the worker (RayWorkerLink; tests link in-process Workers) -------------
-    def _messages(self) -> AsyncIterator[dict[str, list]]:
-        raise NotImplementedError
-
-    async def _submit(self, *args) -> Rejected | None:
-        raise NotImplementedError
-
-    def _cancel(self, request_id: str) -> None:
-        raise NotImplementedError
-
-    def _close_stream(self) -> None:
-        raise NotImplementedError
 
     # -- requests ----------------------------------------------------------------------------
     async def submit(self, request_id: str, token_ids, params, cache_salt, continuation,

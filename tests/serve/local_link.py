@@ -1,5 +1,6 @@
-"""In-process links to Workers (no Ray): the router's WorkerLink over a Worker's own calls, and
-`generate`, one request's outputs read the way a router reads them, for worker tests."""
+"""In-process links to Workers (no Ray): the router's WorkerLink over a Worker's own calls,
+`generate`, one request's outputs read the way a router reads them, for worker tests, and
+`abort`, the engine's abort of a request in flight."""
 from __future__ import annotations
 
 import asyncio
@@ -76,3 +77,12 @@ async def generate(worker: Worker, request_id: str, prompt, params, cache_salt=N
                 return
     finally:
         await stream.aclose()  # cancels the request if it still runs
+
+
+def abort(worker: Worker, request_id: str) -> None:
+    """Abort the request in the worker's engine (from its event loop): its outputs end with
+    finish_reason "abort", as a router's cancel does not end them."""
+    def deliver(fut: asyncio.Future) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            worker._deliver(fut.result() or [])
+    worker._engine_loop().call(lambda e: e.abort(request_id)).add_done_callback(deliver)

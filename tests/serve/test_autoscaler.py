@@ -114,13 +114,13 @@ def test_scales_out_under_a_queue_then_drains_the_idle_worker_back_to_one():
 
 def test_a_draining_worker_with_streams_leaves_at_the_drain_deadline():
     fleet = Fleet()
-    fleet.controller.autoscaler.desired = 2  # as if it had scaled out
+    fleet.controller.autoscaler.round.desired = 2  # as if it had scaled out
     fleet.tick()
     fleet.workers["worker-1"].answering = True
     fleet.tick()
     fleet.workers["worker-0"].active = 3
     fleet.workers["worker-1"].active = 2  # fewer: drained first
-    fleet.controller.autoscaler.desired = 1
+    fleet.controller.autoscaler.round.desired = 1
     fleet.controller.autoscaler.step(fleet.controller, fleet.now)
     snap = asyncio.run(fleet.controller.snapshot())
     assert [w.worker_id for w in snap.ready()] == ["worker-0"]

@@ -7,7 +7,7 @@ import time
 
 from fake_engine import FakeEngine
 from raypaged.core.sampling_params import SamplingParams
-from local_link import generate
+from local_link import abort, generate
 from raypaged.serve.worker import Worker
 
 
@@ -48,7 +48,7 @@ def test_abort_queues_the_abort_and_frees_the_request():
         w = Worker(FakeEngine(step_delay_s=0.01), "w")
         gen = generate(w, "r", list(b"hello there"), SamplingParams(max_tokens=200))
         await gen.__anext__()
-        w.abort("r")
+        abort(w, "r")
         outs = [o async for batch in gen for o in batch]
         assert outs[-1].finish_reason == "abort" and len(outs) < 200
         deadline = time.monotonic() + 2

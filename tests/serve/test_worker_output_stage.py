@@ -11,7 +11,7 @@ from raypaged.core.engine_core import EngineCore
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.scheduler import Scheduler
 from raypaged.engine import Engine
-from local_link import generate
+from local_link import abort, generate
 from raypaged.serve.worker import Worker
 
 PROMPT = list(b"a prompt of a few blocks, long enough to fill two of them")
@@ -94,8 +94,7 @@ def test_an_engine_with_output_thread_uses_its_stage_in_the_worker():
         while not runner.steps.is_set():  # the first step ran; the second waits for `go`
             await asyncio.sleep(0.002)
         assert engine.stage is not None
-        w.abort("r")
-        await asyncio.sleep(0)  # the abort's callback runs: it is in the step thread's inbox
+        abort(w, "r")  # in the step thread's inbox before the step it waits on
         runner.go.set()
         outs = await task
         assert sorted(o.index for o in outs if o.finish_reason == "abort") == [0, 1]
