@@ -96,7 +96,7 @@ def _paged_decode_kernel(
     dim_mask = dims < head_dim
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
                 mask=row_mask[:, None] & dim_mask[None, :], other=0.0)  # [GROUP_ROWS, D]
-    if FP8_AS_FP16:  # / 16: |q| up to ~1e6 fits fp16 (score_scale puts the 16 back)
+    if FP8_AS_FP16:  # / 16: |q| up to ~1e6 fits fp16 (qk_scale puts the 16 back)
         q = (q.to(tl.float32) * 0.0625).to(tl.float16)
 
     m_i = tl.full([GROUP_ROWS], float("-inf"), tl.float32)  # running max (log2 domain)
@@ -208,18 +208,27 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
     return max(1, min(want, worth, MAX_SPLITS))
 
 
-def fp8_as_fp16(query_dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int) -> bool:
-    """An fp8 cache under 16-bit queries: K/V widened to fp16 for the dots (module docstring).
-    Up to head dim 128, where it was measured; at 256 the fp16 query tile made split decode spill
-    4 bytes per thread on sm_90."""
-    return cache_dtype.itemsize == 1 and query_dtype.itemsize == 2 and head_dim <= 128
+def paged_launch_args(query: torch.Tensor, key_cache: torch.Tensor, block_tables: torch.Tensor,
+                      out: torch.Tensor, scale: float, k_scale: float, v_scale: float
+                      ) -> tuple[tuple, dict]:
+    """The arguments paged decode and paged prefill launch with alike: (qk_scale, out_scale, the
+    query, output, cache and block-table strides) and the constexprs BLOCK_SIZE, DOT_PRECISION
+    and FP8_AS_FP16.
 
-
-def score_scale(scale: float, k_scale: float, fp8_fp16: bool) -> float:
-    """The kernels' qk_scale: the scores' one factor (under FP8_AS_FP16 the query was divided
-    by 16 before its cast). One argument, computed here: an extra kernel argument or an in-kernel
-    product made split decode at head dim 256 spill 4 bytes per thread on sm_90."""
-    return float(scale * k_scale * LOG2E * (16.0 if fp8_fp16 else 1.0))
+    FP8_AS_FP16 (module docstring) holds up to head dim 128, where it was measured; at 256 the
+    fp16 query tile made split decode spill 4 bytes per thread on sm_90. qk_scale is the scores'
+    one factor (x 16 under FP8_AS_FP16: the query was divided by 16 before its cast), computed
+    here: an extra kernel argument or an in-kernel product made split decode at head dim 256
+    spill 4 bytes per thread on sm_90."""
+    fp8_fp16 = (key_cache.dtype.itemsize == 1 and query.dtype.itemsize == 2
+                and query.shape[2] <= 128)
+    qk_scale = float(scale * k_scale * LOG2E * (16.0 if fp8_fp16 else 1.0))
+    strides = (query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+               key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+               block_tables.stride(0))
+    return (qk_scale, float(v_scale), *strides), dict(
+        BLOCK_SIZE=key_cache.shape[1], FP8_AS_FP16=fp8_fp16,
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32")
 
 
 def decode_tiles(group: int, head_dim: int, query_dtype: torch.dtype) -> dict:
@@ -245,14 +254,13 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     tiles: launch options in place of decode_tiles' (benchmarks/kernel_bench.py sweeps them).
     """
     batch, num_heads, head_dim = query.shape
-    num_blocks, block_size, num_kv_heads, cache_head_dim = key_cache.shape
+    num_kv_heads = key_cache.shape[2]
     out = check_paged_inputs(query, key_cache, value_cache, block_tables, seq_lens, out)
     assert seq_lens.shape == (batch,), seq_lens.shape
     assert 1 <= num_splits
     if batch == 0:
         return out
     group = num_heads // num_kv_heads
-    fp8_fp16 = fp8_as_fp16(query.dtype, key_cache.dtype, head_dim)
     if num_splits > 1:
         if workspace is None:
             workspace = DecodeWorkspace.allocate(batch, num_heads, head_dim, query.device,
@@ -264,17 +272,12 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     else:  # unused when num_splits == 1; any pointer will do
         part_out, part_lse, p_strides, l_strides = out, seq_lens, (0, 0, 0), (0, 0)
 
+    args, consts = paged_launch_args(query, key_cache, block_tables, out, scale, k_scale, v_scale)
     _paged_decode_kernel[(batch, num_kv_heads, num_splits)](
-        query, key_cache, value_cache, block_tables, seq_lens, out, part_out, part_lse,
-        score_scale(scale, k_scale, fp8_fp16), float(v_scale),
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        block_tables.stride(0), *p_strides, *l_strides,
-        group, head_dim, num_splits,
-        BLOCK_SIZE=block_size,
+        query, key_cache, value_cache, block_tables, seq_lens, out, part_out, part_lse, *args,
+        *p_strides, *l_strides, group, head_dim, num_splits,
         SPLIT=num_splits > 1,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        FP8_AS_FP16=fp8_fp16,
+        **consts,
         **(tiles or decode_tiles(group, head_dim, query.dtype)),
     )
     if num_splits > 1:

@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 
 from .launch_checks import check_paged_inputs
-from .paged_decode import fp8_as_fp16, score_scale
+from .paged_decode import paged_launch_args
 
 
 @triton.jit
@@ -129,7 +129,7 @@ def _paged_prefill_kernel(
     q_off = (q_start + tok)[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :]
     io_mask = row_mask[:, None] & dim_mask[None, :]
     q = tl.load(q_ptr + q_off, mask=io_mask, other=0.0)  # [ROWS, D]
-    if FP8_AS_FP16:  # / 16: |q| up to ~1e6 fits fp16 (score_scale puts the 16 back)
+    if FP8_AS_FP16:  # / 16: |q| up to ~1e6 fits fp16 (qk_scale puts the 16 back)
         q = (q.to(tl.float32) * 0.0625).to(tl.float16)
 
     first_tok = tile * BLOCK_M
@@ -201,18 +201,12 @@ def paged_prefill(query: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
         return out
     group = num_heads // num_kv_heads
     tiles = tiles or prefill_tiles(group, head_dim, query.dtype, key_cache.dtype, block_size)
-    fp8_fp16 = fp8_as_fp16(query.dtype, key_cache.dtype, head_dim)
+    args, consts = paged_launch_args(query, key_cache, block_tables, out, scale, k_scale, v_scale)
     grid = (triton.cdiv(max_query_len, tiles["BLOCK_M"]), num_seqs, num_kv_heads)
     _paged_prefill_kernel[grid](
-        query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out,
-        score_scale(scale, k_scale, fp8_fp16), float(v_scale),
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        block_tables.stride(0),
+        query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out, *args,
         group, head_dim,
-        BLOCK_SIZE=block_size,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        FP8_AS_FP16=fp8_fp16,
+        **consts,
         **tiles,
     )
     return out
