@@ -6,8 +6,6 @@
 One program per token writes all of its KV heads (a [KV_HEADS_PAD, HEAD_DIM_PAD] tile) for both
 K and V, so a step of T tokens is T programs. An fp8 (e4m3) cache stores value / scale, clamped
 to the format's finite range (+-448) so an outlier saturates instead of becoming NaN.
-
-This module imports only torch, triton and launch_checks (it is part of raypaged.kernels).
 """
 from __future__ import annotations
 
