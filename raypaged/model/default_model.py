@@ -46,10 +46,6 @@ _GLOBAL_TENSORS = {"token_embd.weight": "model.embed_tokens.weight",
                    "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("RAYPAGED_CACHE") or Path.home() / ".cache" / "raypaged")
-
-
 def default_gguf_path() -> Path:
     """The GGUF inside the installed package, found without importing it (its __init__ needs
     the `llm` and `llama_cpp` packages, which we neither need nor install)."""
@@ -67,7 +63,7 @@ def default_gguf_path() -> Path:
 
 def default_model_dir() -> Path:
     """The converted default model's folder, converting on first use (about 15 s, once)."""
-    root = cache_root()
+    root = Path(os.environ.get("RAYPAGED_CACHE") or Path.home() / ".cache" / "raypaged")
     target = root / CACHE_NAME
     if _complete(target):
         return target

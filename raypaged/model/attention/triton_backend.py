@@ -51,7 +51,7 @@ class TritonAttentionBackend:
     def attend(self, query: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata,
                scale: float) -> torch.Tensor:
         num_seqs = meta.seq_lens.shape[0]
-        if meta.is_pure_decode and query.shape[0] == num_seqs:
+        if meta.max_query_len == 1 and query.shape[0] == num_seqs:
             splits = self.num_splits(num_seqs, cache.key.shape[2], meta.max_seq_len, query.device)
             workspace = (self.workspace(num_seqs, query.shape[1], query.shape[2], query.device)
                          if splits > 1 else None)
