@@ -195,11 +195,8 @@ class DecodeWorkspace:
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
-    """Static split rule: aim for >= 2 programs per SM, but give each split >= 256 positions.
-
-    Depends only on host integers, so a CUDA graph captured for a batch size (with a fixed
-    max_seq_len, e.g. max_model_len) keeps a valid choice for every replay.
-    """
+    """The split rule (module docstring). Host integers only, so a CUDA graph captured for a
+    batch size (with a fixed max_seq_len, e.g. max_model_len) keeps a valid choice at replay."""
     programs = max(1, num_seqs * num_kv_heads)
     want = triton.cdiv(2 * num_sms, programs)
     worth = triton.cdiv(max(1, max_seq_len), MIN_SPLIT_TOKENS)

@@ -22,9 +22,9 @@ from raypaged.core.structured_outputs import StructuredOutputsParams
 
 # The most whitespace a JSON constraint allows between two tokens of the JSON (xgrammar's
 # max_whitespace_cnt). Unbounded, a small model sampled at temperature 0.7 falls into "\n" after
-# "\n" inside an object until max_tokens cuts it (benchmarks/structured_validity.py: 16 of 88
-# requests, every one of its failures); a bound forces the next token to be JSON, so it can
-# change only the layout, never validity. 20 fits pretty-printing 9 levels deep at indent 2.
+# "\n" inside an object until max_tokens cuts it (benchmarks/structured_validity.py); a bound
+# forces the next token to be JSON, so it changes only the layout, never validity. 20 fits
+# pretty-printing 9 levels deep at indent 2.
 MAX_JSON_WHITESPACE = 20
 
 

@@ -1,17 +1,7 @@
 """How a model runs here, decided once: device, dtype, length, KV shape and budget, attention
 backend, threads. The engine, `raypaged plan`, and the benchmarks and GPU tests that run random
-weights all go through it, so no two of them can decide differently.
-
-    ModelSetup.decide(args)      config.json only: device, dtype ("auto"), max_model_len, the KV
-                                 cache's element type and KVShape
-      .plan()                    the "what fits" KVPlan (`raypaged plan`: no weights read)
-      .attention_backend()       chosen once: torch (+ the C++ decode kernel on CPU) or Triton
-                                 (its split-K workspace sized for this engine), refusing what
-                                 the GPU at hand cannot run
-      .load_model()              kernel caches bounded, weights read into that backend, linears
-                                 packed for oneDNN where they can be
-      .build_core(model)         KV cache sized by the plan, input buffers, CUDA graphs, sampler,
-                                 threads: the runner, under a Scheduler built from these same args
+weights all go through it (ModelSetup.decide from config.json alone, then .plan, which reads no
+weights, .attention_backend, .load_model and .build_core), so no two of them decide differently.
 """
 from __future__ import annotations
 
@@ -95,6 +85,7 @@ class ModelSetup:
         return plan_kv_cache(self.kv_shape, self.args, self.max_model_len, free)
 
     def attention_backend(self) -> AttentionBackend:
+        """torch (+ the C++ kernels on CPU) or Triton, refusing what the GPU at hand cannot run."""
         args, cuda = self.args, self.device.type == "cuda"
         if (args.attention_backend or ("triton" if cuda else "torch")) == "torch":
             cpu = self.device.type == "cpu"
@@ -107,8 +98,7 @@ class ModelSetup:
             from raypaged.model.attention.gpu_support import check_triton_kv_dtype
             check_triton_kv_dtype(torch.cuda.get_device_capability(self.device), args.kv_dtype,
                                   str(self.dtype).removeprefix("torch."))
-        # the split-K workspace for this engine's batch; a fixed split rule (from max_model_len)
-        # keeps decode launches identical between graph capture and replay
+        # the split-K workspace for this engine's batch; max_model_len fixes the split rule
         return get_attention_backend("triton", self.device, max_num_seqs=args.max_num_seqs,
                                      max_model_len=self.max_model_len)
 

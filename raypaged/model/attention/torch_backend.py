@@ -14,8 +14,7 @@ Blocks are gathered with index_select (several times faster on CPU than advanced
 Given a `decode_kernel` (on CPUs, the C++ kernel of raypaged.kernels.cpu_paged_decode), decode
 rows skip the gather and the padded SDPA: the kernel reads each sequence's blocks in place.
 Given a `prefill_kernel` (bf16 on CPUs with AVX512-BF16, cpu_paged_decode.paged_prefill),
-prefill chunks skip the gather and SDPA likewise: torch's CPU SDPA computes in fp32 and was
-half of a 1,024-token prefill's time (docs/performance.md, "Long prompts").
+prefill chunks skip the gather and SDPA likewise (torch's CPU SDPA computes in fp32).
 """
 from __future__ import annotations
 

@@ -6,9 +6,8 @@
 
 The backend owns the split-K workspace: allocated once, sized for max_num_seqs, reused by every
 layer and step, so a pure-decode step allocates nothing but its output (which a CUDA graph's
-private pool serves) and never syncs with the host. The number of splits is a function of
-host integers only (batch size, kv heads, SM count and max_model_len when given), so a graph
-captured for a batch size stays valid at every replay; results never depend on it.
+private pool serves) and never syncs with the host. The number of splits (host integers only:
+see __init__) never changes results.
 
 On CPU tensors it runs when TRITON_INTERPRET=1 was set before triton was imported (tests do);
 otherwise `get_attention_backend` refuses it on a device without CUDA, once, at engine start.
