@@ -16,11 +16,15 @@ from raypaged.config import EngineArgs, KVPlan, KVShape, plan_kv_cache
 from raypaged.core.engine_core import EngineCore
 from raypaged.core.scheduler import Scheduler
 from raypaged.core.scheduling_policy import policy_of
+from raypaged.kernels import cpu_paged_decode
 from raypaged.model.attention import AttentionBackend, TorchAttentionBackend, get_attention_backend
-from raypaged.model.kv_cache import kv_storage_dtype
+from raypaged.model.cuda_graphs import CudaGraphDecoder
+from raypaged.model.input_buffers import InputBuffers
+from raypaged.model.kv_cache import allocate_kv_caches, kv_storage_dtype
 from raypaged.model.loader import checkpoint_files, resolve_dtype
 from raypaged.model.model_config import ModelConfig
 from raypaged.model.runner import ModelRunner
+from raypaged.model.sampler import Sampler
 
 log = logging.getLogger(__name__)
 
@@ -119,11 +123,6 @@ class ModelSetup:
         buffers, CUDA graphs, sampler) under a scheduler of the same plan. GPU tests and
         benchmarks call this with random weights of real shapes. grammars: the GrammarCache
         constrained requests compile into (None: none accepted)."""
-        from raypaged.model.cuda_graphs import CudaGraphDecoder
-        from raypaged.model.input_buffers import InputBuffers
-        from raypaged.model.kv_cache import allocate_kv_caches
-        from raypaged.model.sampler import Sampler
-
         args = self.args
         plan = self.plan(weights_loaded=True)
         kv_caches = allocate_kv_caches(self.config, plan.num_blocks, args.block_size,
@@ -149,8 +148,6 @@ def cpu_decode_kernel(config: ModelConfig, dtype: torch.dtype, kv_dtype: torch.d
                       block_size: int):
     """The C++ decode attention for this model and cache, or None (with a warning saying why and
     what to do) where it cannot serve them or cannot be built here."""
-    from raypaged.kernels import cpu_paged_decode
-
     why = cpu_paged_decode.unsupported(dtype, kv_dtype, config.num_heads, config.num_kv_heads,
                                        config.head_dim, block_size)
     try:
@@ -168,8 +165,6 @@ def cpu_prefill_kernel(config: ModelConfig, dtype: torch.dtype, kv_dtype: torch.
     """The C++ bf16 prefill attention for this model and cache, or None where it does not apply
     (fp32, an fp8 cache, another head dim: SDPA, as designed, logged at info) or cannot run here
     (no AVX512-BF16, no compiler: SDPA, with a warning saying what it costs)."""
-    from raypaged.kernels import cpu_paged_decode
-
     why = cpu_paged_decode.prefill_unsupported(dtype, kv_dtype, config.num_heads,
                                                config.num_kv_heads, config.head_dim)
     if why is not None:
