@@ -79,12 +79,9 @@ def _store_kv_kernel(
 def store_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
              value_cache: torch.Tensor, slot_mapping: torch.Tensor,
              k_scale: float = 1.0, v_scale: float = 1.0) -> None:
-    """Write key/value [T, num_kv_heads, head_dim] into the caches at slot_mapping [T] (-1 = skip).
-
-    The caches are [num_blocks, block_size, num_kv_heads, head_dim] in fp16/bf16/fp32 (stored as
-    is, cast to the cache dtype) or fp8 e4m3 (stored as clamp(value / scale, +-448)).
-    No allocation and no host sync: safe inside a CUDA graph.
-    """
+    """Write key/value [T, num_kv_heads, head_dim] into the caches at slot_mapping [T] (-1 = skip),
+    cast to the cache dtype (fp8: module docstring). No allocation and no host sync: safe inside
+    a CUDA graph."""
     num_tokens, num_kv_heads, head_dim = key.shape
     assert value.shape == key.shape, f"value {tuple(value.shape)} != key {tuple(key.shape)}"
     assert key.dtype == value.dtype and key.dtype in (torch.float16, torch.bfloat16, torch.float32)

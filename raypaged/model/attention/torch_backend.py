@@ -54,12 +54,8 @@ class _StepPlan:
     covers_all_rows: bool            # decode rows are exactly 0..T-1: no zero-filled output
 
 
-# (query [n, H, D] contiguous, key cache, value cache, block_tables [n, mb] int32, seq_lens [n]
-#  int32, scale, k_scale, v_scale) -> [n, H, D]: raypaged.kernels.cpu_paged_decode.paged_decode
-DecodeKernel = Callable[..., torch.Tensor]
-# (query [n, H, D] contiguous, key cache, value cache, block_table [>= blocks] int32, seq_len,
-#  scale) -> [n, H, D], causal: raypaged.kernels.cpu_paged_decode.paged_prefill
-PrefillKernel = Callable[..., torch.Tensor]
+# Called as raypaged.kernels.cpu_paged_decode.paged_decode and .paged_prefill (their docstrings)
+DecodeKernel = PrefillKernel = Callable[..., torch.Tensor]
 
 
 class TorchAttentionBackend:
