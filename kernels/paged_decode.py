@@ -178,12 +178,9 @@ class DecodeWorkspace:
     @classmethod
     def allocate(cls, max_batch: int, num_heads: int, head_dim: int,
                  device: torch.device | str, max_splits: int = MAX_SPLITS) -> "DecodeWorkspace":
-        return cls(
-            part_out=torch.empty(max_batch, num_heads, max_splits, head_dim,
-                                 dtype=torch.float32, device=device),
-            part_lse=torch.empty(max_batch, num_heads, max_splits, dtype=torch.float32,
-                                 device=device),
-        )
+        part_out = torch.empty(max_batch, num_heads, max_splits, head_dim, dtype=torch.float32,
+                               device=device)
+        return cls(part_out, torch.empty(part_out.shape[:3], dtype=torch.float32, device=device))
 
     @property
     def max_batch(self) -> int:
