@@ -1,8 +1,5 @@
-"""The Triton attention backend: store_kv, then paged decode (pure-decode steps) or paged prefill.
-
-    write_kv : kernels.store_kv        (slot -1 skipped; fp8 caches quantised with the layer scale)
-    attend   : max_query_len == 1 and one row per sequence -> kernels.paged_decode (split-K)
-               anything else (prefill, chunked prefill, mixed) -> kernels.paged_prefill, one launch
+"""The Triton attention backend: store_kv, then paged decode (split-K) for pure-decode steps or
+paged prefill, in one launch, for anything else (prefill, chunked prefill, mixed).
 
 The backend owns the split-K workspace: allocated once, sized for max_num_seqs, reused by every
 layer and step, so a pure-decode step allocates nothing but its output (which a CUDA graph's
