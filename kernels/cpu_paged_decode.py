@@ -3,12 +3,11 @@ and bf16 prefill (`cpu_paged_prefill.cpp`, CPUs with AVX512-BF16), one extension
 
 Built once per machine with the local C++ compiler through torch's extension mechanism
 (`torch.utils.cpp_extension.load`: ninja, cached under TORCH_EXTENSIONS_DIR, default
-~/.cache/torch_extensions, rebuilt when the source or flags change); later loads take about a
-second. -march=native compiles for this CPU, so the build's name carries a digest of the CPU's
-feature flags (and of torch's version, whose C++ ABI it links against): machines of another
-kind sharing a home directory build their own copy instead of loading one that may hold
-instructions they lack. -ffast-math lets expf vectorize (2x on the softmax here); the kernel
-keeps its maxima finite, which is what that flag assumes.
+~/.cache/torch_extensions, rebuilt when the source or flags change). -march=native compiles for
+this CPU, so the build's name carries a digest of it (_build_digest): machines of another kind
+sharing a home directory build their own copy instead of loading one that may hold instructions
+they lack. -ffast-math lets expf vectorize; the kernel keeps its maxima finite, which is what
+that flag assumes.
 
 torch guards each build folder with a `lock` file that only its holder removes, and it takes that
 lock on every load (to let ninja check the build is current): a process killed inside that window
@@ -95,7 +94,7 @@ def load():
     build_dir = Path(get_default_build_root()) / name
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
-        with _held(build_dir / "raypaged.flock"):
+        with exclusive_flock(build_dir / "raypaged.flock"):
             (build_dir / "lock").unlink(missing_ok=True)
             return load_extension(
                 name=name, sources=[str(s) for s in SOURCES], build_directory=str(build_dir),
@@ -107,8 +106,9 @@ def load():
 
 
 @contextlib.contextmanager
-def _held(path: Path):
-    """An exclusive flock on `path` for the block: waits while another process builds or loads."""
+def exclusive_flock(path: Path):
+    """An exclusive flock on `path` (created if missing) for the block: waits while another process
+    holds it (here: builds or loads); the OS drops it when its holder dies."""
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

@@ -9,8 +9,7 @@ KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
 
 def check_paged_inputs(query, key_cache, value_cache, block_tables, seq_lens,
                        out: torch.Tensor | None) -> torch.Tensor:
-    """The launcher checks shared by paged decode and paged prefill: dtypes, shapes, strides.
-    Returns the output: `out`, checked, or a new tensor like the query."""
+    """-> the output: `out`, checked, or a new tensor like the query."""
     num_heads, head_dim = query.shape[1], query.shape[2]
     num_kv_heads, cache_head_dim = key_cache.shape[2], key_cache.shape[3]
     assert query.dtype in (torch.float16, torch.bfloat16, torch.float32), query.dtype

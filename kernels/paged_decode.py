@@ -14,9 +14,8 @@ Online softmax in fp32 with exp2: scores are multiplied by scale * k_scale * log
 the running max/sum live in the log2 domain. v_scale is applied once to the final output.
 
 An fp8 cache under 16-bit queries (head dim <= 128) is widened to fp16, not to the query's
-dtype: e4m3 -> fp16 is exact and one hardware conversion per pair on sm_89+, and with bf16
-queries the widening to bf16 made fp8 decode slower than a bf16 cache (1.1-1.4x its time on an
-H200, benchmarks/results/kernels_nvidia_h200.json). The query goes to fp16 once, divided by 16
+dtype: e4m3 -> fp16 is exact and one hardware conversion per pair on sm_89+; widened to bf16,
+fp8 decode was slower than a bf16 cache on an H200. The query goes to fp16 once, divided by 16
 (|q| up to ~1e6 fits), and qk_scale puts the 16 back.
 
 Split-K: with few (sequence, kv_head) programs the GPU idles, so each context is cut into
@@ -30,9 +29,8 @@ Correctness never depends on num_splits: segments are computed in the kernel fro
 Static tile rule (no autotuning):  GROUP_ROWS = max(16, next_pow2(group)),
     BLOCK_N = 64 if head_dim <= 128 else 32 (a [64, 128] bf16 K or V tile is 16 KiB), num_warps = 4;
     for fp32 queries BLOCK_N = 32 and num_warps = 8 at any head dim: fp32 dots run on FMA units,
-    not tensor cores, and at 64 keys / 4 warps ptxas spilled 4 B to 21 KB per thread at head dims
-    64-256 on sm_80-sm_90 (32 keys / 4 warps still up to 11 KB with split-K); 32 keys / 8 warps
-    spill nothing, at most 124 registers (benchmarks/kernel_resources.py).
+    not tensor cores, and fewer warps or more keys spilled registers on sm_80-sm_90
+    (benchmarks/kernel_resources.py).
 Split rule (choose_num_splits): min(cdiv(2 * SMs, seqs * kv_heads), cdiv(max_seq_len, 256), 16),
     at least 1: about two programs per SM, each split streaming >= 256 positions.
 """
@@ -96,7 +94,7 @@ def _paged_decode_kernel(
     dim_mask = dims < head_dim
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
                 mask=row_mask[:, None] & dim_mask[None, :], other=0.0)  # [GROUP_ROWS, D]
-    if FP8_AS_FP16:  # / 16: |q| up to ~1e6 fits fp16 (score_scale puts the 16 back)
+    if FP8_AS_FP16:  # / 16: |q| up to ~1e6 fits fp16 (qk_scale puts the 16 back)
         q = (q.to(tl.float32) * 0.0625).to(tl.float16)
 
     m_i = tl.full([GROUP_ROWS], float("-inf"), tl.float32)  # running max (log2 domain)
@@ -180,12 +178,9 @@ class DecodeWorkspace:
     @classmethod
     def allocate(cls, max_batch: int, num_heads: int, head_dim: int,
                  device: torch.device | str, max_splits: int = MAX_SPLITS) -> "DecodeWorkspace":
-        return cls(
-            part_out=torch.empty(max_batch, num_heads, max_splits, head_dim,
-                                 dtype=torch.float32, device=device),
-            part_lse=torch.empty(max_batch, num_heads, max_splits, dtype=torch.float32,
-                                 device=device),
-        )
+        part_out = torch.empty(max_batch, num_heads, max_splits, head_dim, dtype=torch.float32,
+                               device=device)
+        return cls(part_out, torch.empty(part_out.shape[:3], dtype=torch.float32, device=device))
 
     @property
     def max_batch(self) -> int:
@@ -197,29 +192,32 @@ class DecodeWorkspace:
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
-    """Static split rule: aim for >= 2 programs per SM, but give each split >= 256 positions.
-
-    Depends only on host integers, so a CUDA graph captured for a batch size (with a fixed
-    max_seq_len, e.g. max_model_len) keeps a valid choice for every replay.
-    """
+    """The split rule (module docstring). Host integers only, so a CUDA graph captured for a
+    batch size (with a fixed max_seq_len, e.g. max_model_len) keeps a valid choice at replay."""
     programs = max(1, num_seqs * num_kv_heads)
     want = triton.cdiv(2 * num_sms, programs)
     worth = triton.cdiv(max(1, max_seq_len), MIN_SPLIT_TOKENS)
     return max(1, min(want, worth, MAX_SPLITS))
 
 
-def fp8_as_fp16(query_dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int) -> bool:
-    """An fp8 cache under 16-bit queries: K/V widened to fp16 for the dots (module docstring).
-    Up to head dim 128, where it was measured; at 256 the fp16 query tile made split decode spill
-    4 bytes per thread on sm_90."""
-    return cache_dtype.itemsize == 1 and query_dtype.itemsize == 2 and head_dim <= 128
-
-
-def score_scale(scale: float, k_scale: float, fp8_fp16: bool) -> float:
-    """The kernels' qk_scale: the scores' one factor (under FP8_AS_FP16 the query was divided
-    by 16 before its cast). One argument, computed here: an extra kernel argument or an in-kernel
-    product made split decode at head dim 256 spill 4 bytes per thread on sm_90."""
-    return float(scale * k_scale * LOG2E * (16.0 if fp8_fp16 else 1.0))
+def paged_launch_args(query: torch.Tensor, key_cache: torch.Tensor, block_tables: torch.Tensor,
+                      out: torch.Tensor, scale: float, k_scale: float, v_scale: float
+                      ) -> tuple[tuple, dict]:
+    """The arguments paged decode and paged prefill launch with alike: (qk_scale, out_scale, the
+    query, output, cache and block-table strides) and the constexprs BLOCK_SIZE, DOT_PRECISION
+    and FP8_AS_FP16 (module docstring; up to head dim 128, where it was measured). qk_scale is
+    the scores' one factor (x 16 under FP8_AS_FP16), one argument computed here: at head dim 256
+    an fp16 query tile, an extra kernel argument or an in-kernel product each made split decode
+    spill 4 bytes per thread on sm_90."""
+    fp8_fp16 = (key_cache.dtype.itemsize == 1 and query.dtype.itemsize == 2
+                and query.shape[2] <= 128)
+    qk_scale = float(scale * k_scale * LOG2E * (16.0 if fp8_fp16 else 1.0))
+    strides = (query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+               key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+               block_tables.stride(0))
+    return (qk_scale, float(v_scale), *strides), dict(
+        BLOCK_SIZE=key_cache.shape[1], FP8_AS_FP16=fp8_fp16,
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32")
 
 
 def decode_tiles(group: int, head_dim: int, query_dtype: torch.dtype) -> dict:
@@ -245,14 +243,13 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     tiles: launch options in place of decode_tiles' (benchmarks/kernel_bench.py sweeps them).
     """
     batch, num_heads, head_dim = query.shape
-    num_blocks, block_size, num_kv_heads, cache_head_dim = key_cache.shape
+    num_kv_heads = key_cache.shape[2]
     out = check_paged_inputs(query, key_cache, value_cache, block_tables, seq_lens, out)
     assert seq_lens.shape == (batch,), seq_lens.shape
     assert 1 <= num_splits
     if batch == 0:
         return out
     group = num_heads // num_kv_heads
-    fp8_fp16 = fp8_as_fp16(query.dtype, key_cache.dtype, head_dim)
     if num_splits > 1:
         if workspace is None:
             workspace = DecodeWorkspace.allocate(batch, num_heads, head_dim, query.device,
@@ -264,17 +261,12 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     else:  # unused when num_splits == 1; any pointer will do
         part_out, part_lse, p_strides, l_strides = out, seq_lens, (0, 0, 0), (0, 0)
 
+    args, consts = paged_launch_args(query, key_cache, block_tables, out, scale, k_scale, v_scale)
     _paged_decode_kernel[(batch, num_kv_heads, num_splits)](
-        query, key_cache, value_cache, block_tables, seq_lens, out, part_out, part_lse,
-        score_scale(scale, k_scale, fp8_fp16), float(v_scale),
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        block_tables.stride(0), *p_strides, *l_strides,
-        group, head_dim, num_splits,
-        BLOCK_SIZE=block_size,
+        query, key_cache, value_cache, block_tables, seq_lens, out, part_out, part_lse, *args,
+        *p_strides, *l_strides, group, head_dim, num_splits,
         SPLIT=num_splits > 1,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        FP8_AS_FP16=fp8_fp16,
+        **consts,
         **(tiles or decode_tiles(group, head_dim, query.dtype)),
     )
     if num_splits > 1:

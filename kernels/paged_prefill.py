@@ -19,28 +19,20 @@ Tiles of a request past its query_len do no work. Online softmax in fp32 with ex
 k_scale * log2(e) folded into the scores); v_scale applied once at the output. An fp8 cache under
 16-bit queries is widened to fp16 for the dots up to head dim 128, as in paged_decode (which says why).
 
-Static tile rule (no autotuning): GROUP_PAD = next_pow2(group), BLOCK_M = max(1, ROWS // GROUP_PAD)
-tokens, where for 16-bit queries (tensor cores)
-    ROWS = 64, BLOCK_N = 64 if head_dim <= 128 else 32, num_warps = 4 at head_dim <= 64, else 8:
-    the fp32 accumulator [ROWS, HEAD_DIM_PAD] plus the Q tile outgrow 255 registers per thread at
-    4 warps from head_dim 128 on (ptxas spilled 20-216 bytes per thread on sm_80/sm_89/sm_90;
-    benchmarks/kernel_resources.py), 8 warps halve the share; with an fp8 cache BLOCK_N = 16
-    above head_dim 128: sm_89 widens fp8 K/V tiles to 16 bits in registers, and at 32 keys it
-    reached 255 registers and spilled 12-20 bytes per thread (16 keys: 194, no spill);
-    except at head_dim 128 with a 16-bit cache and pages of <= 16 tokens (the default): ROWS =
-    128, 8 warps, BLOCK_N = 64. On an H200 (benchmarks/results/kernels_nvidia_h200.json) the
-    64-row tile took 1.45x / 1.82x / 2.02x its time at 1k / 4k / 16k tokens; 128 keys and 2 stages
-    were 1-6% faster still but spill on every target (12-44 bytes per thread on sm_90, up to 192
-    on sm_89), and this tile spills with pages of 32 on sm_80 (36 bytes) and with an fp8 cache on
-    sm_89 (16 bytes), which keep the 64-row tile (benchmarks/kernel_builds/compile_check.py);
-and for fp32 queries (FMA-unit dots: ptxas spilled 0.2 to 80 KB per thread with the 64-row tile)
-    ROWS = 16, num_warps = 8, and BLOCK_N = 32 except 16 at head_dim 128; at head_dim 256
-    num_stages = 2. With 32 keys and 3 stages ptxas spilled 8-16 bytes per thread at only 80
-    registers in a few block size / group mixes (sm_89: block size 32 head dim 128 groups 1-3,
-    block size 8 head dim 256 group 5; the page arithmetic differs, the tile does not). 16 keys
-    cure head dim 128 (56-70 registers) but spill at 256 (8-20 bytes at 64-80 registers, sm_80
-    and sm_89), as do 4 warps there (255 registers on sm_80); 32 keys with one tile in flight
-    instead of two: 102-164 registers, no spill, on every block size, group and target.
+Static tile rule (no autotuning; prefill_tiles): GROUP_PAD = next_pow2(group), BLOCK_M =
+max(1, ROWS // GROUP_PAD) tokens. Each choice is the fastest tile measured that ptxas compiles
+without spilling on sm_80, sm_89 and sm_90 (benchmarks/kernel_resources.py,
+benchmarks/kernel_builds/compile_check.py; timings: benchmarks/results/kernels_nvidia_h200.json):
+  - 16-bit queries (tensor cores): ROWS = 64, BLOCK_N = 64 if head_dim <= 128 else 32,
+    num_warps = 4 at head_dim <= 64, else 8 (from head_dim 128 the fp32 accumulator and the Q
+    tile outgrow 255 registers per thread at 4 warps); with an fp8 cache BLOCK_N = 16 above
+    head_dim 128 (sm_89 widens fp8 K/V tiles to 16 bits in registers). At head_dim 128 with a
+    16-bit cache and pages of <= 16 tokens (the default): ROWS = 128, 8 warps, BLOCK_N = 64, up
+    to 2x faster on an H200 (it spills with pages of 32 on sm_80 and an fp8 cache on sm_89).
+  - fp32 queries (FMA-unit dots; the 64-row tile spilled KBs per thread): ROWS = 16,
+    num_warps = 8, BLOCK_N = 32 except 16 at head_dim 128 (32 keys spilled in a few block size /
+    group mixes there), and num_stages = 2 at head_dim 256 (one tile in flight instead of two:
+    16 keys or 4 warps spilled there).
 """
 from __future__ import annotations
 
@@ -49,7 +41,7 @@ import triton
 import triton.language as tl
 
 from .launch_checks import check_paged_inputs
-from .paged_decode import fp8_as_fp16, score_scale
+from .paged_decode import paged_launch_args
 
 
 @triton.jit
@@ -129,7 +121,7 @@ def _paged_prefill_kernel(
     q_off = (q_start + tok)[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :]
     io_mask = row_mask[:, None] & dim_mask[None, :]
     q = tl.load(q_ptr + q_off, mask=io_mask, other=0.0)  # [ROWS, D]
-    if FP8_AS_FP16:  # / 16: |q| up to ~1e6 fits fp16 (score_scale puts the 16 back)
+    if FP8_AS_FP16:  # / 16: |q| up to ~1e6 fits fp16 (qk_scale puts the 16 back)
         q = (q.to(tl.float32) * 0.0625).to(tl.float16)
 
     first_tok = tile * BLOCK_M
@@ -201,18 +193,12 @@ def paged_prefill(query: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
         return out
     group = num_heads // num_kv_heads
     tiles = tiles or prefill_tiles(group, head_dim, query.dtype, key_cache.dtype, block_size)
-    fp8_fp16 = fp8_as_fp16(query.dtype, key_cache.dtype, head_dim)
+    args, consts = paged_launch_args(query, key_cache, block_tables, out, scale, k_scale, v_scale)
     grid = (triton.cdiv(max_query_len, tiles["BLOCK_M"]), num_seqs, num_kv_heads)
     _paged_prefill_kernel[grid](
-        query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out,
-        score_scale(scale, k_scale, fp8_fp16), float(v_scale),
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        block_tables.stride(0),
+        query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out, *args,
         group, head_dim,
-        BLOCK_SIZE=block_size,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        FP8_AS_FP16=fp8_fp16,
+        **consts,
         **tiles,
     )
     return out

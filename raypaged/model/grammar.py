@@ -1,10 +1,7 @@
 """Constraints -> xgrammar grammars: checked at the edge, compiled once per worker, off the step.
 
-xgrammar was chosen by measurement (docs/structured_outputs.md): on SmolLM2's 49,152-token
-vocabulary a nested JSON schema compiled in 3 ms and cost 126 us per token (mask + apply +
-accept) on one CPU core; llguidance 1.9.1 compiled as fast but cost 38 ms per token for the same
-schema and tokens (first visits of each state only). xgrammar is also what vLLM's CPU server
-uses (same grammar dialect, same masks).
+xgrammar was chosen by measurement (docs/structured_outputs.md: far cheaper per token than
+llguidance) and is what vLLM's CPU server uses (same grammar dialect, same masks).
 
     build_grammar(spec)    at the edge, no tokenizer needed: a bad schema/regex/EBNF is a 400
                            before anything is queued (the router; the offline LLM in-process)
@@ -25,9 +22,9 @@ from raypaged.core.structured_outputs import StructuredOutputsParams
 
 # The most whitespace a JSON constraint allows between two tokens of the JSON (xgrammar's
 # max_whitespace_cnt). Unbounded, a small model sampled at temperature 0.7 falls into "\n" after
-# "\n" inside an object until max_tokens cuts it (benchmarks/structured_validity.py: 16 of 88
-# requests, every one of its failures); a bound forces the next token to be JSON, so it can
-# change only the layout, never validity. 20 fits pretty-printing 9 levels deep at indent 2.
+# "\n" inside an object until max_tokens cuts it (benchmarks/structured_validity.py); a bound
+# forces the next token to be JSON, so it changes only the layout, never validity. 20 fits
+# pretty-printing 9 levels deep at indent 2.
 MAX_JSON_WHITESPACE = 20
 
 

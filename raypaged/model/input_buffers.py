@@ -30,7 +30,6 @@ class InputBuffers:
         self.block_size = block_size
         self.device = device
         self.max_blocks = -(-max_model_len // block_size)
-        pin = device.type == "cuda"
         seqs, tokens = max_num_seqs, max(max_num_tokens, max_num_seqs)
         # host: the persistent block tables, and the per-step staging area
         self.tables_cpu = torch.zeros(seqs, self.max_blocks, dtype=torch.int32)
@@ -38,7 +37,7 @@ class InputBuffers:
         self._row: dict[str, int] = {}            # running request -> its row
         self._free_rows = list(range(seqs - 1, -1, -1))
         staging = tokens + 2 * seqs + seqs * self.max_blocks
-        self._staging = torch.zeros(staging, dtype=torch.int32, pin_memory=pin)
+        self._staging = torch.zeros(staging, dtype=torch.int32, pin_memory=device.type == "cuda")
         self._staging_dev = torch.zeros(staging, dtype=torch.int32, device=device)
         # device: what the model (and the CUDA graphs) read
         self.input_ids = torch.zeros(tokens, dtype=torch.long, device=device)

@@ -5,8 +5,7 @@ torch.float8_e4m3fn (half the bytes of bf16, so twice the tokens fit) and reader
 scale. The scales default to 1.0 because none of the supported checkpoints ship calibrated KV
 scales, and K/V activations of Llama-family models sit far inside e4m3's +-448 range, so 1.0
 loses nothing to clipping; what fp8 costs is mantissa precision (3 bits), not range. This is
-also vLLM's behaviour for checkpoints without scales. Writers clamp to +-448 regardless, since
-e4m3fn has no infinity and an out-of-range cast would produce NaN.
+also vLLM's behaviour for checkpoints without scales. Writers clamp to +-448 regardless.
 """
 from __future__ import annotations
 

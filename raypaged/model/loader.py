@@ -24,8 +24,8 @@ INDEX_FILE = "model.safetensors.index.json"
 
 
 def cpu_has_native_bf16() -> bool:
-    """AVX512-BF16 / AMX: bf16 matmuls at ~2x fp32's speed (our 2-core EPYC,
-    benchmarks/offline_throughput.py); without them bf16 is emulated and slower than fp32."""
+    """AVX512-BF16 / AMX: bf16 matmuls faster than fp32 (benchmarks/offline_throughput.py);
+    without them bf16 is emulated and slower than fp32."""
     return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 

@@ -158,13 +158,10 @@ def _rope(cfg: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
                          f"supported: {', '.join(SUPPORTED_ROPE_SCALING)} (or none)")
     if kind == "linear":
         return theta, RopeScaling("linear", float(params["factor"]))
-    return theta, RopeScaling(
-        "llama3",
-        factor=float(params["factor"]),
-        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(params.get("original_max_position_embeddings", 8192)),
-    )
+    fields = {"low_freq_factor": float, "high_freq_factor": float,
+              "original_max_position_embeddings": int}  # absent ones: RopeScaling's defaults
+    given = {name: cast(params[name]) for name, cast in fields.items() if name in params}
+    return theta, RopeScaling("llama3", float(params["factor"]), **given)
 
 
 def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:

@@ -1,16 +1,12 @@
 """Linear layers with weights reordered once into oneDNN's blocked layout (CPU, bf16 and fp32).
 
 An eager bf16 `F.linear` on a CPU goes through oneDNN with the weight in torch's plain [out, in]
-layout, and oneDNN reorders it into its blocked layout on every call. For decode-sized inputs
+layout, and oneDNN reorders it into its blocked layout on every call; for decode-sized inputs
 (1-16 rows) that reorder costs about as much as the product itself. Reordering once at load
-time (what inductor's freezing pass does) gives the same kernel the same bits;
-benchmarks/forward_step.py measures what it does to the whole forward step.
-
-bf16 outputs are bit-identical to `F.linear` (the same oneDNN kernel runs; only the reorder
-moves). An eager fp32 `F.linear` runs through MKL instead, which on this project's AMD CPUs is
-2-2.6x slower than oneDNN's prepacked fp32 kernel from 16 rows up, and for the 49152-row lm_head
-at any row count (benchmarks/forward_step.py --dtype float32). Packed fp32 sums in another
-order: results move by a few fp32 ulps (~1e-6 relative), and the greedy tokens of the Hugging
+time (what inductor's freezing pass does) runs the same kernel: bf16 outputs are bit-identical
+to `F.linear`. An eager fp32 `F.linear` runs through MKL instead, slower than oneDNN's prepacked
+fp32 kernel on this project's CPUs (benchmarks/forward_step.py); packed fp32 sums in another
+order, so results move by a few fp32 ulps (~1e-6 relative) and the greedy tokens of the Hugging
 Face equality tests (tests/engine/test_matches_hf.py, fp32) stay the same.
 Switch: `packed_linears` in EngineArgs.
 """
@@ -45,9 +41,8 @@ class PackedLinear(nn.Module):
 
 def pack_linears(model: nn.Module) -> int:
     """Replace every nn.Linear in `model` by a PackedLinear, in place, and give a model with tied
-    embeddings a packed copy of the embedding as its lm_head for compute_logits (vocab x hidden
-    more weight bytes: +54 MiB bf16 for SmolLM2-135M, for 1.05-1.08x per decode step). Call after
-    the weights are loaded; returns how many linears were packed."""
+    embeddings a packed copy of the embedding as its lm_head for compute_logits (more weight
+    bytes, a faster decode step). Call after the weights are loaded; returns how many it packed."""
     targets = [(parent, name, child) for parent in model.modules()
                for name, child in parent.named_children() if isinstance(child, nn.Linear)]
     for parent, name, child in targets:

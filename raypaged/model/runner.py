@@ -49,7 +49,7 @@ class ModelRunner:
         input_ids, positions, meta = self.buffers.prepare(batch)
         hidden = None
         if self.graphs is not None and batch.is_pure_decode:
-            hidden = self.graphs.run(meta.num_seqs)  # None: no bucket fits
+            hidden = self.graphs.run(len(batch.requests))  # None: no bucket fits
         if hidden is not None:
             self.num_graph_steps += 1
         else:

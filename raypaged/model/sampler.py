@@ -70,7 +70,6 @@ class Sampler:
         logprobs = self._logprobs(raw, rows, tokens)  # enqueued before the one sync below
         return tokens.tolist(), logprobs()
 
-    # -- logits processing -------------------------------------------------------------------
     @staticmethod
     def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> None:
         """One batched update for every row with penalties (the others get neutral values)."""
@@ -154,7 +153,6 @@ class Sampler:
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
-    # -- logprobs ----------------------------------------------------------------------------
     @staticmethod
     def _logprobs(raw: torch.Tensor, rows: list[SampleRow], tokens: torch.Tensor):
         """Enqueue the logprob work on the device now; the returned function reads it back."""

@@ -1,17 +1,7 @@
 """How a model runs here, decided once: device, dtype, length, KV shape and budget, attention
 backend, threads. The engine, `raypaged plan`, and the benchmarks and GPU tests that run random
-weights all go through it, so no two of them can decide differently.
-
-    ModelSetup.decide(args)      config.json only: device, dtype ("auto"), max_model_len, the KV
-                                 cache's element type and KVShape
-      .plan()                    the "what fits" KVPlan (`raypaged plan`: no weights read)
-      .attention_backend()       chosen once: torch (+ the C++ decode kernel on CPU) or Triton
-                                 (its split-K workspace sized for this engine), refusing what
-                                 the GPU at hand cannot run
-      .load_model()              kernel caches bounded, weights read into that backend, linears
-                                 packed for oneDNN where they can be
-      .build_core(model)         KV cache sized by the plan, input buffers, CUDA graphs, sampler,
-                                 threads: the runner, under a Scheduler built from these same args
+weights all go through it (ModelSetup.decide from config.json alone, then .plan, which reads no
+weights, .attention_backend, .load_model and .build_core), so no two of them decide differently.
 """
 from __future__ import annotations
 
@@ -26,11 +16,15 @@ from raypaged.config import EngineArgs, KVPlan, KVShape, plan_kv_cache
 from raypaged.core.engine_core import EngineCore
 from raypaged.core.scheduler import Scheduler
 from raypaged.core.scheduling_policy import policy_of
+from raypaged.kernels import cpu_paged_decode
 from raypaged.model.attention import AttentionBackend, TorchAttentionBackend, get_attention_backend
-from raypaged.model.kv_cache import kv_storage_dtype
+from raypaged.model.cuda_graphs import CudaGraphDecoder
+from raypaged.model.input_buffers import InputBuffers
+from raypaged.model.kv_cache import allocate_kv_caches, kv_storage_dtype
 from raypaged.model.loader import checkpoint_files, resolve_dtype
 from raypaged.model.model_config import ModelConfig
 from raypaged.model.runner import ModelRunner
+from raypaged.model.sampler import Sampler
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +89,7 @@ class ModelSetup:
         return plan_kv_cache(self.kv_shape, self.args, self.max_model_len, free)
 
     def attention_backend(self) -> AttentionBackend:
+        """torch (+ the C++ kernels on CPU) or Triton, refusing what the GPU at hand cannot run."""
         args, cuda = self.args, self.device.type == "cuda"
         if (args.attention_backend or ("triton" if cuda else "torch")) == "torch":
             cpu = self.device.type == "cpu"
@@ -107,8 +102,7 @@ class ModelSetup:
             from raypaged.model.attention.gpu_support import check_triton_kv_dtype
             check_triton_kv_dtype(torch.cuda.get_device_capability(self.device), args.kv_dtype,
                                   str(self.dtype).removeprefix("torch."))
-        # the split-K workspace for this engine's batch; a fixed split rule (from max_model_len)
-        # keeps decode launches identical between graph capture and replay
+        # the split-K workspace for this engine's batch; max_model_len fixes the split rule
         return get_attention_backend("triton", self.device, max_num_seqs=args.max_num_seqs,
                                      max_model_len=self.max_model_len)
 
@@ -129,11 +123,6 @@ class ModelSetup:
         buffers, CUDA graphs, sampler) under a scheduler of the same plan. GPU tests and
         benchmarks call this with random weights of real shapes. grammars: the GrammarCache
         constrained requests compile into (None: none accepted)."""
-        from raypaged.model.cuda_graphs import CudaGraphDecoder
-        from raypaged.model.input_buffers import InputBuffers
-        from raypaged.model.kv_cache import allocate_kv_caches
-        from raypaged.model.sampler import Sampler
-
         args = self.args
         plan = self.plan(weights_loaded=True)
         kv_caches = allocate_kv_caches(self.config, plan.num_blocks, args.block_size,
@@ -159,8 +148,6 @@ def cpu_decode_kernel(config: ModelConfig, dtype: torch.dtype, kv_dtype: torch.d
                       block_size: int):
     """The C++ decode attention for this model and cache, or None (with a warning saying why and
     what to do) where it cannot serve them or cannot be built here."""
-    from raypaged.kernels import cpu_paged_decode
-
     why = cpu_paged_decode.unsupported(dtype, kv_dtype, config.num_heads, config.num_kv_heads,
                                        config.head_dim, block_size)
     try:
@@ -178,8 +165,6 @@ def cpu_prefill_kernel(config: ModelConfig, dtype: torch.dtype, kv_dtype: torch.
     """The C++ bf16 prefill attention for this model and cache, or None where it does not apply
     (fp32, an fp8 cache, another head dim: SDPA, as designed, logged at info) or cannot run here
     (no AVX512-BF16, no compiler: SDPA, with a warning saying what it costs)."""
-    from raypaged.kernels import cpu_paged_decode
-
     why = cpu_paged_decode.prefill_unsupported(dtype, kv_dtype, config.num_heads,
                                                config.num_kv_heads, config.head_dim)
     if why is not None:

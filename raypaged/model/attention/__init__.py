@@ -3,13 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from raypaged.model.attention.base import AttentionBackend, AttentionMetadata, LayerKVCache
+from raypaged.model.attention.base import AttentionBackend
 from raypaged.model.attention.torch_backend import TorchAttentionBackend
-
-BACKEND_NAMES = ("torch", "triton")
-
-__all__ = ["AttentionBackend", "AttentionMetadata", "LayerKVCache", "TorchAttentionBackend",
-           "BACKEND_NAMES", "get_attention_backend"]
 
 
 def get_attention_backend(name: str | None, device: torch.device | str,
@@ -22,7 +17,7 @@ def get_attention_backend(name: str | None, device: torch.device | str,
     if name == "torch":
         return TorchAttentionBackend()
     if name != "triton":
-        raise ValueError(f"unknown attention backend {name!r}; choices: {', '.join(BACKEND_NAMES)}")
+        raise ValueError(f"unknown attention backend {name!r}; choices: torch, triton")
     if device.type != "cuda" or not torch.cuda.is_available():
         raise ValueError(f"attention backend 'triton' needs a CUDA device, got {device} "
                          f"(cuda available: {torch.cuda.is_available()}); use 'torch' on CPU")

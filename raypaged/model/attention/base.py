@@ -46,14 +46,6 @@ class AttentionMetadata:
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
 
-    @property
-    def num_seqs(self) -> int:
-        return len(self.seq_lens_cpu)
-
-    @property
-    def is_pure_decode(self) -> bool:
-        return self.max_query_len == 1
-
 
 class AttentionBackend(Protocol):
     name: str

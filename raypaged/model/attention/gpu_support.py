@@ -7,16 +7,14 @@ dtypes are (fp8e4b15, fp8e5)"). Refusing at engine start turns that first-step c
 into a message that says what to change.
 
 A float32 model with an fp8 cache compiles everywhere fp8 does, but its kernels cannot use tensor
-cores (fp32 dots) and ptxas spills 55-69 KB per thread in paged prefill and 7-9 KB in decode on
-sm_89/sm_90 (benchmarks/kernel_resources.py), so that pair is refused too.
+cores (fp32 dots) and spill KBs per thread (benchmarks/kernel_resources.py): refused too.
 """
 from __future__ import annotations
 
 FP8_E4M3_MIN_CAPABILITY = (8, 9)  # Ada (sm_89) and Hopper (sm_90) have e4m3; Ampere does not
 
 
-def triton_kv_dtype_problem(capability: tuple[int, int], kv_dtype: str,
-                            dtype: str = "bfloat16") -> str | None:
+def triton_kv_dtype_problem(capability: tuple[int, int], kv_dtype: str, dtype: str) -> str | None:
     """Why the Triton backend cannot run a `dtype` model with a `kv_dtype` cache on a GPU of
     `capability` (major, minor), or None if it can."""
     if kv_dtype == "fp8_e4m3" and dtype == "float32":
@@ -33,8 +31,7 @@ def triton_kv_dtype_problem(capability: tuple[int, int], kv_dtype: str,
     return None
 
 
-def check_triton_kv_dtype(capability: tuple[int, int], kv_dtype: str,
-                          dtype: str = "bfloat16") -> None:
+def check_triton_kv_dtype(capability: tuple[int, int], kv_dtype: str, dtype: str) -> None:
     """Raise ValueError naming the capability and the alternative when the pair cannot run."""
     problem = triton_kv_dtype_problem(capability, kv_dtype, dtype)
     if problem is not None:

@@ -14,8 +14,7 @@ Blocks are gathered with index_select (several times faster on CPU than advanced
 Given a `decode_kernel` (on CPUs, the C++ kernel of raypaged.kernels.cpu_paged_decode), decode
 rows skip the gather and the padded SDPA: the kernel reads each sequence's blocks in place.
 Given a `prefill_kernel` (bf16 on CPUs with AVX512-BF16, cpu_paged_decode.paged_prefill),
-prefill chunks skip the gather and SDPA likewise: torch's CPU SDPA computes in fp32 and was
-half of a 1,024-token prefill's time (docs/performance.md, "Long prompts").
+prefill chunks skip the gather and SDPA likewise (torch's CPU SDPA computes in fp32).
 """
 from __future__ import annotations
 
@@ -55,12 +54,8 @@ class _StepPlan:
     covers_all_rows: bool            # decode rows are exactly 0..T-1: no zero-filled output
 
 
-# (query [n, H, D] contiguous, key cache, value cache, block_tables [n, mb] int32, seq_lens [n]
-#  int32, scale, k_scale, v_scale) -> [n, H, D]: raypaged.kernels.cpu_paged_decode.paged_decode
-DecodeKernel = Callable[..., torch.Tensor]
-# (query [n, H, D] contiguous, key cache, value cache, block_table [>= blocks] int32, seq_len,
-#  scale) -> [n, H, D], causal: raypaged.kernels.cpu_paged_decode.paged_prefill
-PrefillKernel = Callable[..., torch.Tensor]
+# Called as raypaged.kernels.cpu_paged_decode.paged_decode and .paged_prefill (their docstrings)
+DecodeKernel = PrefillKernel = Callable[..., torch.Tensor]
 
 
 class TorchAttentionBackend:

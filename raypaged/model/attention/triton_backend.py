@@ -1,14 +1,10 @@
-"""The Triton attention backend: store_kv, then paged decode (pure-decode steps) or paged prefill.
-
-    write_kv : kernels.store_kv        (slot -1 skipped; fp8 caches quantised with the layer scale)
-    attend   : max_query_len == 1 and one row per sequence -> kernels.paged_decode (split-K)
-               anything else (prefill, chunked prefill, mixed) -> kernels.paged_prefill, one launch
+"""The Triton attention backend: store_kv, then paged decode (split-K) for pure-decode steps or
+paged prefill, in one launch, for anything else (prefill, chunked prefill, mixed).
 
 The backend owns the split-K workspace: allocated once, sized for max_num_seqs, reused by every
 layer and step, so a pure-decode step allocates nothing but its output (which a CUDA graph's
-private pool serves) and never syncs with the host. The number of splits is a function of
-host integers only (batch size, kv heads, SM count and max_model_len when given), so a graph
-captured for a batch size stays valid at every replay; results never depend on it.
+private pool serves) and never syncs with the host. The number of splits (host integers only:
+see __init__) never changes results.
 
 On CPU tensors it runs when TRITON_INTERPRET=1 was set before triton was imported (tests do);
 otherwise `get_attention_backend` refuses it on a device without CUDA, once, at engine start.
@@ -51,7 +47,7 @@ class TritonAttentionBackend:
     def attend(self, query: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata,
                scale: float) -> torch.Tensor:
         num_seqs = meta.seq_lens.shape[0]
-        if meta.is_pure_decode and query.shape[0] == num_seqs:
+        if meta.max_query_len == 1 and query.shape[0] == num_seqs:
             splits = self.num_splits(num_seqs, cache.key.shape[2], meta.max_seq_len, query.device)
             workspace = (self.workspace(num_seqs, query.shape[1], query.shape[2], query.device)
                          if splits > 1 else None)
