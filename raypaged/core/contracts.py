@@ -73,10 +73,6 @@ class ScheduledRequest:
     num_placeholders: int = 0
 
     @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
     def seq_len(self) -> int:
         return self.start_position + len(self.token_ids)
 
@@ -88,10 +84,6 @@ class ScheduledBatch:
     block_copies: tuple[tuple[int, int], ...] = ()
     # Requests that left since the last step (finished, aborted, preempted): runners drop state.
     finished_request_ids: frozenset[str] = frozenset()
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(r.token_ids) for r in self.requests)
 
     @property
     def is_pure_decode(self) -> bool:
