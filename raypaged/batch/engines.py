@@ -64,11 +64,9 @@ class Controllers:
     def __init__(self, options: ServeOptions, engine: EngineArgs,
                  workers: list[tuple[str, object]]):
         self.options, self.engine, self.workers = options, engine, workers
-        self.started = 0
         self.handle = self._new()
 
     def _new(self):
-        self.started += 1
         return ControllerActor.options(num_cpus=0).remote(self.options, self.engine,
                                                           workers=self.workers)
 
@@ -94,10 +92,6 @@ class EnginePool:
     fleet: RayFleetClient
     frontend: OpenAIFrontend
     block_size: int
-
-    @property
-    def controller(self):
-        return self.controllers.handle
 
     @classmethod
     async def start(cls, args: ServeArgs) -> "EnginePool":
