@@ -158,7 +158,7 @@ class Engine:
                 why = str(compile_.future.exception())
             del self._compiling[request_id]
             if why is None:
-                self.core.release(request_id)
+                self.core.scheduler.release(request_id)
             else:
                 failed += self.core.fail(request_id, why)
         return failed
@@ -184,7 +184,8 @@ class Engine:
         return self.core.has_unfinished()
 
     def cache_summary(self):
-        return self.core.cache_summary()
+        """What the prefix cache holds, for routers (see core/cache_summary.py)."""
+        return self.core.scheduler.kv.pool.summary
 
     def stats(self) -> EngineStats:
         return self.core.stats()

@@ -13,7 +13,6 @@ import logging
 from typing import Sequence
 
 from raypaged.core.block_hash import DIGEST_SIZE, BlockHash, hash_block_tokens
-from raypaged.core.cache_summary import CacheSummary
 from raypaged.core.contracts import (Continuation, EngineStats, ModelRunner, RequestDelta,
                                      ScheduledBatch, StepResult)
 from raypaged.core.request import Request
@@ -57,10 +56,6 @@ class EngineCore:
         self.scheduler.add(Request(request_id, prompt_token_ids, sampling, max_tokens,
                                    eos_token_id, cache_salt, sample_index=index,
                                    output_token_ids=outputs, block_hashes=hashes), held)
-
-    def release(self, request_id: str) -> None:
-        """A held request may be scheduled from the next step on."""
-        self.scheduler.release(request_id)
 
     def only_held(self) -> bool:
         """Every unfinished request is held and no step is running: step() has nothing to do."""
@@ -156,10 +151,6 @@ class EngineCore:
     def has_unfinished(self) -> bool:
         """Requests to serve, or a step still running (its result is applied by one more step)."""
         return self.scheduler.has_unfinished() or self._running is not None
-
-    def cache_summary(self) -> CacheSummary:
-        """What the prefix cache holds, for routers (see core/cache_summary.py)."""
-        return self.scheduler.kv.pool.summary
 
     def stats(self) -> EngineStats:
         return EngineStats(memory=self.scheduler.kv.memory_stats(),
