@@ -1,8 +1,7 @@
 """One definition per setting: a dataclass field carries its default, bounds, choices and help.
 
-vLLM's `EngineArgs` and SGLang's `ServerArgs` work this way: the settings classes
-(`raypaged.config.EngineArgs`, `raypaged.serve.config.ServeOptions`) declare each field once with
-`setting(...)`, and everything else is derived by walking the fields:
+The settings classes (`raypaged.config.EngineArgs`, `raypaged.serve.config.ServeOptions`, as
+vLLM's `EngineArgs`) declare each field once with `setting(...)`; the rest walks the fields:
 
     setting(...) ──> validate()          the frozen dataclass checks itself in __post_init__
                  ──> add_cli_args()      argparse flags (--kv-memory-mb, --enforce-eager/--no-...)

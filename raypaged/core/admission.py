@@ -1,10 +1,10 @@
 """Admission with headroom: admit a request only if the running set's projected growth still fits.
 
 Admitting whatever fits *now* fills the pool with prompts whose decodes then run out of blocks,
-and each shortfall preempts someone (benchmarks/kv_waste.py: 899 preemptions in 2,000 requests).
-Instead, project every sequence forward: it holds `held` blocks, will hold `now` tokens once its
-known tokens are computed, then grows one token per step for `remaining` steps and frees its
-blocks. The candidate is admitted when the peak of that projection, plus a watermark, fits.
+and each shortfall preempts someone. Instead, project every sequence forward: it holds `held`
+blocks, will hold `now` tokens once its known tokens are computed, then grows one token per step
+for `remaining` steps and frees its blocks. The candidate is admitted when the peak of that
+projection, plus a watermark, fits.
 
     blocks in use
       ^        peak ─┐

@@ -12,12 +12,10 @@ this prompt's leading blocks do you hold" costs a set lookup per prompt block pe
     dropped   -         0010@1    -         1100@3    0001@4
                         worker 1 holds 1 block; workers 2, 3 hold 3; worker 0 holds all 4
 
-A worker's hit is the first key it lacks (exactly CacheView.cached_prefix_blocks). A walk of
-every key costs ~0.25 us a key: 1.5 ms for a fully cached 100k-token prompt. But a prefix cache
-is nested: a worker holding a prompt's block i holds blocks 0..i-1 too, because every hit on
-block i touches its ancestors and a freed sequence is evicted tail first. Then the holders of
-key i only shrink as i grows, and bisection finds the depths at which they shrink with
-O(groups x log(prompt blocks)) lookups:
+A worker's hit is the first key it lacks (exactly CacheView.cached_prefix_blocks). A prefix
+cache is nested: a worker holding a prompt's block i holds blocks 0..i-1 too (every hit on block
+i touches its ancestors; a freed sequence is evicted tail first). So the holders of key i only
+shrink as i grows, and bisection finds where with O(groups x log(prompt blocks)) lookups:
 
     keys     k0    k1    k2    k3    k4    k5    k6    k7
     holders  111   111   111   011   011   011   011   001     probe k0, k7: differ -> split;

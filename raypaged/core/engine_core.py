@@ -178,15 +178,12 @@ def _router_hashes(block_hashes: Sequence[BlockHash], prompt: Sequence[int],
                    outputs: Sequence[int], block_size: int,
                    cache_salt: str | None) -> Sequence[BlockHash]:
     """The router's hashes, if they can be this engine's; else none (the engine hashes the
-    prompt itself). A kept hash is registered in the prefix cache as its block's name, so a
-    wrong one would hand that block's KV to every request sharing the prefix: they are kept
-    only as a list or tuple of no more than the tokens' full blocks, each a bytes of
-    DIGEST_SIZE, the first equal to this engine's hash of block 0 (a router of another block
-    size or salt cannot match it) and the last equal to the hash of its own block's tokens
-    under the handed hash before it (a router that hashed other tokens fails it): two
-    BLAKE2b calls whatever the length. The hashes between are trusted: the chain is
-    deterministic, so a router hashing with hash_block_tokens has the engine's own
-    (tests/serve/test_router_block_hashes.py)."""
+    prompt itself). A wrong hash would hand its block's KV to every request sharing the prefix:
+    they are kept only as a list or tuple of at most the tokens' full blocks, each DIGEST_SIZE
+    bytes, the first equal to this engine's hash of block 0 (another block size or salt fails)
+    and the last to the hash of its block's tokens under the hash before it (other tokens
+    fail): two BLAKE2b calls whatever the length. The chain is deterministic, so the hashes
+    between are trusted (tests/serve/test_router_block_hashes.py)."""
     if not isinstance(block_hashes, (list, tuple)) or not block_hashes:
         return ()
     n = len(block_hashes)

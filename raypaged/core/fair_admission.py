@@ -32,10 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-# 1/8 of the cache is never filled by one client alone (but by a single request): a newcomer's
-# requests then start at once, however long a flood that came first holds the rest (a worker
-# queues what its cache cannot hold, first come first served). A single client loses 1/8 of the
-# cache's worst-case room (requests at their longest: most of it is free in practice).
+# 1/8 of the cache is kept from any one client (but for its first request), so that a newcomer
+# starts at once; a lone client loses 1/8 of the worst-case room (most of it is free in practice).
 RESERVE_FOR_OTHERS = 8
 
 
@@ -109,11 +107,8 @@ class FairAdmission:
         return self._release()
 
     def _may_go(self, ticket: Ticket, by_room: bool) -> bool:
-        """Whether the ticket may be admitted now: by room (`by_room`: nothing that does not fit
-        waits ahead of it) when it fits in the capacity or nothing is admitted, or by share when
-        its client's admitted blocks with it stay within capacity // clients here. Either way
-        its client holds at most capacity - capacity // RESERVE_FOR_OTHERS but for its first
-        request: the rest is kept for the next client to start at once."""
+        """Whether the ticket may be admitted now, by room or by share (the module's rules);
+        `by_room`: nothing that does not fit waits ahead of it."""
         cap = self.capacity
         if cap is None or (by_room and not self.num_admitted):
             return True

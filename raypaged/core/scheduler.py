@@ -5,8 +5,7 @@ long prompt), then waiting requests FCFS while the budget, max_num_seqs and free
 and (headroom admission, core/admission.py) while the running set's projected growth still
 fits. When a running request needs a block and none is free, a victim (core/preemption.py) is
 preempted by recompute: its blocks are freed and it waits again at its arrival's place, ahead of
-everyone who arrived after it. The first rules (admit what fits now, preempt the newest) remain
-as a policy (core/scheduling_policy.py), for comparison.
+everyone who arrived after it.
 
 A scheduled step advances `num_computed_tokens` at once and counts the tokens it will sample as
 placeholders, so `schedule()` may run again before the step's result is applied (overlapped
@@ -63,9 +62,8 @@ class Scheduler:
         self._scheduled_reqs: dict[int, list[tuple[Request, int]]] = {}
         self.num_preemptions = 0
         self.num_finished = 0
-        # sum of num_tokens + num_placeholders - num_computed_tokens over waiting and running
-        # requests (the tokens still to be fed), kept at
-        # every transition: routers read it in every stats() call, at any queue length
+        # tokens still to be fed (num_tokens + num_placeholders - num_computed_tokens) over
+        # waiting and running requests, kept at every transition: routers read it every poll
         self.num_queued_tokens = 0
         # queue tokens computed (prompt and recompute; a decode's newest token refills the queue
         # as it drains it): how fast the queue shrinks, for TTFT prediction (core/ttft_slo.py)
