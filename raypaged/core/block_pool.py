@@ -71,13 +71,6 @@ class FreeBlockQueue:
         self.remove(first)
         return first
 
-    def __iter__(self):
-        node = self._head.next
-        while node is not self._tail:
-            assert node is not None
-            yield node
-            node = node.next
-
     def __len__(self) -> int:
         return self.size
 

@@ -154,7 +154,7 @@ class EngineCore:
 
     def stats(self) -> EngineStats:
         return EngineStats(memory=self.scheduler.kv.memory_stats(),
-                           num_running=self.scheduler.num_running,
+                           num_running=len(self.scheduler.running),
                            num_waiting=self.scheduler.num_waiting,
                            num_blocked=self.scheduler.num_blocked,
                            num_queued_tokens=self.scheduler.num_queued_tokens,

@@ -18,12 +18,10 @@ queue per client, where their order can still be chosen:
     waiting request of the client whose turn it is goes next if it may, and its client goes to
     the back of the rotation (a client seen for the first time joins at the back)
 
-The share is what keeps a flood from costing others its requests' whole length: a flood that
-came first holds the cache, and waiting for its requests to end would cost a newcomer as much
-as a queue behind them; under its share, the newcomer goes at once. With nothing admitted, any
-request is sent (one larger than the whole cache is the worker's to refuse). `capacity` None:
-no bound (fairness off; only the per-client cap counts). Pure: the router (serve/client_gate.py)
-wakes the released requests and tells it the capacity from its fleet snapshot.
+The share lets a newcomer go at once while a flood that came first holds the cache. With
+nothing admitted, any request is sent (one larger than the cache is the worker's to refuse).
+`capacity` None: no bound (fairness off; only the per-client cap counts). Pure: the router
+(serve/client_gate.py) wakes the released requests and tells it the capacity.
 """
 from __future__ import annotations
 

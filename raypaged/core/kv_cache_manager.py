@@ -49,10 +49,8 @@ class KVCacheManager:
         return hits
 
     def allocate(self, request: Request, num_new_tokens: int, hits: Sequence[Block] = ()) -> bool:
-        """Make room for `num_new_tokens` more tokens (after `hits`, on admission).
-
-        All or nothing: returns False and changes nothing when the pool is short.
-        """
+        """Make room for `num_new_tokens` more tokens (after `hits`, on admission). All or
+        nothing: returns False and changes nothing when the pool is short."""
         rid, bs = request.request_id, self.block_size
         have = len(self.tables.get(rid, ())) + len(hits)
         total = request.num_computed_tokens + len(hits) * bs + num_new_tokens

@@ -145,10 +145,6 @@ class Scheduler:
             del self.children[group]
 
     @property
-    def num_running(self) -> int:
-        return len(self.running)
-
-    @property
     def num_waiting(self) -> int:
         return len(self.waiting) + len(self.held)
 

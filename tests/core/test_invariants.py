@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.scheduling_policy import FIRST_RULES, FITS, SchedulingPolicy
 
-from core_engine import make_engine
+from core_engine import free_blocks, make_engine
 
 NUM_BLOCKS = 24
 BLOCK_SIZE = 4
@@ -26,7 +26,7 @@ ops = st.lists(st.one_of(add_op, st.tuples(st.just("step")), st.tuples(st.just("
 def check_invariants(eng):
     kv = eng.scheduler.kv
     pool = kv.pool
-    in_queue = {b.block_id for b in pool.free_queue}
+    in_queue = {b.block_id for b in free_blocks(pool)}
     refs = Counter(bid for table in kv.block_ids.values() for bid in table)
     for block in pool.blocks:
         # every block is either free or referenced, never both; refs match the tables exactly
