@@ -82,14 +82,12 @@ def validate(obj) -> None:
             if value not in m["choices"]:
                 raise ValueError(f"{f.name} must be one of {list(m['choices'])}, got {value!r}")
             continue
-        if kind is bool:
-            ok = isinstance(value, bool)
-        elif kind is int:
+        if kind is int:
             ok = isinstance(value, int) and not isinstance(value, bool)
         elif kind is float:
             ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
                   and math.isfinite(value))
-        else:
+        else:  # bool, str
             ok = isinstance(value, kind)
         if ok and kind in (int, float):
             ok = ((m["ge"] is None or value >= m["ge"]) and (m["gt"] is None or value > m["gt"])

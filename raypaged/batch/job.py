@@ -154,7 +154,7 @@ class BatchJob:
         try:
             answer = await self._answer(row)
             if answer is None:  # not its own failure, past retry_timeout_s: for a re-run
-                progress.row_unanswered()
+                progress.unanswered += 1
                 return
             line, usage = answer
             self.out.write(line)

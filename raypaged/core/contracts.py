@@ -59,9 +59,8 @@ class ScheduledRequest:
     token_ids: Sequence[int]          # the new tokens fed this step
     start_position: int               # == num_computed_tokens before this step
     block_table: Sequence[int]        # physical block ids, in order
-    # Sample after this step? True when the step reaches the end of the known tokens
-    # (last prefill chunk, or decode); False for earlier chunks of a long prompt.
-    num_samples: int                  # 0 = no sampling; n > 1 only for a prompt about to fork
+    # tokens sampled after this step: 0 before a prompt's last chunk; n > 1 for one about to fork
+    num_samples: int
     sampling: SamplingParams
     prompt_token_ids: Sequence[int]   # for repetition penalty
     output_token_ids: Sequence[int]   # for penalties, min_tokens, per-step seeds
