@@ -98,12 +98,7 @@ def sampled(delta: SummaryDelta, every: int) -> SummaryDelta:
 
 
 def sampled_positions(keys: Sequence[int], every: int) -> list[int]:
-    """Indexes of the prompt's keys a sampled view can hold (see `published`):
-
-        keys       k0  k1  k2  k3  k4  k5  k6  k7  k8        (every = 8)
-        positions  0   1       3               7
-        a view holding k7 holds >= 8 leading blocks; holding k3 but not k7: >= 4 blocks
-    """
+    """Indexes of the prompt's keys a sampled view can hold (see `published`)."""
     n = len(keys)
     if every == 1:
         return list(range(n))

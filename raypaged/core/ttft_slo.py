@@ -13,10 +13,9 @@ prompt only as running requests finish, and its drain rate falls with that pace.
 
 The request is shed (503 + Retry-After) when even the best worker predicts more than the SLO and
 something is queued there: a request the idle fleet would serve late anyway (its own prompt
-longer than the SLO's worth of prefill) is never shed, since retrying it could not help. This is
-Dynamo's rule (reject only when every worker is busy), with the busy threshold put in seconds of
-TTFT. Workers whose rate is not measured yet take the mean of the measured ones; a fleet with
-none measured sheds nothing.
+longer than the SLO's worth of prefill) is never shed, since retrying it could not help.
+Workers whose rate is not measured yet take the mean of the measured ones; a fleet with none
+measured sheds nothing.
 """
 from __future__ import annotations
 
