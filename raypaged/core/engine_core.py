@@ -150,7 +150,7 @@ class EngineCore:
 
     def has_unfinished(self) -> bool:
         """Requests to serve, or a step still running (its result is applied by one more step)."""
-        return self.scheduler.has_unfinished() or self._running is not None
+        return bool(self.scheduler.requests) or self._running is not None
 
     def stats(self) -> EngineStats:
         return EngineStats(memory=self.scheduler.kv.memory_stats(),

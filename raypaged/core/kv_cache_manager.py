@@ -98,10 +98,6 @@ class KVCacheManager:
         self.pending_copies.append((src.block_id, dst.block_id))
         self.cow_copies += 1
 
-    def take_copies(self) -> tuple[tuple[int, int], ...]:
-        copies, self.pending_copies = tuple(self.pending_copies), []
-        return copies
-
     # -- after a step ------------------------------------------------------------------------
     def cache_full_blocks(self, request: Request) -> None:
         """Register the blocks that this step filled, so later requests can hit them."""

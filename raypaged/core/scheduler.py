@@ -148,9 +148,6 @@ class Scheduler:
     def num_waiting(self) -> int:
         return len(self.waiting) + len(self.held)
 
-    def has_unfinished(self) -> bool:
-        return bool(self.requests)
-
     # -- one step ----------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
         budget = self.max_num_batched_tokens
@@ -209,10 +206,11 @@ class Scheduler:
         self.num_blocked = len(self.waiting) if blocked else 0
         batch = ScheduledBatch(
             requests=tuple(self._scheduled(req, n) for req, n in chosen),
-            block_copies=self.kv.take_copies(),
+            block_copies=tuple(self.kv.pending_copies),
             finished_request_ids=frozenset(self._left),
         )
         self._left = set()
+        self.kv.pending_copies = []
         if chosen:
             self._scheduled_reqs[id(batch)] = [(req, req.num_preemptions) for req, _ in chosen]
         return batch
