@@ -84,12 +84,9 @@ def peak_blocks(seqs: Iterable[Growth], used_now: int, block_size: int) -> int:
 
 class OutputLengths:
     """Output lengths of the last `window` finished sequences: the projection for requests that
-    left max_tokens open (their max_tokens is what the context has left, far too much).
-
-    A request that has already produced `k` tokens is projected at the mean of the lengths seen
-    that exceed k (its expected length given that it is still running), not at the overall
-    mean: the long ones would all outgrow that, and each would cost a preemption.
-    """
+    left max_tokens open. A request that has produced `k` tokens is projected at the mean of the
+    lengths seen that exceed k, not at the overall mean: the long ones would all outgrow that,
+    and each would cost a preemption."""
 
     def __init__(self, window: int = 1000) -> None:
         self._recent: deque[int] = deque(maxlen=window)

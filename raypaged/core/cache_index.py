@@ -4,13 +4,7 @@ A router keeps one `CacheView` per worker (cache_summary.py). Asking every view 
 this prompt's leading blocks do you hold" costs a set lookup per prompt block per worker: at
 1,000 workers that all hold a shared system prompt, tens of thousands of lookups per request.
 `CacheIndex` keeps the same views and, maintained from the same deltas, one bitmask per key
-(bit i: the i-th view holds it), so one walk of the prompt's keys finds every worker's hit:
-
-    keys      k0        k1        k2        k3
-    holders   1111      1101      1101      0001      (bit i = worker i, rightmost = worker 0)
-    alive     1111  ->  1101  ->  1101  ->  0001  ->  end
-    dropped   -         0010@1    -         1100@3    0001@4
-                        worker 1 holds 1 block; workers 2, 3 hold 3; worker 0 holds all 4
+(bit i: the i-th view holds it), so the prompt's keys are looked up once for every worker.
 
 A worker's hit is the first key it lacks (exactly CacheView.cached_prefix_blocks). A prefix
 cache is nested: a worker holding a prompt's block i holds blocks 0..i-1 too (every hit on block

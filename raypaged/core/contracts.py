@@ -114,13 +114,10 @@ class ModelRunner(Protocol):
 
 @dataclass(frozen=True)
 class Continuation:
-    """One sample of a request begun on another worker, to be carried on from where it stopped.
-
-    The engine re-admits the original prompt with these output tokens already generated, so
-    max_tokens, min_tokens, penalties and per-position seeds continue as if uninterrupted (a
-    prefill recomputes their KV, as after a preemption), and the detokenizer replays them so the
-    text goes on exactly after the `text_chars` characters the client already has.
-    """
+    """One sample of a request begun on another worker, to be carried on from where it stopped:
+    the original prompt is re-admitted with these outputs already generated (their KV
+    recomputed, as after a preemption), so limits, penalties and seeds go on as if
+    uninterrupted, and the text goes on after the `text_chars` characters the client has."""
 
     sample_index: int                 # which of the original request's n samples
     output_token_ids: tuple[int, ...]  # generated so far (and already sent to the client)

@@ -38,9 +38,8 @@ RESERVE_FOR_OTHERS = 8
 def blocks_needed(num_prompt_tokens: int, max_tokens: int | None, n: int, block_size: int,
                   max_model_len: int, open_output: int | None = None) -> int:
     """Blocks a request may hold: its prompt once (samples share it), and each sample's output.
-    max_tokens unset: `open_output` tokens (the length such outputs are expected to end at, as
-    the worker's admission projects them: core/admission.py OutputLengths), at most the rest of
-    max_model_len; None: the rest of max_model_len (at its longest)."""
+    max_tokens unset: `open_output` tokens (as core/admission.py OutputLengths projects them),
+    at most the rest of max_model_len; None: the rest of max_model_len."""
     rest = max(0, max_model_len - num_prompt_tokens)
     out = max_tokens or (rest if open_output is None else min(rest, open_output))
     return -(-num_prompt_tokens // block_size) + n * -(-out // block_size)
