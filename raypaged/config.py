@@ -191,9 +191,7 @@ class KVPlan:
 def plan_kv_cache(shape: KVShape, cache: EngineArgs, max_model_len: int,
                   free_device_bytes: int | None) -> KVPlan:
     """Size the block pool. `free_device_bytes` is memory left after weights (None on a CPU).
-
-    Refuses a budget in which one sequence of max_model_len cannot fit, saying what would fit.
-    """
+    Refuses a budget in which one sequence of max_model_len cannot fit, saying what would fit."""
     per_token = shape.bytes_per_token
     per_block = per_token * cache.block_size
     if cache.kv_context_len is not None:

@@ -51,9 +51,8 @@ class Scheduler:
         self.running: list[Request] = []  # in admission order: the last is the newest
         self.requests: dict[str, Request] = {}
         self.children: dict[str, list[str]] = {}  # n > 1: parent id -> forked ids
-        # Waiting requests the last schedule() could not admit for lack of KV blocks or seats
-        # (0 when it stopped only because the step's token budget ran out: those are merely in
-        # line and get in over the next steps). Serving bounds its queue by this.
+        # Waiting requests the last schedule() could not admit for lack of KV blocks or seats (0
+        # when only the step's token budget stopped it); serving bounds its queue by this.
         self.num_blocked = 0
         self._left: set[str] = set()  # left the running set since the last batch (runner drops state)
         self._arrivals = itertools.count()
