@@ -40,8 +40,8 @@ def measure(running: int, context: int, steps: int, prefix: bool) -> dict:
     for i in range(running):
         engine.add_request(f"r{i}", [(i * 7 + j) % 30000 for j in range(context)],
                            SamplingParams(max_tokens=steps + 4, ignore_eos=True, temperature=0))
-    while sched.num_running < running or any(r.num_computed_tokens < r.num_prompt_tokens
-                                              for r in sched.running):
+    while len(sched.running) < running or any(r.num_computed_tokens < r.num_prompt_tokens
+                                               for r in sched.running):
         engine.step()  # prefill everyone first: the measured steps are pure decode
     times, stats_times = [], []
     for _ in range(steps):

@@ -13,9 +13,8 @@ __version__ = "0.1.0"
 
 class _KernelsFromCheckout:
     """A regular install maps kernels/ to raypaged.kernels (pyproject's package-dir). In a source
-    checkout (PYTHONPATH=., as on a GPU box without our install, or an editable install)
-    kernels/ sits beside raypaged/: resolve exactly that one name there, and nothing else
-    (benchmarks/ and tests/ are not subpackages)."""
+    checkout (PYTHONPATH=., or an editable install) kernels/ sits beside raypaged/: resolve
+    exactly that one name there (benchmarks/ and tests/ are not subpackages)."""
 
     directory = _os.path.join(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))),
                               "kernels")

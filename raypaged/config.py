@@ -102,14 +102,11 @@ class EngineArgs:
         group=SCHEDULER, ge=1)
     seed: int = setting(0, "the sampler's seed for requests that give none", group=SCHEDULER,
                         cli=False, serve=False)
-    # 1024 is the libraries' own default, which grows a CPU worker's RSS by ~0.6 GiB under
-    # varied load; 128 chosen by benchmarks/memory_probe.py (raypaged/model/onednn_cache.py).
     # benchmarks/forward_step.py measures the step with and without it (docs/performance.md)
     packed_linears: bool = setting(
         True, "CPU bf16 and fp32: reorder linear weights once into oneDNN's blocked layout "
         "(bf16: same bits, faster decode; fp32: oneDNN instead of MKL, within a few ulps)",
         group=SCHEDULER)
-    # benchmarks/forward_step.py measures the step with and without it
     cpu_decode_kernel: bool = setting(
         True, "CPU: decode attention by a C++ kernel that reads the paged KV cache in place "
         "(built once per machine with the local g++, then cached; where it cannot be built, "
@@ -194,9 +191,7 @@ class KVPlan:
 def plan_kv_cache(shape: KVShape, cache: EngineArgs, max_model_len: int,
                   free_device_bytes: int | None) -> KVPlan:
     """Size the block pool. `free_device_bytes` is memory left after weights (None on a CPU).
-
-    Refuses a budget in which one sequence of max_model_len cannot fit, saying what would fit.
-    """
+    Refuses a budget in which one sequence of max_model_len cannot fit, saying what would fit."""
     per_token = shape.bytes_per_token
     per_block = per_token * cache.block_size
     if cache.kv_context_len is not None:

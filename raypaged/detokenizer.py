@@ -4,10 +4,8 @@ Decoding only the newest token breaks multi-byte characters and word-joining tok
 step decodes a short window (prefix_offset..end) and emits what it adds over (prefix_offset..
 read_offset); text ending in U+FFFD (an incomplete UTF-8 sequence) waits for the next token.
 Stop strings: while running, the last len(longest stop) - 1 characters are held back, so a stop
-string that completes later never leaks into text already streamed.
-Special tokens are left out unless skip_special_tokens is off (the mistral tool-call parser
-reads its [TOOL_CALLS]). The token that ended the sample (EOS, a stop_token_ids one) is left out
-either way unless include_stop_str_in_output, as vLLM does.
+string that completes later never leaks into text already streamed. Special tokens and the
+token that ended the sample: see SamplingParams.skip_special_tokens.
 """
 from __future__ import annotations
 

@@ -75,9 +75,8 @@ class Engine:
                     cache_salt: str | None = None, continuation: Continuation | None = None,
                     block_hashes: Sequence[bytes] = ()) -> None:
         """Queue a request; raises ValueError with the reason when it can never be served.
-        A continuation resumes one sample begun on another engine (serving's failover).
-        `block_hashes`: the router's hashes of the prompt's leading blocks (EngineCore checks
-        them), so that admission does not hash them again."""
+        A continuation resumes one sample begun on another engine (serving's failover);
+        `block_hashes`: see EngineCore.add_request."""
         if not isinstance(request_id, str) or not request_id or "#" in request_id:
             raise ValueError(f"request_id must be a non-empty string without '#', got {request_id!r}")
         # With an output stage this reads the stage thread's map; a dict lookup is atomic, and
@@ -158,7 +157,7 @@ class Engine:
                 why = str(compile_.future.exception())
             del self._compiling[request_id]
             if why is None:
-                self.core.release(request_id)
+                self.core.scheduler.release(request_id)
             else:
                 failed += self.core.fail(request_id, why)
         return failed
@@ -184,7 +183,8 @@ class Engine:
         return self.core.has_unfinished()
 
     def cache_summary(self):
-        return self.core.cache_summary()
+        """What the prefix cache holds, for routers (see core/cache_summary.py)."""
+        return self.core.scheduler.kv.pool.summary
 
     def stats(self) -> EngineStats:
         return self.core.stats()

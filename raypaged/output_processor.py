@@ -100,10 +100,8 @@ class OutputProcessor:
         return outs, aborts
 
     def _forget(self, seq_id: str, request_id: str) -> None:
-        # Core forks all n samples in one step, and this processor tracks all of a step's new
-        # samples before handling any finish, so once no sample of the request is tracked here,
-        # none will come: the prompt can go.
-        # A count per request, not a scan of every tracked sequence per finish: O(1) at any load.
+        # Core forks all n samples in one step, and process() tracks them all before handling
+        # any finish: once no sample of the request is tracked here, none will come.
         del self._seqs[seq_id]
         self._live[request_id] -= 1
         if not self._live[request_id]:

@@ -1,8 +1,7 @@
 """OutputStage: detokenization and stop strings on their own thread, off the step loop.
 
-vLLM v1 runs its output processor in the frontend process; here it is a thread beside the
-serving step thread. The step thread hands over each step's RequestDeltas (token ids) and goes
-straight to the next step; this thread turns them into SequenceOutputs (text deltas) for `sink`:
+The serving step thread hands over each step's RequestDeltas (token ids) and goes straight to
+the next step; this thread turns them into SequenceOutputs (text deltas) for `sink`:
 
     step thread                          output thread
     Engine.add_request ─ ("add", ...) ─>  OutputProcessor.add

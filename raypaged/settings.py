@@ -1,8 +1,7 @@
 """One definition per setting: a dataclass field carries its default, bounds, choices and help.
 
-vLLM's `EngineArgs` and SGLang's `ServerArgs` work this way: the settings classes
-(`raypaged.config.EngineArgs`, `raypaged.serve.config.ServeOptions`) declare each field once with
-`setting(...)`, and everything else is derived by walking the fields:
+The settings classes (`raypaged.config.EngineArgs`, `raypaged.serve.config.ServeOptions`, as
+vLLM's `EngineArgs`) declare each field once with `setting(...)`; the rest walks the fields:
 
     setting(...) ──> validate()          the frozen dataclass checks itself in __post_init__
                  ──> add_cli_args()      argparse flags (--kv-memory-mb, --enforce-eager/--no-...)
@@ -83,14 +82,12 @@ def validate(obj) -> None:
             if value not in m["choices"]:
                 raise ValueError(f"{f.name} must be one of {list(m['choices'])}, got {value!r}")
             continue
-        if kind is bool:
-            ok = isinstance(value, bool)
-        elif kind is int:
+        if kind is int:
             ok = isinstance(value, int) and not isinstance(value, bool)
         elif kind is float:
             ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
                   and math.isfinite(value))
-        else:
+        else:  # bool, str
             ok = isinstance(value, kind)
         if ok and kind in (int, float):
             ok = ((m["ge"] is None or value >= m["ge"]) and (m["gt"] is None or value > m["gt"])

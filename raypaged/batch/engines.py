@@ -8,9 +8,7 @@
     OpenAIFrontend + Dispatcher + Router  ─> each row exactly as the HTTP API serves a request
 
 So a row is validated, tokenized, routed (prefix affinity), retried after a lost worker, and
-answered by the same code as an HTTP request: one request model, one response builder. Streams
-go driver -> worker directly: a controller's death stops none of them, and while a new one
-starts the last snapshot routes new rows (RayFleetClient).
+answered by the same code as an HTTP request: one request model, one response builder.
 """
 from __future__ import annotations
 
@@ -55,20 +53,17 @@ def fleet_args(engine: EngineArgs, options: BatchOptions) -> ServeArgs:
 class Controllers:
     """The job's controller, made again over the same workers when it is found dead.
 
-    RayFleetClient calls resolve() when it starts and after a call to the controller failed. A
-    controller that died (its process killed, its node lost) raises ActorDiedError there: a new
-    one takes over the same worker handles (it polls them afresh; the fleet client keeps routing
-    from its last snapshot until the new one has). It is not a Ray-restarted actor: a restart
-    is asynchronous and keeps failing calls meanwhile, a new actor is ready when created."""
+    RayFleetClient calls resolve() when it starts and after a call to the controller failed;
+    meanwhile it routes from its last snapshot, and streams (driver -> worker) go on. Not a
+    Ray-restarted actor: a restart is asynchronous and fails calls meanwhile, a new actor is
+    ready when created."""
 
     def __init__(self, options: ServeOptions, engine: EngineArgs,
                  workers: list[tuple[str, object]]):
         self.options, self.engine, self.workers = options, engine, workers
-        self.started = 0
         self.handle = self._new()
 
     def _new(self):
-        self.started += 1
         return ControllerActor.options(num_cpus=0).remote(self.options, self.engine,
                                                           workers=self.workers)
 
@@ -94,10 +89,6 @@ class EnginePool:
     fleet: RayFleetClient
     frontend: OpenAIFrontend
     block_size: int
-
-    @property
-    def controller(self):
-        return self.controllers.handle
 
     @classmethod
     async def start(cls, args: ServeArgs) -> "EnginePool":

@@ -5,9 +5,6 @@ prompt's first `prefix_blocks` full blocks, the hash the engines' prefix caches 
 read-ahead window the rows are reordered group by group (groups in order of first appearance,
 rows of a group in input order); the router then sends each key to the same engine, so the
 second row of a group finds the shared blocks cached instead of evicted by other rows.
-
-The key is only an ordering hint: a row whose prompt cannot be rendered here gets None (it is
-refused later by the frontend, with the HTTP API's message).
 """
 from __future__ import annotations
 

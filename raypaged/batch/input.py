@@ -1,9 +1,5 @@
 """The input file, read once, line by line, never a line longer than the cap held whole.
 
-    bytes ─> Line(line_no, raw, digest, end)     raw: the line without its "\\n"
-                                                 digest: 64-bit blake2b of those bytes (never 0)
-                                                 end: byte offset just past it (progress)
-
 A line over `max_bytes` is read in 1 MiB pieces that are hashed and dropped: its Line has
 raw=None and its size, so the row is refused (413) and still has a digest to resume by. The
 digest is what an output line records (output.py) so an edited input line is detected.
@@ -20,8 +16,8 @@ SKIP_CHUNK = 1 << 20  # bytes of an over-long line read at a time while skipping
 @dataclass(frozen=True)
 class Line:
     line_no: int        # 1-based
-    raw: bytes | None   # None: longer than the cap, not kept
-    digest: int
+    raw: bytes | None   # without its "\n"; None: longer than the cap, not kept
+    digest: int         # 64-bit blake2b of the line's bytes (never 0)
     size: int           # bytes, without the "\n"
     end: int            # byte offset after the line
 

@@ -8,9 +8,8 @@ with bounded concurrency, append one output line per row.
 A row's answer is final, and written, when it is a response or a refusal of the row's own input
 (4xx other than 408/429). Anything else - no engine ready (503), an engine lost twice while
 serving it, a 5xx, a bug - is not the row's fault: the row is retried, with backoff, for up to
-`retry_timeout_s`, and if it still has no answer it is left out of the output (counted as
-unanswered) for a re-run to answer. So an output line is never a failure a re-run could fix, and
-a resume skips exactly the lines that are final.
+`retry_timeout_s`, then left out of the output for a re-run. So an output line is never a
+failure a re-run could fix, and a resume skips exactly the lines that are final.
 
 An input line the output answers but whose bytes changed since (its digest differs) stops the
 job: the rows in flight finish, then it refuses (InputChanged) instead of mixing answers of two
@@ -154,7 +153,7 @@ class BatchJob:
         try:
             answer = await self._answer(row)
             if answer is None:  # not its own failure, past retry_timeout_s: for a re-run
-                progress.row_unanswered()
+                progress.unanswered += 1
                 return
             line, usage = answer
             self.out.write(line)

@@ -73,9 +73,6 @@ class Progress:
             self._bar.update(end - self.read_bytes)
         self.read_bytes = end
 
-    def row_unanswered(self) -> None:
-        self.unanswered += 1
-
     def row_done(self, ok: bool, usage: dict | None = None) -> None:
         self.completed += ok
         self.failed += not ok

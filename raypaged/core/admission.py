@@ -1,10 +1,10 @@
 """Admission with headroom: admit a request only if the running set's projected growth still fits.
 
 Admitting whatever fits *now* fills the pool with prompts whose decodes then run out of blocks,
-and each shortfall preempts someone (benchmarks/kv_waste.py: 899 preemptions in 2,000 requests).
-Instead, project every sequence forward: it holds `held` blocks, will hold `now` tokens once its
-known tokens are computed, then grows one token per step for `remaining` steps and frees its
-blocks. The candidate is admitted when the peak of that projection, plus a watermark, fits.
+and each shortfall preempts someone. Instead, project every sequence forward: it holds `held`
+blocks, will hold `now` tokens once its known tokens are computed, then grows one token per step
+for `remaining` steps and frees its blocks. The candidate is admitted when the peak of that
+projection, plus a watermark, fits.
 
     blocks in use
       ^        peak ─┐
@@ -84,12 +84,9 @@ def peak_blocks(seqs: Iterable[Growth], used_now: int, block_size: int) -> int:
 
 class OutputLengths:
     """Output lengths of the last `window` finished sequences: the projection for requests that
-    left max_tokens open (their max_tokens is what the context has left, far too much).
-
-    A request that has already produced `k` tokens is projected at the mean of the lengths seen
-    that exceed k (its expected length given that it is still running), not at the overall
-    mean: the long ones would all outgrow that, and each would cost a preemption.
-    """
+    left max_tokens open. A request that has produced `k` tokens is projected at the mean of the
+    lengths seen that exceed k, not at the overall mean: the long ones would all outgrow that,
+    and each would cost a preemption."""
 
     def __init__(self, window: int = 1000) -> None:
         self._recent: deque[int] = deque(maxlen=window)

@@ -193,9 +193,8 @@ class ScaleRound:
     def sample(self, now_s: float, interval_s: float, workers: Mapping[str, WorkerCounters],
                serving: int, starting: int, draining: int, held_tokens: int = 0) -> LoadSample:
         """The fleet over the last interval; `workers` in a stable order (the capacity meter's
-        moving average depends on it). `held_tokens`: prompt tokens the routers hold back until
-        the fleet has room for them (fair admission): they wait as surely as the workers'
-        queues, which never see them."""
+        moving average depends on it). `held_tokens`: prompt tokens the routers hold back
+        (fair admission): they wait as surely as the workers' queues, which never see them."""
         computed = preemptions = 0
         queued = held_tokens
         prev, self._prev = self._prev, dict(workers)

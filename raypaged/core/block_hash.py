@@ -46,9 +46,8 @@ def hash_block_tokens(
     `start`/`parent` continue an existing chain: hash blocks from block index `start` on, with
     `parent` the hash of block `start - 1`.
 
-    The same digests as hash_block per block, with the tokens packed once for the whole run
-    (a per-block array costs ~30% of a 100k-token prompt's hashing): a router hashes every
-    prompt it routes, and a worker every prompt it admits.
+    The same digests as hash_block per block, with the tokens packed once for the whole run:
+    a router hashes every prompt it routes, and a worker every prompt it admits.
     """
     extra = salt_key(cache_salt)
     n_full = len(token_ids) // block_size

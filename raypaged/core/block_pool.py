@@ -71,16 +71,6 @@ class FreeBlockQueue:
         self.remove(first)
         return first
 
-    def __iter__(self):
-        node = self._head.next
-        while node is not self._tail:
-            assert node is not None
-            yield node
-            node = node.next
-
-    def __len__(self) -> int:
-        return self.size
-
 
 class BlockPool:
     def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
@@ -100,11 +90,11 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks that can be handed out now (empty or holding an evictable cached prefix)."""
-        return len(self.free_queue)
+        return self.free_queue.size
 
     def allocate(self, n: int) -> list[Block]:
-        if n > len(self.free_queue):
-            raise ValueError(f"asked for {n} blocks, {len(self.free_queue)} free")
+        if n > self.free_queue.size:
+            raise ValueError(f"asked for {n} blocks, {self.free_queue.size} free")
         out = []
         for _ in range(n):
             block = self.free_queue.popleft()
@@ -156,5 +146,5 @@ class BlockPool:
 
     def count_by_state(self) -> tuple[int, int, int]:
         """(used, cached-free, empty-free) block counts, O(1)."""
-        free = len(self.free_queue)
+        free = self.free_queue.size
         return self.num_blocks - free, self._num_cached_free, free - self._num_cached_free

@@ -4,20 +4,12 @@ A router keeps one `CacheView` per worker (cache_summary.py). Asking every view 
 this prompt's leading blocks do you hold" costs a set lookup per prompt block per worker: at
 1,000 workers that all hold a shared system prompt, tens of thousands of lookups per request.
 `CacheIndex` keeps the same views and, maintained from the same deltas, one bitmask per key
-(bit i: the i-th view holds it), so one walk of the prompt's keys finds every worker's hit:
+(bit i: the i-th view holds it), so the prompt's keys are looked up once for every worker.
 
-    keys      k0        k1        k2        k3
-    holders   1111      1101      1101      0001      (bit i = worker i, rightmost = worker 0)
-    alive     1111  ->  1101  ->  1101  ->  0001  ->  end
-    dropped   -         0010@1    -         1100@3    0001@4
-                        worker 1 holds 1 block; workers 2, 3 hold 3; worker 0 holds all 4
-
-A worker's hit is the first key it lacks (exactly CacheView.cached_prefix_blocks). A walk of
-every key costs ~0.25 us a key: 1.5 ms for a fully cached 100k-token prompt. But a prefix cache
-is nested: a worker holding a prompt's block i holds blocks 0..i-1 too, because every hit on
-block i touches its ancestors and a freed sequence is evicted tail first. Then the holders of
-key i only shrink as i grows, and bisection finds the depths at which they shrink with
-O(groups x log(prompt blocks)) lookups:
+A worker's hit is the first key it lacks (exactly CacheView.cached_prefix_blocks). A prefix
+cache is nested: a worker holding a prompt's block i holds blocks 0..i-1 too (every hit on block
+i touches its ancestors; a freed sequence is evicted tail first). So the holders of key i only
+shrink as i grows, and bisection finds where with O(groups x log(prompt blocks)) lookups:
 
     keys     k0    k1    k2    k3    k4    k5    k6    k7
     holders  111   111   111   011   011   011   011   001     probe k0, k7: differ -> split;

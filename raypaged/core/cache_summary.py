@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 import sys
 import threading
 from array import array
 from dataclasses import dataclass
+from itertools import islice
 from typing import Sequence
 
 from raypaged.core.block_hash import BlockHash, little_endian
@@ -98,12 +98,7 @@ def sampled(delta: SummaryDelta, every: int) -> SummaryDelta:
 
 
 def sampled_positions(keys: Sequence[int], every: int) -> list[int]:
-    """Indexes of the prompt's keys a sampled view can hold (see `published`):
-
-        keys       k0  k1  k2  k3  k4  k5  k6  k7  k8        (every = 8)
-        positions  0   1       3               7
-        a view holding k7 holds >= 8 leading blocks; holding k3 but not k7: >= 4 blocks
-    """
+    """Indexes of the prompt's keys a sampled view can hold (see `published`)."""
     n = len(keys)
     if every == 1:
         return list(range(n))
@@ -166,25 +161,23 @@ class CacheSummary:
         """What a reader at `version` needs to reach this version (empty if it is there);
         with the keys' depths unless `depths` is False (a router's delta: it samples nothing)."""
         with self._lock:
-            return self._delta_since(version, depths)
-
-    def _delta_since(self, version: int, depths: bool) -> SummaryDelta:
-        behind = self.version - version
-        if behind < 0 or behind > len(self._log):  # unknown or forgotten history: start over
-            keys = tuple(self.keys)
-            return SummaryDelta(self.version, keys, full=True,
-                                depths=tuple(map(self.depth.__getitem__, keys)) if depths else None)
-        first: dict[int, bool] = {}
-        final: dict[int, tuple[bool, int]] = {}
-        for key, present, depth in reversed(list(itertools.islice(reversed(self._log), behind))):
-            first.setdefault(key, present)
-            final[key] = present, depth
-        # A key first added and finally removed within the delta was never in the reader's
-        # copy and is not in ours: it nets out.
-        added = [(k, d) for k, (p, d) in final.items() if p]
-        removed = [(k, d) for k, (p, d) in final.items() if not p and not first[k]]
-        return SummaryDelta(self.version, tuple(k for k, _ in added), tuple(k for k, _ in removed),
-                            depths=tuple(d for _, d in added + removed) if depths else None)
+            behind = self.version - version
+            if behind < 0 or behind > len(self._log):  # unknown or forgotten history: start over
+                keys = tuple(self.keys)
+                kept = tuple(map(self.depth.__getitem__, keys)) if depths else None
+                return SummaryDelta(self.version, keys, full=True, depths=kept)
+            first: dict[int, bool] = {}
+            final: dict[int, tuple[bool, int]] = {}
+            for key, present, depth in reversed(list(islice(reversed(self._log), behind))):
+                first.setdefault(key, present)
+                final[key] = present, depth
+            # A key first added and finally removed within the delta was never in the reader's
+            # copy and is not in ours: it nets out.
+            added = [(k, d) for k, (p, d) in final.items() if p]
+            removed = [(k, d) for k, (p, d) in final.items() if not p and not first[k]]
+            return SummaryDelta(self.version, tuple(k for k, _ in added),
+                                tuple(k for k, _ in removed),
+                                depths=tuple(d for _, d in added + removed) if depths else None)
 
 
 class CacheView:

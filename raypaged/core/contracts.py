@@ -59,9 +59,8 @@ class ScheduledRequest:
     token_ids: Sequence[int]          # the new tokens fed this step
     start_position: int               # == num_computed_tokens before this step
     block_table: Sequence[int]        # physical block ids, in order
-    # Sample after this step? True when the step reaches the end of the known tokens
-    # (last prefill chunk, or decode); False for earlier chunks of a long prompt.
-    num_samples: int                  # 0 = no sampling; n > 1 only for a prompt about to fork
+    # tokens sampled after this step: 0 before a prompt's last chunk; n > 1 for one about to fork
+    num_samples: int
     sampling: SamplingParams
     prompt_token_ids: Sequence[int]   # for repetition penalty
     output_token_ids: Sequence[int]   # for penalties, min_tokens, per-step seeds
@@ -71,10 +70,6 @@ class ScheduledRequest:
     # the tokens the step before this one samples for this request; they are filled in (and
     # appended to output_token_ids) from that step's result before this step runs.
     num_placeholders: int = 0
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
 
     @property
     def seq_len(self) -> int:
@@ -88,10 +83,6 @@ class ScheduledBatch:
     block_copies: tuple[tuple[int, int], ...] = ()
     # Requests that left since the last step (finished, aborted, preempted): runners drop state.
     finished_request_ids: frozenset[str] = frozenset()
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(r.token_ids) for r in self.requests)
 
     @property
     def is_pure_decode(self) -> bool:
@@ -123,13 +114,10 @@ class ModelRunner(Protocol):
 
 @dataclass(frozen=True)
 class Continuation:
-    """One sample of a request begun on another worker, to be carried on from where it stopped.
-
-    The engine re-admits the original prompt with these output tokens already generated, so
-    max_tokens, min_tokens, penalties and per-position seeds continue as if uninterrupted (a
-    prefill recomputes their KV, as after a preemption), and the detokenizer replays them so the
-    text goes on exactly after the `text_chars` characters the client already has.
-    """
+    """One sample of a request begun on another worker, to be carried on from where it stopped:
+    the original prompt is re-admitted with these outputs already generated (their KV
+    recomputed, as after a preemption), so limits, penalties and seeds go on as if
+    uninterrupted, and the text goes on after the `text_chars` characters the client has."""
 
     sample_index: int                 # which of the original request's n samples
     output_token_ids: tuple[int, ...]  # generated so far (and already sent to the client)

@@ -13,7 +13,6 @@ import logging
 from typing import Sequence
 
 from raypaged.core.block_hash import DIGEST_SIZE, BlockHash, hash_block_tokens
-from raypaged.core.cache_summary import CacheSummary
 from raypaged.core.contracts import (Continuation, EngineStats, ModelRunner, RequestDelta,
                                      ScheduledBatch, StepResult)
 from raypaged.core.request import Request
@@ -57,10 +56,6 @@ class EngineCore:
         self.scheduler.add(Request(request_id, prompt_token_ids, sampling, max_tokens,
                                    eos_token_id, cache_salt, sample_index=index,
                                    output_token_ids=outputs, block_hashes=hashes), held)
-
-    def release(self, request_id: str) -> None:
-        """A held request may be scheduled from the next step on."""
-        self.scheduler.release(request_id)
 
     def only_held(self) -> bool:
         """Every unfinished request is held and no step is running: step() has nothing to do."""
@@ -155,15 +150,11 @@ class EngineCore:
 
     def has_unfinished(self) -> bool:
         """Requests to serve, or a step still running (its result is applied by one more step)."""
-        return self.scheduler.has_unfinished() or self._running is not None
-
-    def cache_summary(self) -> CacheSummary:
-        """What the prefix cache holds, for routers (see core/cache_summary.py)."""
-        return self.scheduler.kv.pool.summary
+        return bool(self.scheduler.requests) or self._running is not None
 
     def stats(self) -> EngineStats:
         return EngineStats(memory=self.scheduler.kv.memory_stats(),
-                           num_running=self.scheduler.num_running,
+                           num_running=len(self.scheduler.running),
                            num_waiting=self.scheduler.num_waiting,
                            num_blocked=self.scheduler.num_blocked,
                            num_queued_tokens=self.scheduler.num_queued_tokens,
@@ -187,15 +178,12 @@ def _router_hashes(block_hashes: Sequence[BlockHash], prompt: Sequence[int],
                    outputs: Sequence[int], block_size: int,
                    cache_salt: str | None) -> Sequence[BlockHash]:
     """The router's hashes, if they can be this engine's; else none (the engine hashes the
-    prompt itself). A kept hash is registered in the prefix cache as its block's name, so a
-    wrong one would hand that block's KV to every request sharing the prefix: they are kept
-    only as a list or tuple of no more than the tokens' full blocks, each a bytes of
-    DIGEST_SIZE, the first equal to this engine's hash of block 0 (a router of another block
-    size or salt cannot match it) and the last equal to the hash of its own block's tokens
-    under the handed hash before it (a router that hashed other tokens fails it): two
-    BLAKE2b calls whatever the length. The hashes between are trusted: the chain is
-    deterministic, so a router hashing with hash_block_tokens has the engine's own
-    (tests/serve/test_router_block_hashes.py)."""
+    prompt itself). A wrong hash would hand its block's KV to every request sharing the prefix:
+    they are kept only as a list or tuple of at most the tokens' full blocks, each DIGEST_SIZE
+    bytes, the first equal to this engine's hash of block 0 (another block size or salt fails)
+    and the last to the hash of its block's tokens under the hash before it (other tokens
+    fail): two BLAKE2b calls whatever the length. The chain is deterministic, so the hashes
+    between are trusted (tests/serve/test_router_block_hashes.py)."""
     if not isinstance(block_hashes, (list, tuple)) or not block_hashes:
         return ()
     n = len(block_hashes)

@@ -18,12 +18,10 @@ queue per client, where their order can still be chosen:
     waiting request of the client whose turn it is goes next if it may, and its client goes to
     the back of the rotation (a client seen for the first time joins at the back)
 
-The share is what keeps a flood from costing others its requests' whole length: a flood that
-came first holds the cache, and waiting for its requests to end would cost a newcomer as much
-as a queue behind them; under its share, the newcomer goes at once. With nothing admitted, any
-request is sent (one larger than the whole cache is the worker's to refuse). `capacity` None:
-no bound (fairness off; only the per-client cap counts). Pure: the router (serve/client_gate.py)
-wakes the released requests and tells it the capacity from its fleet snapshot.
+The share lets a newcomer go at once while a flood that came first holds the cache. With
+nothing admitted, any request is sent (one larger than the cache is the worker's to refuse).
+`capacity` None: no bound (fairness off; only the per-client cap counts). Pure: the router
+(serve/client_gate.py) wakes the released requests and tells it the capacity.
 """
 from __future__ import annotations
 
@@ -32,19 +30,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-# 1/8 of the cache is never filled by one client alone (but by a single request): a newcomer's
-# requests then start at once, however long a flood that came first holds the rest (a worker
-# queues what its cache cannot hold, first come first served). A single client loses 1/8 of the
-# cache's worst-case room (requests at their longest: most of it is free in practice).
+# 1/8 of the cache is kept from any one client (but for its first request), so that a newcomer
+# starts at once; a lone client loses 1/8 of the worst-case room (most of it is free in practice).
 RESERVE_FOR_OTHERS = 8
 
 
 def blocks_needed(num_prompt_tokens: int, max_tokens: int | None, n: int, block_size: int,
                   max_model_len: int, open_output: int | None = None) -> int:
     """Blocks a request may hold: its prompt once (samples share it), and each sample's output.
-    max_tokens unset: `open_output` tokens (the length such outputs are expected to end at, as
-    the worker's admission projects them: core/admission.py OutputLengths), at most the rest of
-    max_model_len; None: the rest of max_model_len (at its longest)."""
+    max_tokens unset: `open_output` tokens (as core/admission.py OutputLengths projects them),
+    at most the rest of max_model_len; None: the rest of max_model_len."""
     rest = max(0, max_model_len - num_prompt_tokens)
     out = max_tokens or (rest if open_output is None else min(rest, open_output))
     return -(-num_prompt_tokens // block_size) + n * -(-out // block_size)
@@ -109,11 +104,8 @@ class FairAdmission:
         return self._release()
 
     def _may_go(self, ticket: Ticket, by_room: bool) -> bool:
-        """Whether the ticket may be admitted now: by room (`by_room`: nothing that does not fit
-        waits ahead of it) when it fits in the capacity or nothing is admitted, or by share when
-        its client's admitted blocks with it stay within capacity // clients here. Either way
-        its client holds at most capacity - capacity // RESERVE_FOR_OTHERS but for its first
-        request: the rest is kept for the next client to start at once."""
+        """Whether the ticket may be admitted now, by room or by share (the module's rules);
+        `by_room`: nothing that does not fit waits ahead of it."""
         cap = self.capacity
         if cap is None or (by_room and not self.num_admitted):
             return True

@@ -49,10 +49,8 @@ class KVCacheManager:
         return hits
 
     def allocate(self, request: Request, num_new_tokens: int, hits: Sequence[Block] = ()) -> bool:
-        """Make room for `num_new_tokens` more tokens (after `hits`, on admission).
-
-        All or nothing: returns False and changes nothing when the pool is short.
-        """
+        """Make room for `num_new_tokens` more tokens (after `hits`, on admission). All or
+        nothing: returns False and changes nothing when the pool is short."""
         rid, bs = request.request_id, self.block_size
         have = len(self.tables.get(rid, ())) + len(hits)
         total = request.num_computed_tokens + len(hits) * bs + num_new_tokens
@@ -99,10 +97,6 @@ class KVCacheManager:
         self.pool.free([src])  # still referenced by the others that share it
         self.pending_copies.append((src.block_id, dst.block_id))
         self.cow_copies += 1
-
-    def take_copies(self) -> tuple[tuple[int, int], ...]:
-        copies, self.pending_copies = tuple(self.pending_copies), []
-        return copies
 
     # -- after a step ------------------------------------------------------------------------
     def cache_full_blocks(self, request: Request) -> None:

@@ -1,12 +1,11 @@
 """Whom to preempt when a running request needs a block and none is free, and what it cost.
 
-The first rule preempted the newest running request. Under steady pressure that is the request
-admitted last, again and again: it is resumed, admitted last again, and preempted again (a
-preemption storm). The bounded rule instead takes the request whose recompute is cheapest (the
-least computed work) among those preempted fewer than K times; a request preempted K times is
-chosen again only when every candidate has been, and then the fewest-preempted first. A
-preempted request goes back into the waiting queue at its arrival's place, so it resumes before
-everyone who arrived after it (FCFS by arrival), never behind them.
+Preempting the newest running request, under steady pressure, preempts the same request again
+and again (a preemption storm). The bounded rule instead takes the request whose recompute is
+cheapest (the least computed work) among those preempted fewer than K times; a request
+preempted K times is chosen again only when every candidate has been, and then the
+fewest-preempted first. A preempted request goes back into the waiting queue at its arrival's
+place, so it resumes before everyone who arrived after it (FCFS by arrival).
 """
 from __future__ import annotations
 

@@ -33,10 +33,8 @@ class Request:
                  parent_id: str | None = None, sample_index: int = 0, arrival: int = 0,
                  output_token_ids: Sequence[int] = (),
                  block_hashes: Sequence[BlockHash] = ()) -> None:
-        """`block_hashes`: the chain's leading hashes over all_token_ids, already computed by
-        whoever routed the request (core's hash_block_tokens, this cache_salt, the engine's
-        block size: EngineCore.add_request checks them); update_block_hashes goes on from
-        there instead of hashing the prompt again."""
+        """`block_hashes`: the chain's leading hashes over all_token_ids, computed by the router
+        (EngineCore.add_request checks them); update_block_hashes goes on from there."""
         if not prompt_token_ids:
             raise ValueError("the prompt is empty: give at least one token")
         self.request_id = request_id

@@ -5,8 +5,7 @@ long prompt), then waiting requests FCFS while the budget, max_num_seqs and free
 and (headroom admission, core/admission.py) while the running set's projected growth still
 fits. When a running request needs a block and none is free, a victim (core/preemption.py) is
 preempted by recompute: its blocks are freed and it waits again at its arrival's place, ahead of
-everyone who arrived after it. The first rules (admit what fits now, preempt the newest) remain
-as a policy (core/scheduling_policy.py), for comparison.
+everyone who arrived after it.
 
 A scheduled step advances `num_computed_tokens` at once and counts the tokens it will sample as
 placeholders, so `schedule()` may run again before the step's result is applied (overlapped
@@ -52,9 +51,8 @@ class Scheduler:
         self.running: list[Request] = []  # in admission order: the last is the newest
         self.requests: dict[str, Request] = {}
         self.children: dict[str, list[str]] = {}  # n > 1: parent id -> forked ids
-        # Waiting requests the last schedule() could not admit for lack of KV blocks or seats
-        # (0 when it stopped only because the step's token budget ran out: those are merely in
-        # line and get in over the next steps). Serving bounds its queue by this.
+        # Waiting requests the last schedule() could not admit for lack of KV blocks or seats (0
+        # when only the step's token budget stopped it); serving bounds its queue by this.
         self.num_blocked = 0
         self._left: set[str] = set()  # left the running set since the last batch (runner drops state)
         self._arrivals = itertools.count()
@@ -63,9 +61,8 @@ class Scheduler:
         self._scheduled_reqs: dict[int, list[tuple[Request, int]]] = {}
         self.num_preemptions = 0
         self.num_finished = 0
-        # sum of num_tokens + num_placeholders - num_computed_tokens over waiting and running
-        # requests (the tokens still to be fed), kept at
-        # every transition: routers read it in every stats() call, at any queue length
+        # tokens still to be fed (num_tokens + num_placeholders - num_computed_tokens) over
+        # waiting and running requests, kept at every transition: routers read it every poll
         self.num_queued_tokens = 0
         # queue tokens computed (prompt and recompute; a decode's newest token refills the queue
         # as it drains it): how fast the queue shrinks, for TTFT prediction (core/ttft_slo.py)
@@ -147,15 +144,8 @@ class Scheduler:
             del self.children[group]
 
     @property
-    def num_running(self) -> int:
-        return len(self.running)
-
-    @property
     def num_waiting(self) -> int:
         return len(self.waiting) + len(self.held)
-
-    def has_unfinished(self) -> bool:
-        return bool(self.requests)
 
     # -- one step ----------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
@@ -215,10 +205,11 @@ class Scheduler:
         self.num_blocked = len(self.waiting) if blocked else 0
         batch = ScheduledBatch(
             requests=tuple(self._scheduled(req, n) for req, n in chosen),
-            block_copies=self.kv.take_copies(),
+            block_copies=tuple(self.kv.pending_copies),
             finished_request_ids=frozenset(self._left),
         )
         self._left = set()
+        self.kv.pending_copies = []
         if chosen:
             self._scheduled_reqs[id(batch)] = [(req, req.num_preemptions) for req, _ in chosen]
         return batch

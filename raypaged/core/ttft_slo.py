@@ -7,16 +7,15 @@ ahead of it (prompts admitted, prompts blocked on KV blocks, preempted work to r
 
 `queued_w` is the scheduler's num_queued_tokens (EngineStats); `drain_rate_w` is how fast that
 queue shrinks while it has work: queue tokens computed per second (EngineStats.
-num_prefill_tokens: prompt and recompute, not decode), measured online per worker from the
-counters every poll brings (`DrainRate`), over the polls during which requests waited there. KV pressure shows there: a worker whose blocks are full admits a queued prompt only
-as running requests finish, and its drain rate falls with that pace. No constant is hand-set.
+num_prefill_tokens: prompt and recompute, not decode), measured per worker from each poll's
+counters (`DrainRate`). KV pressure shows there: a worker whose blocks are full admits a queued
+prompt only as running requests finish, and its drain rate falls with that pace.
 
 The request is shed (503 + Retry-After) when even the best worker predicts more than the SLO and
 something is queued there: a request the idle fleet would serve late anyway (its own prompt
-longer than the SLO's worth of prefill) is never shed, since retrying it could not help. This is
-Dynamo's rule (reject only when every worker is busy), with the busy threshold put in seconds of
-TTFT. Workers whose rate is not measured yet take the mean of the measured ones; a fleet with
-none measured sheds nothing.
+longer than the SLO's worth of prefill) is never shed, since retrying it could not help.
+Workers whose rate is not measured yet take the mean of the measured ones; a fleet with none
+measured sheds nothing.
 """
 from __future__ import annotations
 
@@ -31,13 +30,11 @@ RETRY_AFTER_MAX_S = 60
 
 class DrainRate:
     """One worker's queue drain rate in tokens per second: the queue tokens it computed over
-    its last `window_s` seconds of backlogged poll intervals (requests waiting at both ends: it
-    never ran out of queued prompts), divided by their length. A sum over intervals, not an
-    average of their rates: a worker whose KV cache is full admits prompts in bursts, as
-    running requests end, and the intervals between bursts (nothing drained) weigh as much as
-    the bursts. Sticky through idle polls; starts afresh with the worker's process (its
-    counters do). None until `min_s` of backlog is measured; 0.0 is a measurement (requests
-    waited that long and none started)."""
+    its last `window_s` seconds of backlogged poll intervals (requests waiting at both ends),
+    divided by their length. A sum over intervals, not an average of their rates: a worker whose
+    KV cache is full admits prompts in bursts, and the intervals between them weigh as much.
+    Sticky through idle polls; starts afresh with the worker's process. None until `min_s` of
+    backlog is measured; 0.0 is a measurement (requests waited that long and none started)."""
 
     def __init__(self, window_s: float = 10.0, min_s: float = 1.0) -> None:
         self.window_s, self.min_s = window_s, min_s

@@ -111,13 +111,13 @@ def test_every_row_is_answered_once_when_an_engine_actor_is_killed(local_ray, tm
     async def kill_one_worker_mid_job(run: asyncio.Task):
         while not (outp.exists() and len(outp.read_text().splitlines()) >= 4):
             await asyncio.sleep(0.05)
-        snap = await job.pool.controller.snapshot.remote()
+        snap = await job.pool.controllers.handle.snapshot.remote()
         busiest = max(snap.workers, key=lambda w: w.load)
         killed["written"] = len(outp.read_text().splitlines())
         ray.kill(busiest.handle, no_restart=False)  # a crash: Ray restarts the actor
         while not run.done():  # the job may well finish on the other engine first
             try:
-                snap = await job.pool.controller.snapshot.remote()
+                snap = await job.pool.controllers.handle.snapshot.remote()
             except ray.exceptions.RayActorError:  # the job ended and stopped its engines
                 return
             if snap.worker(busiest.worker_id).restarts >= 1:

@@ -42,12 +42,13 @@ def test_a_job_whose_controller_is_sigkilled_answers_every_row_once(local_ray, t
             await asyncio.sleep(0.05)
         pool = job.pool
         worker_pids = [await pid_of(h) for _, h in pool.controllers.workers]
-        os.kill(await pid_of(pool.controller), signal.SIGKILL)
+        killed = pool.controllers.handle
+        os.kill(await pid_of(killed), signal.SIGKILL)
         seen["at_kill"] = written()
-        while pool.controllers.started < 2:  # the fleet client found it dead: a new one
+        while pool.controllers.handle is killed:  # the fleet client found it dead: a new one
             await asyncio.sleep(0.05)
         while True:  # the new controller polls the same processes
-            snap = await pool.controller.snapshot.remote()
+            snap = await pool.controllers.handle.snapshot.remote()
             if len(snap.ready()) == 2:
                 break
             await asyncio.sleep(0.1)
@@ -56,7 +57,8 @@ def test_a_job_whose_controller_is_sigkilled_answers_every_row_once(local_ray, t
         busiest = max(snap.workers, key=lambda w: w.load)
         seen["at_worker_kill"] = written()
         ray.kill(busiest.handle, no_restart=False)
-        while (await pool.controller.snapshot.remote()).worker(busiest.worker_id).restarts < 1:
+        while (await pool.controllers.handle.snapshot.remote()).worker(
+                busiest.worker_id).restarts < 1:
             await asyncio.sleep(0.1)
         seen["worker_restarted_at"] = written()
 

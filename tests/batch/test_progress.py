@@ -23,7 +23,7 @@ def test_a_plain_line_every_interval_with_rows_failures_tok_s_and_eta(monkeypatc
     p.row_done(False)              # 5 s in: 4 rows of ~10 done (4 read in 40% of the bytes),
     assert capsys.readouterr().out == (  # 2 answered now in 5 s: 6 more take 15 s
         "raypaged batch: 4 rows done of ~10, 1 failed, 2.0 output tok/s, ETA 0m15s\n")
-    p.row_unanswered()
+    p.unanswered += 1
     summary = p.finish(startup_s=7.0)
     assert summary == BatchSummary(rows=4, skipped=2, completed=1, failed=1, prompt_tokens=100,
                                    completion_tokens=10, cached_tokens=75, wall_s=5.0,

@@ -4,6 +4,8 @@ import pytest
 from raypaged.core.block_hash import hash_block
 from raypaged.core.block_pool import BlockPool
 
+from core_engine import free_blocks
+
 
 def ids(blocks):
     return [b.block_id for b in blocks]
@@ -27,7 +29,7 @@ def test_freed_blocks_join_the_tail_in_the_order_given():
     pool = BlockPool(4)
     a = pool.allocate(4)
     pool.free(reversed(a))  # a sequence frees its tail first
-    assert ids(pool.free_queue) == [3, 2, 1, 0]
+    assert ids(free_blocks(pool)) == [3, 2, 1, 0]
     assert ids(pool.allocate(2)) == [3, 2]
 
 
@@ -39,13 +41,13 @@ def test_eviction_order_is_lru_and_unregisters_hash():
         pool.register(blk, h(i))
     pool.free(reversed(a))        # queue: 2 1 0
     pool.free(reversed(b))        # queue: 2 1 0 5 4 3
-    assert ids(pool.free_queue) == [2, 1, 0, 5, 4, 3]
+    assert ids(free_blocks(pool)) == [2, 1, 0, 5, 4, 3]
     # A hit on block 0 revives it out of the middle of the queue.
     hit = pool.lookup(h(0))
     assert hit is a[0]
     pool.touch([hit])
     assert hit.ref_count == 1
-    assert ids(pool.free_queue) == [2, 1, 5, 4, 3]
+    assert ids(free_blocks(pool)) == [2, 1, 5, 4, 3]
     # New allocations evict from the head: 2, then 1, and their prefixes are forgotten.
     assert ids(pool.allocate(2)) == [2, 1]
     assert pool.num_evictions == 2
@@ -54,7 +56,7 @@ def test_eviction_order_is_lru_and_unregisters_hash():
     assert pool.lookup(h(5)) is b[2]  # still cached
     # A hit block freed again goes to the tail (most recently used).
     pool.free([hit])
-    assert ids(pool.free_queue) == [5, 4, 3, 0]
+    assert ids(free_blocks(pool)) == [5, 4, 3, 0]
 
 
 def test_ref_counts_through_share_and_free():

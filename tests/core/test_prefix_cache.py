@@ -1,7 +1,7 @@
 """Prefix caching through the engine: exact hit lengths and block ids (block_size 4)."""
 from raypaged.core.sampling_params import SamplingParams
 
-from core_engine import make_engine, run_to_completion
+from core_engine import free_blocks, make_engine, run_to_completion
 
 SP = SamplingParams(temperature=0, max_tokens=2)
 
@@ -16,7 +16,7 @@ def test_second_request_hits_exactly_the_shared_full_blocks():
     run_to_completion(eng)
     assert first_batch_for(eng, "a").block_table[:3] == [0, 1, 2]
     # a freed blocks 2, 1, 0 (tail first); 0 and 1 are full and cached, 2 is partial.
-    assert [b.block_id for b in eng.scheduler.kv.pool.free_queue][-3:] == [2, 1, 0]
+    assert [b.block_id for b in free_blocks(eng.scheduler.kv.pool)][-3:] == [2, 1, 0]
 
     eng.add_request("b", list(range(8)) + [100, 101, 102], SP)
     run_to_completion(eng)
@@ -78,7 +78,7 @@ def test_hit_revives_a_free_block_and_eviction_forgets_it():
     eng.add_request("a", list(range(9)), SP)  # blocks 0 1 2
     run_to_completion(eng)
     kv = eng.scheduler.kv
-    assert [b.block_id for b in kv.pool.free_queue] == [3, 4, 5, 2, 1, 0]
+    assert [b.block_id for b in free_blocks(kv.pool)] == [3, 4, 5, 2, 1, 0]
     # 'x' needs 5 blocks for 17 prompt tokens + 1: takes 3 4 5 2 1, evicting the prefix in 1.
     eng.add_request("x", list(range(500, 517)), SamplingParams(temperature=0, max_tokens=1))
     run_to_completion(eng)

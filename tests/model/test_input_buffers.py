@@ -40,7 +40,7 @@ class CheckingRunner:
         assert meta.seq_lens.tolist() == [r.seq_len for r in batch.requests]
         starts = [0]
         for r in batch.requests:
-            starts.append(starts[-1] + r.num_tokens)
+            starts.append(starts[-1] + len(r.token_ids))
         assert meta.query_start_loc.tolist() == starts
         self.steps += 1
         return StepResult({r.request_id: tuple((r.seq_len * 7 + j) % 5 for j in range(r.num_samples))
