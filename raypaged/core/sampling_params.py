@@ -75,10 +75,10 @@ class SamplingParams:
         rules = [(name, _finite, "a finite number") for name in (
             "temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
             "repetition_penalty")] + [
-            ("n", lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+            ("n", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
             ("temperature", lambda v: v >= 0, ">= 0 (0 means greedy)"),
             ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
-            ("top_k", lambda v: _is_int(v) and (v >= 1 or v == -1) and v <= INT64_MAX,
+            ("top_k", lambda v: is_int(v) and (v >= 1 or v == -1) and v <= INT64_MAX,
              f"-1 (off) or an integer in [1, {INT64_MAX}]"),
             ("min_p", lambda v: 0 <= v <= 1, "in [0, 1]"),
             ("max_tokens", lambda v: v is None or isinstance(v, int) and v >= 1,
@@ -92,9 +92,9 @@ class SamplingParams:
             ("frequency_penalty", lambda v: -2 <= v <= 2, "in [-2, 2]"),
             ("repetition_penalty", lambda v: v > 0, "> 0 (1 = off)"),
             ("stop", lambda v: all(v), "non-empty strings"),
-            ("seed", lambda v: v is None or _is_int(v) and INT64_MIN <= v <= INT64_MAX,
+            ("seed", lambda v: v is None or is_int(v) and INT64_MIN <= v <= INT64_MAX,
              f"an integer in [{INT64_MIN}, {INT64_MAX}]"),
-            ("stop_token_ids", lambda v: all(_is_int(t) and t >= 0 for t in v),
+            ("stop_token_ids", lambda v: all(is_int(t) and t >= 0 for t in v),
              "non-negative integers")]
         for name, valid, want in rules:
             value = getattr(self, name)
@@ -141,7 +141,7 @@ def _bias_pairs(bias) -> tuple[tuple[int, float], ...] | None:
     return tuple(sorted(pairs))
 
 
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from raypaged.core.sampling_params import _is_int
+from raypaged.core.sampling_params import is_int
 from raypaged.core.structured_outputs import StructuredOutputsParams
 from raypaged.model.grammar import build_grammar
 from raypaged.serve.config import ServeOptions
@@ -64,7 +64,7 @@ class RequestLimits(ServeOptions):
         """prompts x n x max_tokens, when max_tokens is given (the frontend checks again with
         what is left of the context once prompts are tokens, for max_tokens unset)."""
         n = body.get("n", 1)
-        if not (_is_int(n) and _is_int(max_tokens) and n >= 1 and max_tokens >= 1):
+        if not (is_int(n) and is_int(max_tokens) and n >= 1 and max_tokens >= 1):
             return  # pydantic or SamplingParams refuse the types and signs
         self.check_total(prompts * n * max_tokens, prompts, n, f"max_tokens {max_tokens}")
 
@@ -97,7 +97,7 @@ class RequestLimits(ServeOptions):
 
     def _check_common(self, body: dict) -> None:
         n = body.get("n")
-        if _is_int(n) and not 1 <= n <= self.max_n:
+        if is_int(n) and not 1 <= n <= self.max_n:
             raise bad_request(f"n must be between 1 and {self.max_n}, got {n} (the limit is the "
                               f"setting max_n, {flag('max_n')})", "n")
         stop = body.get("stop")
@@ -120,7 +120,7 @@ class RequestLimits(ServeOptions):
                      "max_logit_bias")
 
     def _check_logprobs(self, value, param: str) -> None:
-        if _is_int(value) and not 0 <= value <= self.max_logprobs:
+        if is_int(value) and not 0 <= value <= self.max_logprobs:
             raise bad_request(f"{param} must be between 0 and {self.max_logprobs}, got {value} "
                               f"(the limit is the setting max_logprobs, {flag('max_logprobs')})",
                               param)
