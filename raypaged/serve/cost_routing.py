@@ -96,10 +96,9 @@ def concurrency_cap(loads: FleetLoads, concurrency_factor: float) -> int:
 
 
 def held_keys(keys: Sequence[int], loads: FleetLoads) -> np.ndarray:
-    """Leading `keys` each worker's cache view holds (int64 [W], 0 without a view), each
-    exactly CacheView.cached_prefix_blocks where the views are nested, as a prefix cache's
-    are (cache_index.py): the views of one CacheIndex by one bisection of its inverted index,
-    any other view by its own walk."""
+    """Leading `keys` each worker's cache view holds (int64 [W], 0 without a view; as
+    CacheView.cached_prefix_blocks for nested views, cache_index.py): the views of one
+    CacheIndex by one bisection of its inverted index, any other view by its own walk."""
     held = np.zeros(len(loads.worker_ids), np.int64)
     if loads.index is not None and keys:
         index = loads.index
