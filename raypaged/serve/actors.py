@@ -115,9 +115,7 @@ def worker_resources(fleet: ServeOptions) -> tuple[float, float]:
 def worker_threads(engine: EngineArgs, cpus: float, gpus: float, serving: bool) -> EngineArgs:
     """The engine settings with the worker's torch threads filled in: its CPUs, unless set. A
     serving worker's decode-only steps leave one of them to what runs around the model (its
-    asyncio loop and output thread, Ray's threads, the router replica and Serve's proxy; docs/
-    serving.md "The serving path's per-token cost" has the measurements). Steps that compute
-    prompt tokens keep them all."""
+    event loop, Ray, the router replica, Serve's proxy: docs/serving.md); prefill keeps all."""
     threads = engine.num_threads or (None if gpus else max(1, int(cpus)))
     if not threads:
         return engine

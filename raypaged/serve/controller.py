@@ -14,8 +14,7 @@ Each poll also brings the worker's prefix-cache changes since the last one; the 
 a mirror of every worker's cache summary, and routers catch up with it by deltas
 (`cache_deltas`), so the cache-aware router knows which blocks each worker holds without ever
 calling a worker itself. With `cache_sample` N > 1 the mirrors keep only the keys at
-published depths (cache_summary.published: every N-th block and the power-of-two ones): ~N x
-fewer bytes to every router, hits at N-block grain, short prefixes still seen.
+published depths (cache_summary.published): fewer bytes to every router, hits at N-block grain.
 
 Routers push their request metrics here so /metrics on any replica shows the whole fleet, and
 with them the suspected poison requests they refused, which every router then refuses too.

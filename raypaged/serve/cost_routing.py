@@ -14,8 +14,7 @@ cap = ceil(factor x (requests in flight + 1) / workers)), the candidates are tho
 tokens of the cheapest; of them the one holding the longest prefix wins, ties to the cheaper,
 then to fewer requests in flight, then by rendezvous order. The slack is what a hit is worth
 beyond this request: where a prefix lives, its next requests hit too, and a second copy
-elsewhere splits them (the rule with slack 0 lost to `hash` on three of four synthetic
-workloads for that reason; docs/fleet_sim.md). A prompt that no worker under the cap holds any
+elsewhere splits them (docs/fleet_sim.md). A prompt that no worker under the cap holds any
 block of goes to the first of its rendezvous order under the cap, as `--routing hash` would:
 cold prefixes spread over the fleet by their hash, and the next request with the same prefix
 finds it cached there (or in flight there, before the summary shows it: same key, same
@@ -23,25 +22,21 @@ worker). Every replica with the same snapshot and the same requests sent makes t
 
 The affinity exception: a worker over the cap (but under twice it) stays a candidate for a
 request whose prefix it holds beyond the longest any worker under the cap holds by more than
-`slack` tokens: a hit the slack could not buy elsewhere. The cap counts requests, not their
-sizes, so on long multi-turn chats it binds on ordinary fluctuations and would send a
-conversation's next turn, history and all, to be prefilled again on another worker
-(docs/fleet_sim.md). The cost still decides among the candidates, and a surplus within the
-slack (every worker holding the same system prompt) never lifts the cap, so a shared prefix
-cannot herd.
+`slack` tokens. The cap counts requests, not their sizes, so on long multi-turn chats it
+binds on ordinary fluctuations and would send a conversation's next turn to be prefilled again
+elsewhere. A surplus within the slack (every worker holding the same system prompt) never
+lifts the cap, so a shared prefix cannot herd.
 
 The chosen worker is charged with the prefill the choice predicts there (prompt tokens - its
 hit) until the next snapshot, so a burst between two snapshots spreads by what it adds: a
-request that hits adds its suffix only (charging the whole prompt made a hot prefix's worker
-look loaded by tokens it never computes, and pushed the prefix's next requests away).
+request that hits adds its suffix only, so a hot prefix's worker does not look loaded by
+tokens it never computes.
 
-At 1,000 workers per-worker Python is the cost, so the choice is made in numpy over the
-workers' arrays (fleet_loads.py), the hits of one CacheIndex's views (the router's fleet client
-and the simulator keep them so) in one bisection of the prompt's keys (held_keys).
+The choice is made in numpy over the workers' arrays (fleet_loads.py); the hits of one
+CacheIndex's views come from one bisection of the prompt's keys (held_keys).
 
-The snapshot lags the workers by up to a poll plus a refresh (~0.75 s by default): a prefix
-cached since then is not yet seen (that request is routed as cold, by its hash), and one evicted
-since is still counted (that request gets fewer hits than predicted). Both cost speed only.
+The snapshot lags the workers by up to a poll plus a refresh: a prefix cached since is routed
+as cold, one evicted since is still counted. Both cost speed only.
 """
 from __future__ import annotations
 
@@ -60,9 +55,8 @@ def cheapest(num_tokens: int, keys: Sequence[int], block_size: int, loads: Fleet
              priority, concurrency_factor: float,
              blocks_at: Sequence[int] | None = None, slack: int = 0) -> tuple[int, int]:
     """(position in `loads` of the chosen ready worker, the prompt tokens its cache holds).
-    `priority[positions]` (uint64; an array, or routing.RendezvousWeights, which computes only
-    the positions asked for) is the rendezvous order: ties, and the cold choice, go to the
-    highest. A few numpy calls over W: no Python per worker."""
+    `priority[positions]` (uint64; an array, or routing.RendezvousWeights) is the rendezvous
+    order: ties, and the cold choice, go to the highest."""
     requests = loads.requests
     cap = concurrency_cap(loads, concurrency_factor)
     if loads.count == len(requests):  # no worker left out: no masks to apply
@@ -102,10 +96,9 @@ def concurrency_cap(loads: FleetLoads, concurrency_factor: float) -> int:
 
 
 def held_keys(keys: Sequence[int], loads: FleetLoads) -> np.ndarray:
-    """Leading `keys` each worker's cache view holds (int64 [W], 0 without a view), each
-    exactly CacheView.cached_prefix_blocks where the views are nested, as a prefix cache's
-    are (cache_index.py): the views of one CacheIndex by one bisection of its inverted index,
-    any other view by its own walk."""
+    """Leading `keys` each worker's cache view holds (int64 [W], 0 without a view; as
+    CacheView.cached_prefix_blocks for nested views, cache_index.py): the views of one
+    CacheIndex by one bisection of its inverted index, any other view by its own walk."""
     held = np.zeros(len(loads.worker_ids), np.int64)
     if loads.index is not None and keys:
         index = loads.index

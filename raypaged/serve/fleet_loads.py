@@ -1,10 +1,9 @@
 """The workers a router chooses among, kept as arrays from one snapshot to the next.
 
-At 1,000 workers per-worker Python would be most of a choice, so `FleetLoads` holds what
+With 1,000 workers per-worker Python would be most of a choice, so `FleetLoads` holds what
 `WorkerLoad` says of each worker as numpy arrays in sorted worker-id order, built once per
 snapshot (Dispatcher.candidates, the simulator's Fleet) and updated in place as this router
-opens and closes requests: a choice is a few numpy calls over W entries plus the work that
-depends on the prompt, not the fleet:
+opens and closes requests:
 
     position  0        1        2       ...  W-1      sorted worker ids
     requests  3        0        5                     in flight (mutable: this router's +1/-1)
@@ -107,8 +106,7 @@ class Ranking(Sequence[str]):
     refuses it, so their sort waits until someone looks past the first."""
 
     def __init__(self, loads: FleetLoads, priority, first: int) -> None:
-        """`priority[positions]`: the workers' rendezvous weights (an array, or a lazy
-        routing.RendezvousWeights)."""
+        # priority[positions]: rendezvous weights (an array, or routing.RendezvousWeights)
         self._loads, self._priority, self._at = loads, priority, first
         self._first = loads.worker_ids[first]
         self._all: list[str] | None = None

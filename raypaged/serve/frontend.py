@@ -4,13 +4,10 @@
          ─> SamplingParams ─> Generation.start() per prompt (routing, first batch)
          ─> JSON (collect) or SSE (chunks as batches arrive, then usage, then [DONE])
 
-Every problem found before the first batch is an APIError with its status. A lost worker is
-failed over inside Generation; only when that gives up (an APIError) does a stream under way
-end with an error event and [DONE].
-
-A request still unanswered `request_timeout_s` after its body arrived ends: 504 before the
-response starts, an error event and [DONE] during a stream; either way its Generations close,
-which cancels it on its workers and frees its blocks (the same path as a client leaving).
+Every problem found before the first batch is an APIError with its status; after it (a
+failover that gave up, `request_timeout_s` passed since the body arrived) a stream ends with an
+error event and [DONE]. A timeout before the response is a 504; either way its Generations
+close, cancelling it on its workers (as a client leaving does).
 """
 from __future__ import annotations
 

@@ -50,9 +50,7 @@ from raypaged.serve.responses import WORKER_HEADER
 MAX_FAILOVERS = 2   # workers lost while serving one request before it gives up
 RETRIES_AFTER_DEATH = 1  # retries after a worker died with the request on it (poison.py)
 WATCH_S = 0.25      # how often a waiting generation checks its workers are still in the fleet
-# How long a request whose worker died serving it waits for a second ready worker rather than
-# go to the last one (_wait_for_spare): a model reload, 20-120 s on a loaded 2-core machine.
-SPARE_WAIT_S = 120.0
+SPARE_WAIT_S = 120.0  # _wait_for_spare's bound: about a model reload on a loaded machine
 NOTICE_S = 2.0  # a worker's death shows in the snapshot within a poll (0.5 s)
 
 
@@ -209,8 +207,7 @@ class Generation:
                 self.d.placed(leg.worker_id, -leg.blocks)
 
     async def close(self) -> None:
-        """Leave every worker (cancelling unfinished requests) and the gate; safe to call
-        twice."""
+        """Leave every worker (cancelling unfinished requests) and the gate; idempotent."""
         for leg in self._legs:
             self._close_leg(leg)
         if self._unclosed is not None and self._unclosed.detach() is not None:
@@ -253,14 +250,10 @@ class Generation:
 
     async def _wait_for_spare(self, lost: Leg) -> None:
         """After `lost`'s worker died serving this request: while only one other worker is
-        ready and `lost`'s (or another) is restarting or starting, wait until it is ready, up
-        to SPARE_WAIT_S. Sent to the last ready worker at once, a poison request would kill it
-        too and leave nobody serving for a model reload (on 2 workers: every request 503 for
-        that long); this way only the requests that were on the dead worker wait, and then
-        go to the other one, `lost`'s back to serve the rest (a worker lost serving a request
-        takes it again, as a new process, only where no other is left: _open). A frozen
-        worker is not waited for (it is killed and restarted only at
-        --worker-unresponsive-timeout-s)."""
+        ready and `lost`'s (or another) is restarting or starting, wait until it is ready, up to
+        SPARE_WAIT_S. Sent to the last ready worker at once, a poison request would kill it too
+        and leave nobody serving for a model reload. A frozen worker is not waited for (it is
+        restarted only at --worker-unresponsive-timeout-s)."""
         deadline = time.monotonic() + SPARE_WAIT_S
         noticed_by = time.monotonic() + NOTICE_S
         while True:
@@ -319,13 +312,10 @@ class Generation:
 
     async def stream(self, deadline: float | None = None
                      ) -> AsyncIterator[list[SequenceOutput]]:
-        """Every step's outputs, failing over lost workers on the way, with little work per
-        token:
-        - every item waiting is taken at once and yielded as one batch, so a router behind its
-          workers sends one SSE chunk for several engine steps instead of one per step;
-        - a wait is one `queue.get()`: no task and no timeout per token. Two timers per stream
-          wake it instead: one every WATCH_S (the fleet watch) and one at `deadline` (then
-          DeadlinePassed), each by putting a marker in the queue."""
+        """Every step's outputs, failing over lost workers on the way. Every item waiting is
+        yielded as one batch (one SSE chunk for several engine steps when behind); a wait is one
+        `queue.get()`, no task or timeout per token: two timers put markers in the queue, one
+        every WATCH_S (the fleet watch) and one at `deadline` (then DeadlinePassed)."""
         loop = asyncio.get_running_loop()
         queue, ticker, alarm = self._queue, None, None
         self._deadline = deadline

@@ -7,8 +7,7 @@ HAProxy is the default where it can run (default_ingress); it starts through hap
 which keeps it on the loopback and has it forward the client's address.
 
 With HAProxy each SSE chunk leaves the router replica straight onto a socket; through the
-Python proxy it is one more Ray object and one more Python process per token (the serving
-path's CPU per token, benchmarks/serve_cpu.py: docs/performance.md, "Ray Serve's ingress").
+Python proxy it is one more Ray object and Python process per token (docs/performance.md).
 
 Ray Serve reads these switches from the environment when its modules are imported, in every
 process of the cluster, so they can only be set before `ray.init` starts the cluster (a local
@@ -34,15 +33,13 @@ FORWARDS_CLIENT = "RAYPAGED_HAPROXY_FORWARDS_CLIENT"
 
 
 def behind_haproxy() -> bool:
-    """Whether this process's cluster serves through HAProxy: then every request's peer is
-    HAProxy."""
+    """Whether this process's cluster serves through HAProxy (every request's peer)."""
     return os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"
 
 
 def haproxy_forwards_client() -> bool:
     """Whether this process's cluster serves through an HAProxy that forwards the client's
-    address (haproxy_local.py). A cluster this command joined runs the HAProxy config of Serve
-    alone: every request is HAProxy's."""
+    address (haproxy_local.py; a cluster this command joined runs Serve's config alone)."""
     return behind_haproxy() and os.environ.get(FORWARDS_CLIENT) == "1"
 
 
@@ -77,8 +74,7 @@ def haproxy_binary() -> str:
 
 def default_ingress() -> tuple[str, str | None]:
     """(the ingress of a local cluster when --ingress is not given, why it is not HAProxy):
-    HAProxy where it can run (it takes about half the serving path's CPU per token off:
-    docs/performance.md, "Ray Serve's ingress"), else Serve's Python proxy."""
+    HAProxy where it can run, else Serve's Python proxy."""
     try:
         _check_ray_version()
         haproxy_binary()
@@ -106,11 +102,8 @@ def ingress_env(ingress: str, run_dir: str, body_timeout_s: float) -> dict[str, 
     set. `run_dir`: this run's own folder for HAProxy's files; `body_timeout_s`: the server's
     setting, which HAProxy keeps too (haproxy_local.py).
 
-    Ray Serve's HAProxy keeps its config, admin and metrics sockets and server state under
-    /tmp/haproxy-serve, and its fallback Python proxy on ports 8500/9500, by default: two
-    servers on one machine (two users, or tests in parallel) would take over each other's
-    HAProxy, and its stats page and Prometheus exporter on 8404/9101 would collide. Each run
-    gets its own folder and free ports instead."""
+    Serve's defaults (files under /tmp/haproxy-serve, fixed ports) would make two servers on
+    one machine take over each other's HAProxy: each run gets its own folder and free ports."""
     if ingress == "python":
         return {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
     _check_ray_version()
@@ -133,8 +126,7 @@ def ingress_env(ingress: str, run_dir: str, body_timeout_s: float) -> dict[str, 
 
 def _local_haproxy(real: str, run_dir: str, body_timeout_s: float) -> str:
     """An executable in `run_dir` that Serve starts as its HAProxy: haproxy_local.py (by file
-    path, isolated: it needs no import path, and reads only the standard library), which
-    then runs `real`."""
+    path, isolated: it uses only the standard library), which then runs `real`."""
     path = os.path.join(run_dir, "haproxy")
     with open(path, "w") as f:
         # exec, twice (here and in haproxy_local): Serve signals the pid it started, which

@@ -39,9 +39,7 @@ def routing_key(token_ids: Sequence[int], block_size: int, prefix_blocks: int,
 
 def key_of_chain(hashes: Sequence[BlockHash], prefix_blocks: int, token_ids: Sequence[int],
                  cache_salt: str | None) -> BlockHash:
-    """The rendezvous key from the prompt's leading chain hashes (at least its first
-    min(prefix_blocks, full blocks)): the hash of that block; a prompt shorter than one block
-    is keyed by a hash of its tokens."""
+    """The rendezvous key (module docstring) from the prompt's leading chain hashes."""
     d = min(prefix_blocks, len(hashes))
     return hashes[d - 1] if d else hash_block(None, token_ids, salt_key(cache_salt))
 
@@ -130,14 +128,11 @@ class Router:
         """The prompt's block hashes as deep as a walk of the fleet's views can reach, and at
         least the rendezvous key's blocks.
 
-        Hashing is per token, and most of a long prompt is usually cached nowhere. A worker's
-        hit is the first of the prompt's keys its view lacks, so past a depth whose key no view
-        holds there is nothing to find: hash 1, 2, 4, 8, ... blocks (each step continues the
-        chain) and stop at the first such depth that no view of the fleet's CacheIndex holds.
-        Those depths end a power of two of blocks, which sampled views always publish
-        (cache_summary.published), and the keys kept end with that miss, so every worker's
-        walk, and the index's bisection, gives what it gives on the whole prompt. Views outside
-        one index: hash everything."""
+        Most of a long prompt is usually cached nowhere, and past a depth whose key no view
+        holds there is nothing to find: hash 1, 2, 4, 8, ... blocks (continuing the chain) and
+        stop at the first depth no view of the fleet's CacheIndex holds. Sampled views always
+        publish power-of-two depths (cache_summary.published), so every walk gives what it
+        gives on the whole prompt. Views outside one index: hash everything."""
         bs, salt = self.block_size, cache_salt
         if loads is None or loads.index is None or loads.walked:
             return hash_block_tokens(token_ids, bs, salt)
@@ -182,9 +177,8 @@ class Router:
 
 def _first_under_bound(loads: FleetLoads, weights: np.ndarray,
                        load_factor: float) -> tuple[int, int]:
-    """The load bound over the arrays (tests/routing_spec.py has it per request): (position of
-    the highest-weight ready worker under the bound, position of the highest-weight ready
-    worker)."""
+    """(position of the highest-weight ready worker under the load bound, position of the
+    highest-weight ready worker); tests/routing_spec.py has the bound per request."""
     requests = loads.requests
     if loads.count == len(requests):  # nobody left out: skip the masks
         ready, top = None, int(np.argmax(weights))

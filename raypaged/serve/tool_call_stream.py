@@ -217,8 +217,7 @@ def merged(deltas: list[dict]) -> list[dict]:
 
 def marker_tail(buf: str, marker: str, trim: bool) -> int:
     """How many characters at the end of streamed content to hold back: a possible start of
-    `marker`, and when `trim`, the whitespace before it (the space before a call is not
-    content)."""
+    `marker`, and when `trim`, the whitespace before it (not content)."""
     keep = next((k for k in range(min(len(marker) - 1, len(buf)), 0, -1)
                  if marker.startswith(buf[-k:])), 0)
     if trim:

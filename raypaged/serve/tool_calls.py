@@ -73,9 +73,8 @@ def tool_constraint(tools: list[dict], mode: str, name: str | None, parallel: bo
     """The schema a forced tool choice decodes under: a named function's parameters, or for
     "required" a list of at most `max_calls` calls (1 unless `parallel`, OpenAI's
     parallel_tool_calls). Why the bound: sampled, a small model extends the list with
-    near-identical calls until max_tokens cuts the JSON; maxItems makes the list end. A compact
-    list (no free whitespace) made it worse: with no newline to write after a call, the model
-    took "," over "]" far more often (docs/structured_outputs.md)."""
+    near-identical calls until max_tokens cuts the JSON; maxItems makes the list end (and the
+    list keeps its free whitespace: docs/structured_outputs.md)."""
     def params(tool: dict) -> dict:
         return tool["function"].get("parameters") or _NO_PARAMETERS
     if mode == "named":

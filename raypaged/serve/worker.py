@@ -133,8 +133,7 @@ class Worker:
         lost since that summary version (the controller mirrors it for routers)."""
         engine_stats = self._loop.stats if self._loop is not None else self.engine.stats()
         cache = None if cache_since is None else self.engine.cache_summary().delta_since(cache_since)
-        runner = self.engine.runner  # None: an engine built without one (its counters are
-        # plain ints, safe to read from this thread)
+        runner = self.engine.runner  # None: built without one; int counters, safe to read
         return WorkerStats(
             worker_id=self.worker_id, incarnation=self.incarnation, pid=os.getpid(),
             model_name=self.engine.model_name, max_model_len=self.engine.max_model_len,
