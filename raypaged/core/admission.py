@@ -34,13 +34,10 @@ if TYPE_CHECKING:
 
 
 class Growth(NamedTuple):
-    """T steps ahead (T <= remaining) a sequence holds the KV of now + T tokens.
-
-        known tokens + placeholders:  | ....................... L | sampled next
-        KV once they are computed:    | .................... L-1 |   (the newest token is fed
-        now = L - 1 (a prompt still in prefill counts whole)           by the next step)
-        it ends holding now + remaining: its last sampled token's KV is never written
-    """
+    """T steps ahead (T <= remaining) a sequence holds the KV of now + T tokens: `now` is its
+    known tokens + placeholders less one (the newest is fed by the next step; a prompt still in
+    prefill counts whole), and it ends holding now + remaining (its last sample's KV is never
+    written)."""
     now: int        # tokens of KV held once its known tokens are computed
     held: int       # blocks in its table now
     remaining: int  # output tokens still to come, projected
