@@ -63,11 +63,7 @@ def _unpack_delta(version: int, added: bytes, removed: bytes, full: bool,
 
 def published(depth: int, every: int) -> bool:
     """Whether a sampled view holds the key of a prompt's block `depth` (0-based): the blocks
-    that end a power of two (1, 2, 4, 8, ... blocks) and every `every`-th block:
-
-        depth      0  1  2  3  4  5  6  7  8 ... 15 16 ... 23 ... 31     every = 8
-        published  x  x     x           x        x         x      x
-
+    that end a power of two (1, 2, 4, 8, ... blocks) and every `every`-th block,
     so a cached prefix of b blocks is seen as at least max(largest power of two <= b,
     every x floor(b / every)) blocks: short shared prefixes (a system prompt) stay visible,
     and a long one is known to `every` blocks, for ~1/every of the keys plus log2 of them."""
