@@ -14,9 +14,8 @@ Online softmax in fp32 with exp2: scores are multiplied by scale * k_scale * log
 the running max/sum live in the log2 domain. v_scale is applied once to the final output.
 
 An fp8 cache under 16-bit queries (head dim <= 128) is widened to fp16, not to the query's
-dtype: e4m3 -> fp16 is exact and one hardware conversion per pair on sm_89+; widened to bf16,
-fp8 decode was slower than a bf16 cache on an H200. The query goes to fp16 once, divided by 16
-(|q| up to ~1e6 fits), and qk_scale puts the 16 back.
+dtype: e4m3 -> fp16 is exact and one hardware conversion per pair on sm_89+ (bf16 was slower).
+The query goes to fp16 once, divided by 16 (|q| up to ~1e6 fits); qk_scale puts the 16 back.
 
 Split-K: with few (sequence, kv_head) programs the GPU idles, so each context is cut into
 num_splits segments (a runtime argument, not a constexpr: every split count shares one compiled
@@ -26,13 +25,8 @@ combines them. No allocation and no host sync happen when `out` and `workspace` 
 the path can be captured in a CUDA graph.
 Correctness never depends on num_splits: segments are computed in the kernel from seq_len.
 
-Static tile rule (no autotuning):  GROUP_ROWS = max(16, next_pow2(group)),
-    BLOCK_N = 64 if head_dim <= 128 else 32 (a [64, 128] bf16 K or V tile is 16 KiB), num_warps = 4;
-    for fp32 queries BLOCK_N = 32 and num_warps = 8 at any head dim: fp32 dots run on FMA units,
-    not tensor cores, and fewer warps or more keys spilled registers on sm_80-sm_90
-    (benchmarks/kernel_resources.py).
-Split rule (choose_num_splits): min(cdiv(2 * SMs, seqs * kv_heads), cdiv(max_seq_len, 256), 16),
-    at least 1: about two programs per SM, each split streaming >= 256 positions.
+Static tile rule: decode_tiles (no autotuning). Split rule: choose_num_splits, about two
+programs per SM, each split streaming >= MIN_SPLIT_TOKENS positions.
 """
 from __future__ import annotations
 
@@ -205,10 +199,9 @@ def paged_launch_args(query: torch.Tensor, key_cache: torch.Tensor, block_tables
                       ) -> tuple[tuple, dict]:
     """The arguments paged decode and paged prefill launch with alike: (qk_scale, out_scale, the
     query, output, cache and block-table strides) and the constexprs BLOCK_SIZE, DOT_PRECISION
-    and FP8_AS_FP16 (module docstring; up to head dim 128, where it was measured). qk_scale is
-    the scores' one factor (x 16 under FP8_AS_FP16), one argument computed here: at head dim 256
-    an fp16 query tile, an extra kernel argument or an in-kernel product each made split decode
-    spill 4 bytes per thread on sm_90."""
+    and FP8_AS_FP16 (module docstring; up to head dim 128, where it was measured). qk_scale
+    folds every factor of the scores into one host float: other forms made split decode spill
+    at head dim 256 on sm_90."""
     fp8_fp16 = (key_cache.dtype.itemsize == 1 and query.dtype.itemsize == 2
                 and query.shape[2] <= 128)
     qk_scale = float(scale * k_scale * LOG2E * (16.0 if fp8_fp16 else 1.0))
@@ -221,7 +214,9 @@ def paged_launch_args(query: torch.Tensor, key_cache: torch.Tensor, block_tables
 
 
 def decode_tiles(group: int, head_dim: int, query_dtype: torch.dtype) -> dict:
-    """The static tile rule (module docstring) as the decode kernel's launch options."""
+    """The static tile rule as the decode kernel's launch options. fp32 queries: dots on FMA
+    units, not tensor cores, where fewer warps or more keys spilled registers on sm_80-sm_90
+    (benchmarks/kernel_resources.py)."""
     fp32 = query_dtype == torch.float32
     return dict(BLOCK_N=64 if head_dim <= 128 and not fp32 else 32,
                 GROUP_ROWS=max(16, triton.next_power_of_2(group)),

@@ -17,22 +17,12 @@ Key positions it visits (absolute, context_len = seq_len - query_len):
 
 Tiles of a request past its query_len do no work. Online softmax in fp32 with exp2 (scale *
 k_scale * log2(e) folded into the scores); v_scale applied once at the output. An fp8 cache under
-16-bit queries is widened to fp16 for the dots up to head dim 128, as in paged_decode (which says why).
+16-bit queries is widened to fp16 up to head dim 128, as in paged_decode (which says why).
 
-Static tile rule (no autotuning; prefill_tiles): GROUP_PAD = next_pow2(group), BLOCK_M =
-max(1, ROWS // GROUP_PAD) tokens. Each choice is the fastest tile measured that ptxas compiles
-without spilling on sm_80, sm_89 and sm_90 (benchmarks/kernel_resources.py,
-benchmarks/kernel_builds/compile_check.py; timings: benchmarks/results/kernels_nvidia_h200.json):
-  - 16-bit queries (tensor cores): ROWS = 64, BLOCK_N = 64 if head_dim <= 128 else 32,
-    num_warps = 4 at head_dim <= 64, else 8 (from head_dim 128 the fp32 accumulator and the Q
-    tile outgrow 255 registers per thread at 4 warps); with an fp8 cache BLOCK_N = 16 above
-    head_dim 128 (sm_89 widens fp8 K/V tiles to 16 bits in registers). At head_dim 128 with a
-    16-bit cache and pages of <= 16 tokens (the default): ROWS = 128, 8 warps, BLOCK_N = 64, up
-    to 2x faster on an H200 (it spills with pages of 32 on sm_80 and an fp8 cache on sm_89).
-  - fp32 queries (FMA-unit dots; the 64-row tile spilled KBs per thread): ROWS = 16,
-    num_warps = 8, BLOCK_N = 32 except 16 at head_dim 128 (32 keys spilled in a few block size /
-    group mixes there), and num_stages = 2 at head_dim 256 (one tile in flight instead of two:
-    16 keys or 4 warps spilled there).
+Static tile rule (no autotuning; prefill_tiles, which says why): each choice is the fastest tile
+measured that ptxas compiles without spilling on sm_80, sm_89 and sm_90
+(benchmarks/kernel_resources.py, benchmarks/kernel_builds/compile_check.py; timings:
+benchmarks/results/kernels_nvidia_h200.json).
 """
 from __future__ import annotations
 
@@ -158,12 +148,17 @@ def prefill_tiles(group: int, head_dim: int, query_dtype: torch.dtype,
     head_dim_pad = triton.next_power_of_2(head_dim)
     num_stages = 3  # Triton's default: two KV tiles in flight while one is used
     if query_dtype == torch.float32:
+        # FMA-unit dots; these spilled: 64 rows, 32 keys at head dim 128 (some block size /
+        # group mixes), two tiles in flight (with 16 keys) or 4 warps at 256
         rows, num_warps = 16, 8
         block_n = 16 if head_dim_pad == 128 else 32
         num_stages = 2 if head_dim_pad > 128 else 3
     elif head_dim == 128 and cache_dtype.itemsize == 2 and block_size <= 16:
-        rows, num_warps, block_n = 128, 8, 64  # the H200 sweep's (module docstring)
+        # the fastest on an H200; it spills with pages of 32 on sm_80, an fp8 cache on sm_89
+        rows, num_warps, block_n = 128, 8, 64
     else:
+        # 8 warps from head dim 128: the fp32 accumulator and Q tile outgrow 255 registers a
+        # thread at 4; 16 fp8 keys above 128: sm_89 widens fp8 K/V tiles to 16 bits in registers
         rows, num_warps = 64, 4 if head_dim_pad <= 64 else 8
         block_n = 64 if head_dim_pad <= 128 else 16 if cache_dtype.itemsize == 1 else 32
     return dict(BLOCK_M=max(1, rows // group_pad), GROUP_PAD=group_pad, BLOCK_N=block_n,

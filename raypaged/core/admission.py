@@ -3,15 +3,8 @@
 Admitting whatever fits *now* fills the pool with prompts whose decodes then run out of blocks,
 and each shortfall preempts someone. Instead, project every sequence forward: it holds `held`
 blocks, will hold `now` tokens once its known tokens are computed, then grows one token per step
-for `remaining` steps and frees its blocks. The candidate is admitted when the peak of that
+for `remaining` (d_r) steps and frees its blocks. The candidate is admitted when the peak of that
 projection, plus a watermark, fits.
-
-    blocks in use
-      ^        peak ─┐
-      |       ___/|  │   each sequence grows until it ends (its max_tokens, or the mean output
-      |   ___/    |__│_  length seen when max_tokens is open), then frees its blocks
-      | _/            |
-      +--------------------> steps ahead  (the peak sits just before some sequence ends)
 
 Two upper bounds on the blocks in use T steps ahead, both cheap, both exact when no prefix is
 shared; the projection takes the smaller at each T:
@@ -41,13 +34,10 @@ if TYPE_CHECKING:
 
 
 class Growth(NamedTuple):
-    """T steps ahead (T <= remaining) a sequence holds the KV of now + T tokens.
-
-        known tokens + placeholders:  | ....................... L | sampled next
-        KV once they are computed:    | .................... L-1 |   (the newest token is fed
-        now = L - 1 (a prompt still in prefill counts whole)           by the next step)
-        it ends holding now + remaining: its last sampled token's KV is never written
-    """
+    """T steps ahead (T <= remaining) a sequence holds the KV of now + T tokens: `now` is its
+    known tokens + placeholders less one (the newest is fed by the next step; a prompt still in
+    prefill counts whole), and it ends holding now + remaining (its last sample's KV is never
+    written)."""
     now: int        # tokens of KV held once its known tokens are computed
     held: int       # blocks in its table now
     remaining: int  # output tokens still to come, projected

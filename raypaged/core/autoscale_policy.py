@@ -1,19 +1,13 @@
 """The autoscaling policy: how many workers the fleet should have, from its recent load samples.
 
 A pure function of what the controller measured (one `LoadSample` per poll round), so the
-controller, the simulator and the tests run the same decisions. Signals:
-
-    predicted queue wait  queued tokens / (serving workers x one worker's measured capacity):
-                          how long a request arriving now waits before its prefill completes
-                          (the part of TTFT that more workers shorten)
-    KV pressure           preemptions: the workers hold more sequences than their KV cache
-    demand                tokens computed per second over the window, against what one worker
-                          fewer could compute at `scale_in_load` of its capacity
+controller, the simulator and the tests run the same decisions. The signals, and why these:
+docs/autoscaling.md. The wait is `LoadSample.wait_s` (the part of TTFT more workers shorten):
 
     out   wait > target_wait_s at the last two polls, or preemptions at both: grow by the
           factor the wait is over its target (capped at doubling), at least one worker
-    in    over a whole window: no preemption, wait never over half the target, and demand
-          fits in one worker fewer at scale_in_load of capacity: one worker leaves
+    in    over a whole window: no preemption, wait never over half the target, and the tokens
+          computed per second fit one worker fewer at scale_in_load of capacity: one leaves
     hold  anything else; and always while a worker starts or drains (its effect is not
           measured yet), within out_cooldown_s of the last worker joining or of a scale-out,
           and within in_cooldown_s of any change before scaling in

@@ -2,12 +2,7 @@
 
 A worker's BlockPool writes every registration and eviction into a `CacheSummary`; readers (the
 controller, and through it each router) keep a `CacheView` and catch up with `delta_since` their
-version, so a poll carries only what changed:
-
-    BlockPool ──add/remove──> CacheSummary (v=1042, log of the last changes)
-                                   │ delta_since(1037): +k9 -k3 +k4 ...  (or everything, if the
-                                   v                    reader fell behind the log)
-                              CacheView.apply() ──> cached_prefix_blocks(prompt's block keys)
+version, so a poll carries only what changed (everything, if the reader fell behind the log).
 
 A key is the first 8 bytes of the block's chain hash: enough to tell prefixes apart for routing
 (a collision only misjudges one worker's cache for one prompt), at half the size. Because the
@@ -46,8 +41,7 @@ class SummaryDelta:
     depths: tuple[int, ...] | None = None
 
     def __reduce__(self):
-        # Every router receives every worker's deltas: pickled as a tuple of ints a key costs
-        # ~10.5 bytes (opcode, length, 8 or 9 bytes); packed as uint64, 8.
+        # packed as uint64, smaller than pickled ints: every router gets every worker's deltas
         depths = None if self.depths is None else little_endian("I", self.depths)
         return _unpack_delta, (self.version, little_endian("Q", self.added),
                                little_endian("Q", self.removed), self.full, depths)
@@ -69,11 +63,7 @@ def _unpack_delta(version: int, added: bytes, removed: bytes, full: bool,
 
 def published(depth: int, every: int) -> bool:
     """Whether a sampled view holds the key of a prompt's block `depth` (0-based): the blocks
-    that end a power of two (1, 2, 4, 8, ... blocks) and every `every`-th block:
-
-        depth      0  1  2  3  4  5  6  7  8 ... 15 16 ... 23 ... 31     every = 8
-        published  x  x     x           x        x         x      x
-
+    that end a power of two (1, 2, 4, 8, ... blocks) and every `every`-th block,
     so a cached prefix of b blocks is seen as at least max(largest power of two <= b,
     every x floor(b / every)) blocks: short shared prefixes (a system prompt) stay visible,
     and a long one is known to `every` blocks, for ~1/every of the keys plus log2 of them."""
@@ -82,9 +72,8 @@ def published(depth: int, every: int) -> bool:
 
 def sampled(delta: SummaryDelta, every: int) -> SummaryDelta:
     """The delta restricted to the keys at published depths, without the depths (what the
-    controller mirrors for routers, with every = --route-cache-sample; 1: every key).
-    The chain hash makes a published key name its whole prefix; `sampled_positions` says
-    which of a prompt's keys a reader looks up."""
+    controller mirrors for routers, with every = --route-cache-sample; 1: every key);
+    `sampled_positions` says which of a prompt's keys a reader looks up."""
     if every == 1:
         return delta if delta.depths is None else dataclasses.replace(delta, depths=None)
     if delta.depths is None:

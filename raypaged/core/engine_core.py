@@ -42,8 +42,7 @@ class EngineCore:
         """Queue a request; raises ValueError (nothing queued) if it can never be served.
         `held`: not scheduled until release(request_id) (its grammar is still compiling).
         `block_hashes`: the router's hashes of the prompt's leading full blocks (with a
-        continuation: of prompt + outputs), so admission does not hash them again; used only
-        if they are a chain of this engine's block size and salt (see `_router_hashes`).
+        continuation: of prompt + outputs), so admission need not hash them (`_router_hashes`).
         With a continuation, one sample (n = 1) resumes after the outputs it already has.
         Token ids are the caller's to check against the vocabulary (Engine.add_request does)."""
         max_tokens = sampling.max_tokens or self.scheduler.max_model_len - len(prompt_token_ids)
@@ -178,12 +177,10 @@ def _router_hashes(block_hashes: Sequence[BlockHash], prompt: Sequence[int],
                    outputs: Sequence[int], block_size: int,
                    cache_salt: str | None) -> Sequence[BlockHash]:
     """The router's hashes, if they can be this engine's; else none (the engine hashes the
-    prompt itself). A wrong hash would hand its block's KV to every request sharing the prefix:
-    they are kept only as a list or tuple of at most the tokens' full blocks, each DIGEST_SIZE
-    bytes, the first equal to this engine's hash of block 0 (another block size or salt fails)
-    and the last to the hash of its block's tokens under the hash before it (other tokens
-    fail): two BLAKE2b calls whatever the length. The chain is deterministic, so the hashes
-    between are trusted (tests/serve/test_router_block_hashes.py)."""
+    prompt itself). A wrong hash would hand its block's KV to every request sharing the prefix,
+    so two BLAKE2b calls check them whatever the length: block 0's (another block size or salt
+    fails) and the last block's under the hash before it (other tokens fail). The chain is
+    deterministic, so the hashes between are trusted (tests/serve/test_router_block_hashes.py)."""
     if not isinstance(block_hashes, (list, tuple)) or not block_hashes:
         return ()
     n = len(block_hashes)

@@ -6,10 +6,8 @@ ahead of it (prompts admitted, prompts blocked on KV blocks, preempted work to r
     predicted TTFT on w = (queued_w + prompt) / drain_rate_w
 
 `queued_w` is the scheduler's num_queued_tokens (EngineStats); `drain_rate_w` is how fast that
-queue shrinks while it has work: queue tokens computed per second (EngineStats.
-num_prefill_tokens: prompt and recompute, not decode), measured per worker from each poll's
-counters (`DrainRate`). KV pressure shows there: a worker whose blocks are full admits a queued
-prompt only as running requests finish, and its drain rate falls with that pace.
+queue shrinks while it has work (`DrainRate`), so KV pressure shows there: a worker whose blocks
+are full admits a queued prompt only as running requests finish.
 
 The request is shed (503 + Retry-After) when even the best worker predicts more than the SLO and
 something is queued there: a request the idle fleet would serve late anyway (its own prompt
@@ -29,12 +27,13 @@ RETRY_AFTER_MAX_S = 60
 
 
 class DrainRate:
-    """One worker's queue drain rate in tokens per second: the queue tokens it computed over
-    its last `window_s` seconds of backlogged poll intervals (requests waiting at both ends),
-    divided by their length. A sum over intervals, not an average of their rates: a worker whose
-    KV cache is full admits prompts in bursts, and the intervals between them weigh as much.
-    Sticky through idle polls; starts afresh with the worker's process. None until `min_s` of
-    backlog is measured; 0.0 is a measurement (requests waited that long and none started)."""
+    """One worker's queue drain rate in tokens per second: the queue tokens it computed
+    (EngineStats.num_prefill_tokens: prompt and recompute, not decode) over its last `window_s`
+    seconds of backlogged poll intervals (requests waiting at both ends), divided by their
+    length. A sum over intervals, not an average of their rates: a worker whose KV cache is
+    full admits prompts in bursts, and the intervals between them weigh as much. Sticky
+    through idle polls; starts afresh with the worker's process. None until `min_s` of backlog
+    is measured; 0.0 is a measurement (requests waited that long and none started)."""
 
     def __init__(self, window_s: float = 10.0, min_s: float = 1.0) -> None:
         self.window_s, self.min_s = window_s, min_s
@@ -87,7 +86,7 @@ class Shed:
 def best_worker(prompt_tokens: int, workers: Sequence[WorkerQueue]
                 ) -> tuple[int, float, float] | None:
     """(index, predicted TTFT, drain rate) of the worker that would start this prompt soonest;
-    None when no worker's rate is measured. Workers not measured take the mean measured rate."""
+    None when no worker's rate is measured (module docstring)."""
     measured = [w.tokens_per_s for w in workers if w.tokens_per_s is not None]
     if not measured:
         return None
