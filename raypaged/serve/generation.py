@@ -252,8 +252,9 @@ class Generation:
         """After `lost`'s worker died serving this request: while only one other worker is
         ready and `lost`'s (or another) is restarting or starting, wait until it is ready, up to
         SPARE_WAIT_S. Sent to the last ready worker at once, a poison request would kill it too
-        and leave nobody serving for a model reload. A frozen worker is not waited for (it is
-        restarted only at --worker-unresponsive-timeout-s)."""
+        and leave nobody serving for a model reload; this way only the requests that were on the
+        dead worker wait. A frozen worker is not waited for (it is restarted only at
+        --worker-unresponsive-timeout-s)."""
         deadline = time.monotonic() + SPARE_WAIT_S
         noticed_by = time.monotonic() + NOTICE_S
         while True:
