@@ -88,7 +88,7 @@ def _paged_decode_kernel(
     dim_mask = dims < head_dim
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
                 mask=row_mask[:, None] & dim_mask[None, :], other=0.0)  # [GROUP_ROWS, D]
-    if FP8_AS_FP16:  # / 16: |q| up to ~1e6 fits fp16 (qk_scale puts the 16 back)
+    if FP8_AS_FP16:  # / 16: |q| up to ~1e6 fits fp16 (score_scale puts the 16 back)
         q = (q.to(tl.float32) * 0.0625).to(tl.float16)
 
     m_i = tl.full([GROUP_ROWS], float("-inf"), tl.float32)  # running max (log2 domain)
@@ -204,11 +204,11 @@ def paged_launch_args(query: torch.Tensor, key_cache: torch.Tensor, block_tables
     at head dim 256 on sm_90."""
     fp8_fp16 = (key_cache.dtype.itemsize == 1 and query.dtype.itemsize == 2
                 and query.shape[2] <= 128)
-    qk_scale = float(scale * k_scale * LOG2E * (16.0 if fp8_fp16 else 1.0))
+    score_scale = float(scale * k_scale * LOG2E * (16.0 if fp8_fp16 else 1.0))  # qk_scale
     strides = (query.stride(0), query.stride(1), out.stride(0), out.stride(1),
                key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
                block_tables.stride(0))
-    return (qk_scale, float(v_scale), *strides), dict(
+    return (score_scale, float(v_scale), *strides), dict(
         BLOCK_SIZE=key_cache.shape[1], FP8_AS_FP16=fp8_fp16,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32")
 

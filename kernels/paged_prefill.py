@@ -111,7 +111,7 @@ def _paged_prefill_kernel(
     q_off = (q_start + tok)[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :]
     io_mask = row_mask[:, None] & dim_mask[None, :]
     q = tl.load(q_ptr + q_off, mask=io_mask, other=0.0)  # [ROWS, D]
-    if FP8_AS_FP16:  # / 16: |q| up to ~1e6 fits fp16 (qk_scale puts the 16 back)
+    if FP8_AS_FP16:  # / 16: |q| up to ~1e6 fits fp16 (score_scale puts the 16 back)
         q = (q.to(tl.float32) * 0.0625).to(tl.float16)
 
     first_tok = tile * BLOCK_M

@@ -183,8 +183,7 @@ class Engine:
         return self.core.has_unfinished()
 
     def cache_summary(self):
-        """What the prefix cache holds, for routers (see core/cache_summary.py)."""
-        return self.core.scheduler.kv.pool.summary
+        return self.core.cache_summary()
 
     def stats(self) -> EngineStats:
         return self.core.stats()

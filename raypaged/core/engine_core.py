@@ -13,6 +13,7 @@ import logging
 from typing import Sequence
 
 from raypaged.core.block_hash import DIGEST_SIZE, BlockHash, hash_block_tokens
+from raypaged.core.cache_summary import CacheSummary
 from raypaged.core.contracts import (Continuation, EngineStats, ModelRunner, RequestDelta,
                                      ScheduledBatch, StepResult)
 from raypaged.core.request import Request
@@ -150,6 +151,10 @@ class EngineCore:
     def has_unfinished(self) -> bool:
         """Requests to serve, or a step still running (its result is applied by one more step)."""
         return bool(self.scheduler.requests) or self._running is not None
+
+    def cache_summary(self) -> CacheSummary:
+        """What the prefix cache holds, for routers (see core/cache_summary.py)."""
+        return self.scheduler.kv.pool.summary
 
     def stats(self) -> EngineStats:
         return EngineStats(memory=self.scheduler.kv.memory_stats(),

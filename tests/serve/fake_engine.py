@@ -136,7 +136,7 @@ class FakeEngine:
         return self.core.stats()
 
     def cache_summary(self):
-        return self.core.scheduler.kv.pool.summary
+        return self.core.cache_summary()
 
     def _output(self, d) -> SequenceOutput:
         rid = d.parent_id or d.request_id
