@@ -42,6 +42,10 @@ class StepExecutor:
         had sampled `last_sampled`."""
         self._failed, self.last = False, last_sampled
 
+    def shutdown(self) -> None:
+        """Wait for the queued step (benchmarks between configurations)."""
+        self._pool.shutdown(wait=True)
+
     def _run(self, batch: ScheduledBatch) -> StepResult:
         if self._failed:
             raise StepRefused("a step before this one failed")
