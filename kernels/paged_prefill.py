@@ -143,7 +143,7 @@ def _paged_prefill_kernel(
 
 def prefill_tiles(group: int, head_dim: int, query_dtype: torch.dtype,
                   cache_dtype: torch.dtype, block_size: int = 16) -> dict:
-    """The static tile rule (module docstring) as the prefill kernel's launch options."""
+    """The static tile rule as the prefill kernel's launch options (each branch says why)."""
     group_pad = triton.next_power_of_2(group)
     head_dim_pad = triton.next_power_of_2(head_dim)
     num_stages = 3  # Triton's default: two KV tiles in flight while one is used
