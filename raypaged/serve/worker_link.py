@@ -31,9 +31,8 @@ class WorkerLink:
         self.router_id = f"{owner}-{uuid.uuid4().hex[:12]}"
         self.dead: WorkerUnavailable | None = None
         self._sinks: dict[str, Sink] = {}
-        # the stream outlives the request that happens to open it (outside_requests)
-        self._pump = asyncio.get_running_loop().create_task(self._run(),
-                                                            context=contextvars.Context())
+        # the stream outlives the request that happens to open it
+        self._pump = outside_requests(asyncio.get_running_loop().create_task, self._run())
 
     # -- requests ----------------------------------------------------------------------------
     async def submit(self, request_id: str, token_ids, params, cache_salt, continuation,
@@ -90,8 +89,9 @@ def outside_requests(call, *args):
     """`call(*args)` as no request's child. Ray cancels a task together with every call it
     submitted that is still pending, and Serve's Python proxy cancels a request so when its
     client leaves: the worker's cancel, sent by the request on its way out, was lost with it
-    (the request ran on to max_tokens). Ray finds a call's parent in the context variables of
-    the asyncio task that submits it; an empty context has none."""
+    (the request ran on to max_tokens), and a link's stream would end with the request that
+    opened it. Ray finds a call's parent in the context variables of the asyncio task that
+    submits it; an empty context has none (a task created in it copies it)."""
     return contextvars.Context().run(call, *args)
 
 

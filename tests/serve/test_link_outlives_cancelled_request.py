@@ -1,9 +1,9 @@
 """A router request that Ray cancels takes with it every actor call it submitted that is still
 pending (Ray cancels recursively; Serve's Python proxy cancels a request so when its client
-leaves). Two calls a router makes from inside a request must outlive it (worker_link.py:
-outside_requests, and the empty context of a link's stream task): the worker's cancel of that
-very request, sent while it is being cancelled (lost, the request ran to its max_tokens
-holding its blocks), and the output stream of the link the request opened, which every later
+leaves). Two calls a router makes from inside a request must outlive it
+(worker_link.outside_requests): the worker's cancel of that very request, sent while it is
+being cancelled (lost, the request ran to its max_tokens holding its blocks), and the output
+stream of the link the request opened, which every later
 request to that worker shares (lost, they would all fail over). The stream's loss is certain
 and tested here, on a link made inside a request; the cancel's is a race (lost when Ray's cancel
 comes while it is still pending: 6 of 130 rounds of early-leaving streams in a stress loop
@@ -11,12 +11,12 @@ through the Python proxy), left to the disconnect tests over HTTP."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 import ray
 
 from fake_engine import SLOW_FAKE_MODEL
+from serve_testing import wait_for
 from raypaged.config import EngineArgs
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.serve.actors import WorkerActor
@@ -60,15 +60,6 @@ class Router:
 
 def active(worker) -> int:
     return ray.get(worker.stats.remote()).num_active
-
-
-def wait_for(condition, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 @pytest.fixture
