@@ -15,6 +15,16 @@ API_KEY = "test-key"
 MAX_REQUEST_BYTES = 256 * 1024
 
 
+def wait_for(condition, within_s: float, poll_s: float = 0.02) -> bool:
+    """Whether `condition()` came true within `within_s`, asked every `poll_s`."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(poll_s)
+    return False
+
+
 @contextmanager
 def raypaged_serve_process(flags: list[str], log: Path, env: dict):
     """Runs `raypaged serve FLAGS` with exactly `env` (plus PYTHONPATH) and yields the process

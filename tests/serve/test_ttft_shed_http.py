@@ -16,6 +16,7 @@ from starlette.routing import Mount
 
 from http_server import serving
 from local_fleet import LocalFleet
+from serve_testing import wait_for
 from raypaged.core.ttft_slo import WorkerQueue, best_worker
 from raypaged.serve.config import ServeOptions
 from raypaged.serve.controller import Controller
@@ -88,15 +89,6 @@ def predicted_s(fleet) -> float | None:
     found = best_worker(len(PROBE["prompt"]), [
         WorkerQueue(w.stats.engine.num_queued_tokens, w.drain_tokens_per_s) for w in ready])
     return None if found is None else found[1]
-
-
-def wait_for(condition, within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_a_request_predicted_over_the_ttft_slo_gets_503_and_the_idle_fleet_serves_it():
