@@ -157,7 +157,7 @@ class Engine:
                 why = str(compile_.future.exception())
             del self._compiling[request_id]
             if why is None:
-                self.core.scheduler.release(request_id)
+                self.core.release(request_id)
             else:
                 failed += self.core.fail(request_id, why)
         return failed

@@ -57,6 +57,10 @@ class EngineCore:
                                    eos_token_id, cache_salt, sample_index=index,
                                    output_token_ids=outputs, block_hashes=hashes), held)
 
+    def release(self, request_id: str) -> None:
+        """A held request may be scheduled from the next step on."""
+        self.scheduler.release(request_id)
+
     def only_held(self) -> bool:
         """Every unfinished request is held and no step is running: step() has nothing to do."""
         s = self.scheduler
