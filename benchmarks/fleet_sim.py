@@ -10,7 +10,7 @@ cache) gives the hit-rate ceiling at each load. Ratios are to round robin in the
     python benchmarks/fleet_sim.py [--workers 16] [--requests 2000] [--loads 0.5,0.8,0.95]
                                    [--policies round_robin,least_loaded,hash,cache_aware]
                                    [--snapshot-interval 0.75] [--route-cache-sample N]
-                                   [--route-cache-slack TOKENS]
+                                   [--route-cache-slack TOKENS] [--route-recompute-weight W]
                                    [--jobs 2] [--name fleet_sim]
 """
 from __future__ import annotations
@@ -52,6 +52,8 @@ def parse_args(argv=None):
                         "blocks 1, 2, 4, 8, ... (default: serving's, 16)")
     p.add_argument("--route-cache-slack", type=int, default=None,
                    help="cache_aware's slack in tokens (default: serving's, 2048)")
+    p.add_argument("--route-recompute-weight", type=float, default=None,
+                   help="cache_aware's weight of recomputed prompt tokens (default: serving's)")
     p.add_argument("--jobs", type=int, default=2, help="simulations run at once (processes)")
     p.add_argument("--name", default=None, help="results name (default fleet_sim_<workers>)")
     ns = p.parse_args(argv)
@@ -94,7 +96,8 @@ def main(argv=None) -> int:
     with multiprocessing.get_context("spawn").Pool(ns.jobs) as pool:
         options = {k: v for k, v in (("route_load_factor", ns.route_load_factor),
                                      ("route_cache_sample", ns.route_cache_sample),
-                                     ("route_cache_slack", ns.route_cache_slack))
+                                     ("route_cache_slack", ns.route_cache_slack),
+                                     ("route_recompute_weight", ns.route_recompute_weight))
                    if v is not None}
         sat = pool.apply(_run, ((ns.requests, ns.workers, "round_robin", None,
                                  ns.snapshot_interval, options),))
@@ -138,7 +141,8 @@ def main(argv=None) -> int:
                      "snapshot_interval_s": ns.snapshot_interval,
                      "route_load_factor": ns.route_load_factor,
                      "route_cache_sample": ns.route_cache_sample,
-                     "route_cache_slack": ns.route_cache_slack},
+                     "route_cache_slack": ns.route_cache_slack,
+                     "route_recompute_weight": ns.route_recompute_weight},
         "cost_model": COST.name, "engine": vars(ENGINE) if hasattr(ENGINE, "__dict__") else
         {f: getattr(ENGINE, f) for f in ENGINE.__dataclass_fields__},
         "default_policy": DEFAULT_POLICY, "saturation": sat, "saturation_req_s": saturation,

@@ -14,7 +14,8 @@ fleet is `serve_bench.py --dataset D --loads 0.5,0.8`.
         [--policies round_robin,hash,cache_aware] [--loads 0.5,0.8] [--num-prompts 192]
         [--seeds 0,1,2] [--probe benchmarks/results/fleet_sim_probe.json] [--name fleet_sim_cpu_fleet]
 
-A policy is `name[:load factor[:cache sample[:slack]]]`, as in fleet_sim_datasets.py.
+A policy is `name[:load factor[:cache sample[:slack[:recompute weight]]]]`, as in
+fleet_sim_datasets.py.
 """
 from __future__ import annotations
 

@@ -4,8 +4,9 @@ serve_bench's synthetic datasets instead of the Mooncake trace the load factor w
 For each dataset (benchmarks/serve_datasets.py, seeded): round robin's saturation (every
 request offered at t = 0: the rate at which the first 90% finish), then Poisson arrivals at
 `--load` of it, and each policy on the same arrivals. A policy is `name`, or
-`name:factor:sample:slack` (the serving Router's --route-load-factor, --route-cache-sample and
---route-cache-slack; an empty or missing field: serving's default). GPU profile, 16 workers.
+`name:factor:sample:slack:weight` (the serving Router's --route-load-factor,
+--route-cache-sample, --route-cache-slack and --route-recompute-weight; an empty or missing
+field: serving's default). GPU profile, 16 workers.
 
     python benchmarks/fleet_sim_datasets.py [--datasets zipf,system_prompt,multi_turn,prefix_repetition]
         [--policies round_robin,least_loaded,hash,cache_aware,cache_aware:2] [--load 0.8]

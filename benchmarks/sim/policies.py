@@ -63,13 +63,13 @@ class LeastLoaded:
 
 
 def policy_spec(spec: str) -> tuple[str, dict]:
-    """`name[:load factor[:cache sample[:slack]]]` (e.g. `cache_aware:2` or
-    `cache_aware:::4096`) -> (name, the ServeOptions routing settings given); an empty field
-    keeps serving's default."""
-    name, factor, sample, slack = (spec.split(":") + ["", "", ""])[:4]
+    """`name[:load factor[:cache sample[:slack[:recompute weight]]]]` (e.g. `cache_aware:2`
+    or `cache_aware:::4096`) -> (name, the ServeOptions routing settings given); an empty
+    field keeps serving's default."""
+    name, factor, sample, slack, weight = (spec.split(":") + ["", "", "", ""])[:5]
     options = {key: kind(value) for key, kind, value in (
         ("route_load_factor", float, factor), ("route_cache_sample", int, sample),
-        ("route_cache_slack", int, slack)) if value}
+        ("route_cache_slack", int, slack), ("route_recompute_weight", float, weight)) if value}
     return name, options
 
 

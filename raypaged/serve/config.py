@@ -102,6 +102,10 @@ class ServeOptions:
         2048, "cache_aware: a worker holding a longer prefix of the prompt takes it while its "
         "cost (prefill added + queued) is within this many tokens of the cheapest worker's",
         group=ROUTING, ge=0)
+    route_recompute_weight: float = setting(
+        1.5, "cache_aware: what a prompt token a worker would compute again costs against a "
+        "queued one (the recomputed prefill is work added to the fleet, not only to this "
+        "request's wait)", group=ROUTING, ge=1)
     route_cache_sample: int = setting(
         16, "routers see only the cached-block keys of every N-th block of a prompt and of its "
         "blocks 1, 2, 4, 8, ... (~N x fewer snapshot bytes per router; cache_aware estimates "

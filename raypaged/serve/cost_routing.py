@@ -5,9 +5,15 @@ For each ready worker, from the fleet snapshot (each worker's cache summary and 
 
     hit(w)   = leading prompt blocks w's prefix cache holds x block_size   (CacheView: one set
                lookup per block, thanks to the chain hash)
-    cost(w)  = (prompt tokens - hit(w))          the prefill this request would add on w
+    cost(w)  = weight x (prompt tokens - hit(w)) the prefill this request would add on w
              + queued_tokens(w)                  prefill waiting on w (it runs first): the
                                                  snapshot's, plus what this router sent since
+
+The weight (--route-recompute-weight, 1.5) prices a token computed again above one waiting in
+a queue: the queue is work the fleet does anyway, a recomputed prefix is work added to it (the
+requests behind this one on w wait for it too) and a second copy of the prefix that splits its
+later hits. Priced alike, the rule gives each request its first token soonest and, at high
+load, passes up hits that the next requests pay for (docs/fleet_sim.md).
 
 Among the workers under the concurrency cap (a worker may hold at most
 cap = ceil(factor x (requests in flight + 1) / workers)), the candidates are those within `slack`
@@ -53,7 +59,8 @@ CACHED, COLD = "cache_hit", "cold_prefix"
 
 def cheapest(num_tokens: int, keys: Sequence[int], block_size: int, loads: FleetLoads,
              priority, concurrency_factor: float,
-             blocks_at: Sequence[int] | None = None, slack: int = 0) -> tuple[int, int]:
+             blocks_at: Sequence[int] | None = None, slack: int = 0,
+             recompute_weight: float = 1.0) -> tuple[int, int]:
     """(position in `loads` of the chosen ready worker, the prompt tokens its cache holds).
     `priority[positions]` (uint64; an array, or routing.RendezvousWeights) is the rendezvous
     order: ties, and the cold choice, go to the highest."""
@@ -74,7 +81,7 @@ def cheapest(num_tokens: int, keys: Sequence[int], block_size: int, loads: Fleet
     if not hits[eligible].any():
         candidates = np.flatnonzero(eligible)
         return int(candidates[np.argmax(priority[candidates])]), 0
-    cost = num_tokens - hits + loads.queued
+    cost = recompute_weight * (num_tokens - hits) + loads.queued
     cheapest_cost = cost[eligible].min()
     candidates = np.flatnonzero(eligible & (cost <= cheapest_cost + slack))
     # the longest hit, then the lowest cost, then the fewest requests in flight

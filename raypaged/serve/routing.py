@@ -166,7 +166,8 @@ class Router:
             lazy = RendezvousWeights(prompt.route_key, loads.salts)
             best, hit = cheapest(prompt.num_tokens, prompt.block_keys, self.block_size, loads,
                                  lazy, self.config.route_load_factor, prompt.blocks_at,
-                                 self.config.route_cache_slack)
+                                 self.config.route_cache_slack,
+                                 self.config.route_recompute_weight)
             # charged until the next snapshot: the prefill this request adds there (cost_routing)
             loads.queued[best] += prompt.num_tokens - hit
             return Ranking(loads, lazy, best), CACHED if hit else COLD

@@ -46,6 +46,16 @@ def test_a_long_queue_outweighs_a_cache_hit():
     assert rank(workers) == (["w0", "w2", "w1"], COLD)
 
 
+def test_a_token_computed_again_weighs_more_than_a_queued_one():
+    # w1 lacks 17 of the 65 tokens with 60 queued; w0 lacks all 65 with none queued.
+    # Alike (weight 1): 77 > 65, w0; recomputing weighed 1.5x: 60 + 25.5 < 97.5, w1.
+    workers = {"w2": WorkerLoad(1, queued_tokens=200), "w0": WorkerLoad(1),
+               "w1": WorkerLoad(1, queued_tokens=60, cache=view(KEYS[:3]))}
+    assert rank(workers) == (["w0", "w2", "w1"], COLD)
+    assert rank_by_cost(len(PROMPT), KEYS, BS, workers, ORDER, 1.5, recompute_weight=1.5) == \
+        (["w1", "w2", "w0"], CACHED)
+
+
 def test_the_concurrency_cap_passes_over_a_full_worker_whose_extra_hit_is_within_the_slack():
     # 5 in flight + this one over 3 workers, factor 1.5: at most ceil(1.5 * 6 / 3) = 3 each.
     # w1 is full and holds 64 tokens, 32 more than w0 under the cap: within a slack of 32
@@ -308,8 +318,8 @@ def test_the_router_walks_only_the_sampled_keys_of_the_prompt():
         v.apply(sampled(SummaryDelta(1, tuple(held), full=True,
                                      depths=tuple(range(len(held)))), 4))
         return v
-    router = Router(ServeOptions(routing="cache_aware", route_cache_sample=4,
-                                 route_cache_slack=0), BS)  # the hits priced exactly
+    router = Router(ServeOptions(routing="cache_aware", route_cache_sample=4,  # the hits priced
+                                 route_cache_slack=0, route_recompute_weight=1), BS)  # exactly
     for queued, winner in (((deep - shallow) * BS - 1, "w0"), ((deep - shallow) * BS + 1, "w1")):
         workers = {"w0": WorkerLoad(0, queued_tokens=queued, cache=sampled_view(keys)),
                    "w1": WorkerLoad(0, cache=sampled_view(keys[:deep - 1]))}

@@ -33,10 +33,12 @@ def spec_hash(prompt, workers: dict[str, WorkerLoad], factor: float):
     return [order[pick], *order[:pick], *order[pick + 1:]], AFFINITY if pick == 0 else LOAD_BOUND
 
 
-def spec_cost(prompt, workers: dict[str, WorkerLoad], factor: float, slack: int):
+def spec_cost(prompt, workers: dict[str, WorkerLoad], factor: float, slack: int,
+              weight: float):
     """The rule as cost_routing.py states it, one view at a time: of the workers under the cap
     within `slack` tokens of the cheapest, the longest hit, then the lowest cost, then the
-    fewest requests, then rendezvous order; a prompt no worker under the cap holds: the first
+    fewest requests, then rendezvous order (cost: `weight` x the prompt tokens a worker lacks,
+    plus its queue); a prompt no worker under the cap holds: the first
     of its rendezvous order under the cap. A worker over the cap but under twice it is a
     candidate too when it holds more than `slack` tokens beyond every worker under the cap."""
     order = rendezvous_order(routing_key(prompt, BS, 4), sorted(workers))
@@ -48,7 +50,7 @@ def spec_cost(prompt, workers: dict[str, WorkerLoad], factor: float, slack: int)
     most = max(hit[w] for w in under)
     eligible = [w for w in order if w in under or (
         workers[w].requests + 1 <= 2 * cap and hit[w] > most + slack)]
-    cost = {w: len(prompt) - hit[w] + workers[w].queued_tokens for w in order}
+    cost = {w: weight * (len(prompt) - hit[w]) + workers[w].queued_tokens for w in order}
     if not any(hit[w] for w in eligible):
         best = eligible[0]
     else:
@@ -76,15 +78,16 @@ def test_the_arrays_choose_as_the_per_worker_rule_on_random_fleets_with_workers_
                                     view if rng.random() < 0.9 else None)
         out = set(rng.sample(ids, rng.randrange(0, len(ids))))
         left = {w: x for w, x in workers.items() if w not in out}
-        for factor, slack in ((1.0, 0), (1.25, 2048), (3.0, 100)):
+        for factor, slack, weight in ((1.0, 0, 1.0), (1.25, 2048, 1.5), (3.0, 100, 2.0)):
             hashed = Router(ServeOptions(routing="hash", route_load_factor=factor), BS)
             costed = Router(ServeOptions(routing="cache_aware", route_load_factor=factor,
-                                         route_cache_slack=slack,
+                                         route_cache_slack=slack, route_recompute_weight=weight,
                                          route_cache_sample=1), BS)  # every key: the spec
             for p in prompts:
                 loads = FleetLoads.of(workers)  # fresh: a cache_aware choice charges its worker
                 assert _ranked(hashed, p, loads, out) == spec_hash(p, left, factor), trial
-                assert _ranked(costed, p, loads, out) == spec_cost(p, left, factor, slack), trial
+                assert _ranked(costed, p, loads, out) == spec_cost(p, left, factor, slack,
+                                                                    weight), trial
 
 
 def _ranked(router, prompt, loads, out):

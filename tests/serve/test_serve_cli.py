@@ -21,8 +21,8 @@ def test_defaults_bind_localhost_and_route_by_prefix():
     ns = parse()
     assert (ns.host, ns.port, ns.workers, ns.routing) == ("127.0.0.1", 8000, 1, "cache_aware")
     options, _ = serve_args_from(ns).split()
-    assert (options.route_load_factor, options.route_cache_slack, options.workers) == \
-        (1.25, 2048, 1)
+    assert (options.route_load_factor, options.route_cache_slack, options.route_recompute_weight,
+            options.workers) == (1.25, 2048, 1.5, 1)
 
 
 def test_flags_map_onto_the_application_arguments():
@@ -30,13 +30,13 @@ def test_flags_map_onto_the_application_arguments():
                "--route-load-factor", "1.5", "--api-key", "k", "--kv-memory-mb", "64",
                "--max-model-len", "512", "--no-enable-prefix-caching", "--cpus-per-worker", "2",
                "--router-replicas", "2", "--max-queued-requests", "7",
-               "--onednn-cache-capacity", "64")
+               "--onednn-cache-capacity", "64", "--route-recompute-weight", "2")
     options, engine = serve_args_from(ns).split()
     assert options.workers == 3 and options.cpus_per_worker == 2
     assert options.max_queued_requests == 7 and options.router_replicas == 2
     assert (options.routing, options.route_prefix_blocks, options.route_load_factor) == (
         "round_robin", 2, 1.5)
-    assert options.api_key == "k"
+    assert options.api_key == "k" and options.route_recompute_weight == 2
     # the frozen config the workers' engines are built from; every other setting its default
     assert engine == EngineArgs(kv_memory_mb=64.0, enable_prefix_caching=False, max_model_len=512,
                                 onednn_cache_capacity=64)

@@ -132,3 +132,4 @@ def test_a_policy_spec_names_serving_settings_and_keeps_the_defaults_it_leaves_e
     assert policy_spec("cache_aware:::4096") == ("cache_aware", {"route_cache_slack": 4096})
     assert policy_spec("cache_aware:2:16") == ("cache_aware", {"route_load_factor": 2.0,
                                                                "route_cache_sample": 16})
+    assert policy_spec("cache_aware::::1") == ("cache_aware", {"route_recompute_weight": 1.0})
