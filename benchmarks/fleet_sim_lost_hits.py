@@ -23,8 +23,6 @@ import collections
 import sys
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -36,7 +34,7 @@ from benchmarks.sim.trace import time_scaled  # noqa: E402
 from raypaged.core.request import Request  # noqa: E402
 from raypaged.core.sampling_params import SamplingParams  # noqa: E402
 from raypaged.serve.config import ServeOptions  # noqa: E402
-from raypaged.serve.cost_routing import concurrency_cap, held_keys  # noqa: E402
+from raypaged.serve.cost_routing import concurrency_cap, held_tokens  # noqa: E402
 
 REASONS = ("over the bound", "lagging view", "cost / slack")
 
@@ -62,8 +60,7 @@ def main(argv=None) -> int:
         requests = loads.requests.copy()          # before the choice counts itself
         cap = concurrency_cap(loads, factor)
         keys = fleet.policy.router.prompt_keys(tokens, None, loads)  # what the router walks
-        held = held_keys(keys.block_keys, loads)
-        view = (held if keys.blocks_at is None else np.asarray(keys.blocks_at)[held]) * BLOCK
+        view = held_tokens(keys.block_keys, loads, keys.blocks_at, BLOCK)
         chosen = choose(tokens, loads)
         # each pool's hit as its engine's admission would take it now (one hashing for all)
         probe = Request("audit", tokens, SamplingParams(max_tokens=1), 1,

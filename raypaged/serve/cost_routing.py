@@ -39,7 +39,7 @@ request that hits adds its suffix only, so a hot prefix's worker does not look l
 tokens it never computes.
 
 The choice is made in numpy over the workers' arrays (fleet_loads.py); the hits of one
-CacheIndex's views come from one bisection of the prompt's keys (held_keys).
+CacheIndex's views come from one bisection of the prompt's keys (held_tokens).
 
 The snapshot lags the workers by up to a poll plus a refresh: a prefix cached since is routed
 as cold, one evicted since is still counted. Both cost speed only.
@@ -66,24 +66,21 @@ def cheapest(num_tokens: int, keys: Sequence[int], block_size: int, loads: Fleet
     order: ties, and the cold choice, go to the highest."""
     requests = loads.requests
     cap = concurrency_cap(loads, concurrency_factor)
-    if loads.count == len(requests):  # no worker left out: no masks to apply
-        eligible = requests + 1 <= cap
-        held_back = ~eligible & (requests + 1 <= 2 * cap)
-    else:
-        eligible = loads.ready & (requests + 1 <= cap)
-        held_back = loads.ready & ~eligible & (requests + 1 <= 2 * cap)
+    eligible = requests <= cap - 1
+    held_back = ~eligible & (requests <= 2 * cap - 1)
+    if loads.count != len(requests):  # workers left out of this choice
+        eligible &= loads.ready
+        held_back &= loads.ready
     if not eligible.any():
         eligible = loads.ready
-    held = held_keys(keys, loads)
-    hits = (held if blocks_at is None else np.asarray(blocks_at, np.int64)[held]) * block_size
+    hits = held_tokens(keys, loads, blocks_at, block_size)
     if held_back.any():  # the affinity exception (module docstring)
         eligible = eligible | (held_back & (hits > hits[eligible].max(initial=0) + slack))
     if not hits[eligible].any():
         candidates = np.flatnonzero(eligible)
         return int(candidates[np.argmax(priority[candidates])]), 0
     cost = recompute_weight * (num_tokens - hits) + loads.queued
-    cheapest_cost = cost[eligible].min()
-    candidates = np.flatnonzero(eligible & (cost <= cheapest_cost + slack))
+    candidates = np.flatnonzero(eligible & (cost <= cost[eligible].min() + slack))
     # the longest hit, then the lowest cost, then the fewest requests in flight
     for column in (-hits, cost, requests):
         values = column[candidates]
@@ -102,10 +99,12 @@ def concurrency_cap(loads: FleetLoads, concurrency_factor: float) -> int:
     return math.ceil(concurrency_factor * (total + 1) / loads.count)
 
 
-def held_keys(keys: Sequence[int], loads: FleetLoads) -> np.ndarray:
-    """Leading `keys` each worker's cache view holds (int64 [W], 0 without a view; as
-    CacheView.cached_prefix_blocks for nested views, cache_index.py): the views of one
+def held_tokens(keys: Sequence[int], loads: FleetLoads, blocks_at: Sequence[int] | None,
+                block_size: int) -> np.ndarray:
+    """Prompt tokens each worker's cache view is known to hold (int64 [W]): its leading `keys`
+    held, as blocks (`blocks_at[j]` for j keys held; None: j), x block_size. The views of one
     CacheIndex by one bisection of its inverted index, any other view by its own walk."""
+    blocks = range(len(keys) + 1) if blocks_at is None else blocks_at
     held = np.zeros(len(loads.worker_ids), np.int64)
     if loads.index is not None and keys:
         index = loads.index
@@ -114,10 +113,10 @@ def held_keys(keys: Sequence[int], loads: FleetLoads) -> np.ndarray:
         for depth, mask in index.hit_groups(keys):
             bits = np.unpackbits(np.frombuffer(mask.to_bytes(nbytes, "little"), np.uint8),
                                  bitorder="little")
-            by_bit[np.flatnonzero(bits)] = depth
+            by_bit[np.flatnonzero(bits)] = blocks[depth] * block_size
         held = by_bit[loads.bits]
     for i in loads.walked:
-        held[i] = _held(loads.caches[i], keys)
+        held[i] = blocks[_held(loads.caches[i], keys)] * block_size
     return held
 
 

@@ -60,7 +60,7 @@ class FleetLoads:
         self.ready = np.ones(n, bool)
         self.count = n                                   # ready workers
         # Views of one CacheIndex answer every worker's hit in one bisection of the prompt's
-        # keys (cost_routing.held_keys); any other view is walked on its own.
+        # keys (cost_routing.held_tokens); any other view is walked on its own.
         indexes = {c.index for c in self.caches if isinstance(c, IndexedCacheView)}
         self.index = indexes.pop() if len(indexes) == 1 else None
         self.bits = np.array([c.position if self.index is not None and isinstance(
