@@ -7,11 +7,23 @@ import asyncio
 
 from prometheus_client.parser import text_string_to_metric_families
 import httpx
+import pytest
+
+from serve_testing import wait_for
 
 LONG_PREFIX = ("You are a meticulous assistant for a small bakery. The bakery sells sourdough, "
                "rye, baguettes, croissants and seasonal fruit tarts. Opening hours are seven to "
                "three on weekdays and eight to one on Saturdays; it is closed on Sundays. Answer "
                "customers politely, in one short sentence, and never invent products. ") * 2
+
+
+@pytest.fixture(autouse=True)
+def idle_fleet(app):
+    """Each test starts on an idle fleet. The session's app is shared, and a test before these
+    may leave requests running (a client that left is cancelled asynchronously): a worker over
+    the concurrency cap passes a prefix's requests on, which the exact placements below forbid."""
+    assert wait_for(lambda: not any(w.get("load") for w in app.fleet()["workers"]), 60, 0.25), \
+        app.fleet()
 
 
 def routing_decisions(app) -> dict[str, float]:
