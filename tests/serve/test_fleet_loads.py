@@ -36,11 +36,11 @@ def spec_hash(prompt, workers: dict[str, WorkerLoad], factor: float):
 def spec_cost(prompt, workers: dict[str, WorkerLoad], factor: float, slack: int,
               weight: float):
     """The rule as cost_routing.py states it, one view at a time: of the workers under the cap
-    within `slack` tokens of the cheapest, the longest hit, then the lowest cost, then the
-    fewest requests, then rendezvous order (cost: `weight` x the prompt tokens a worker lacks,
-    plus its queue); a prompt no worker under the cap holds: the first
-    of its rendezvous order under the cap. A worker over the cap but under twice it is a
-    candidate too when it holds more than `slack` tokens beyond every worker under the cap."""
+    within `slack` tokens of the cheapest (cost: `weight` x the prompt tokens a worker lacks,
+    plus its queue), the longest hit, then the lowest cost, then the fewest requests, then
+    rendezvous order; a prompt no worker under the cap holds: the first of its rendezvous order
+    under the cap. A worker over the cap but under twice it is a candidate too when it holds
+    more than `slack` tokens beyond every worker under the cap."""
     order = rendezvous_order(routing_key(prompt, BS, 4), sorted(workers))
     keys = prompt_block_keys(prompt, BS)
     cap = math.ceil(factor * (sum(x.requests for x in workers.values()) + 1) / len(order))
