@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -24,6 +23,7 @@ from starlette.routing import Mount
 
 from http_server import serving
 from local_fleet import LocalFleet
+from serve_testing import wait_for
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.serve.client_gate import ClientGate
 from raypaged.serve.config import ServeOptions
@@ -79,13 +79,6 @@ def post(url: str, source: str, payload: dict) -> httpx.Response:
         return c.post(url + "/v1/completions", json=payload)
 
 
-def wait_for(condition, within_s: float = 30) -> None:
-    deadline = time.monotonic() + within_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
-
-
 def worker_order(fair: bool) -> tuple[list[str], list[int]]:
     """8 requests of A (letters a-h) sent one after another, then 2 of B (x, y): the order the
     worker got them in, and every status."""
@@ -102,7 +95,7 @@ def worker_order(fair: bool) -> tuple[list[str], list[int]]:
                                                  + [(B, "y")]):
                 sent.append(pool.submit(post, url, source, body(letter)))
                 # each in the gate before the next leaves: the arrival order is this one
-                wait_for(lambda: len(arrived) == i + 1)
+                assert wait_for(lambda: len(arrived) == i + 1, 30, 0.005), "timed out"
             statuses = [f.result().status_code for f in sent]
     finally:
         fleet.shutdown()
@@ -129,7 +122,7 @@ def test_a_client_at_its_cap_gets_429_with_retry_after_naming_the_setting():
     try:
         with serving(app) as url, ThreadPoolExecutor(4) as pool:
             running = [pool.submit(post, url, A, body(c, max_tokens=50)) for c in "ab"]
-            wait_for(lambda: gate.admission.in_flight[A] == 2)
+            assert wait_for(lambda: gate.admission.in_flight[A] == 2, 30, 0.005), "timed out"
             refused = post(url, A, body("c"))
             other = post(url, B, body("x", max_tokens=4))  # another client: served meanwhile
             assert [f.result().status_code for f in running] == [200, 200]
@@ -200,7 +193,7 @@ def test_a_request_past_its_deadline_while_waiting_gets_504_and_gives_its_place_
                      ) as url, ThreadPoolExecutor(4) as pool:
             # 3 hold 7/8 of the cache (A alone may hold no more): the 4th waits in the gate
             running = [pool.submit(post, url + "/load", A, body(c, max_tokens=50)) for c in "abc"]
-            wait_for(lambda: gate.admission.num_admitted == 3)
+            assert wait_for(lambda: gate.admission.num_admitted == 3, 30, 0.005), "timed out"
             waiting = post(url, A, body("d"))
             held = (dict(gate.admission.in_flight), gate.admission.num_admitted)
             assert [f.result().status_code for f in running] == [200, 200, 200]

@@ -3,11 +3,11 @@ pending (Ray cancels recursively; Serve's Python proxy cancels a request so when
 leaves). Two calls a router makes from inside a request must outlive it
 (worker_link.outside_requests): the worker's cancel of that very request, sent while it is
 being cancelled (lost, the request ran to its max_tokens holding its blocks), and the output
-stream of the link the request opened, which every later
-request to that worker shares (lost, they would all fail over). The stream's loss is certain
-and tested here, on a link made inside a request; the cancel's is a race (lost when Ray's cancel
-comes while it is still pending: 6 of 130 rounds of early-leaving streams in a stress loop
-through the Python proxy), left to the disconnect tests over HTTP."""
+stream of the link the request opened, which every later request to that worker shares (lost,
+they would all fail over). The stream's loss is certain and tested here, on a link made inside
+a request; the cancel's is a race (lost when Ray's cancel comes while it is still pending: 6 of
+130 rounds of early-leaving streams in a stress loop through the Python proxy), left to the
+disconnect tests over HTTP."""
 from __future__ import annotations
 
 import asyncio
