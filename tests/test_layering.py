@@ -97,6 +97,20 @@ def test_only_serve_and_batch_import_ray_anywhere_in_the_source(folder):
     assert offenders == []
 
 
+# A router's request path, in layers: the router<->worker transport, ranking the workers, what a
+# lost worker costs a request, one request's stream, the endpoints. Each file imports only
+# files before it, so the transport knows no request logic and the rules no stream.
+REQUEST_PATH = ["messages", "worker_link", "leg", "routing", "dispatch", "failover",
+                "generation", "sse_stream", "frontend"]
+
+
+@pytest.mark.parametrize("position", range(len(REQUEST_PATH)))
+def test_the_router_request_path_imports_only_the_layers_before_it(position):
+    path = ROOT / "raypaged" / "serve" / f"{REQUEST_PATH[position]}.py"
+    later = {f"raypaged.serve.{m}" for m in REQUEST_PATH[position + 1:]}
+    assert imported_names(path) & later == set()
+
+
 def test_kernels_source_never_imports_raypaged():
     offenders = [p.name for p in (ROOT / "kernels").rglob("*.py")
                  if any(n.split(".")[0] == "raypaged" for n in imported_names(p))]

@@ -5,7 +5,7 @@ Events, in simulated time, ordered (time, kind, sequence):
     step_end   a worker's step ends: its tokens are applied (first tokens, finished requests)
     arrival    a request reaches the router, which picks a worker from what it knows:
                  - requests in flight per worker: counted exactly (one router replica counts
-                   its own requests, as raypaged.serve.generation.Dispatcher does)
+                   its own requests, as raypaged.serve.dispatch.Dispatcher does)
                  - queued prompt tokens and the prefix-cache view: as of the last snapshot
     deliver    the request reaches its worker's engine `path_s` after the decision (the cost
                model's per-request serving path: HTTP, routing, the submit; 0 = at once)

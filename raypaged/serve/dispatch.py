@@ -76,6 +76,22 @@ class Dispatcher:
             [w.stats.engine.num_queued_tokens for w in ready],
             [snap.caches.get(w.worker_id) for w in ready])
 
+    def rank(self, tokens: list[int], cache_salt: str | None, exclude: set[str], blocks: int,
+             count: bool) -> tuple[FleetSnapshot, list[str], tuple]:
+        """The ready workers outside `exclude` and the suspects, best first for this prompt,
+        and the prompt's block hashes (the chosen worker is told them, so it hashes nothing
+        twice); `count`: this request's first routing decision, counted in the metrics."""
+        snap, loads = self.candidates(exclude)
+        if not loads:
+            return snap, [], ()
+        keys = self.router.prompt_keys(tokens, cache_salt, loads)
+        order, reason = self.router.choose(keys, loads)
+        if self.gate.fair:
+            order = self.room_first(order, snap, blocks)
+        if count:
+            self.metrics.inc("routing_decisions", reason)
+        return snap, order, keys.hashes
+
     def mark_suspect(self, worker_id: str, incarnation: str | None = None) -> None:
         """Skip a worker that just failed until the controller has had time to notice."""
         self._suspect_until[worker_id] = (time.monotonic() + self.suspect_s, incarnation)

@@ -1,7 +1,8 @@
 """Generation: one engine request (one prompt, n samples) from routing to its last token, on
-as many workers as it takes.
+as many workers as it takes; what its client sees.
 
-    start():   rank the ready workers -> submit on the first (a "leg", leg.py) -> wait for its
+    start():   the client's turn at the gate (client_gate.py) -> rank the ready workers
+               (Dispatcher.rank) -> submit on the first (a "leg", leg.py) -> wait for its
                first outputs
                worker gone before the first outputs  -> the next worker
                worker's queue full                   -> next worker; all full -> 503 with the
@@ -12,17 +13,12 @@ as many workers as it takes.
                (the controller's snapshot says it is no longer ready) is failed over: nothing
                of it seen yet -> the same request again elsewhere; else each unfinished sample
                goes on elsewhere as a Continuation of the tokens the client already has, so
-               the text goes on with no gap and no repeat. After MAX_FAILOVERS lost workers
-               the request ends with a 503.
-               A worker that dies (or freezes) once the request was sent to it may have been
-               killed by it: it is retried once; a second worker lost that way refuses it as a
-               suspected poison request (400, remembered: poison.py), never retried again.
-               That retry waits for a second ready worker rather than risk the fleet's last
-               one (_wait_for_spare). A worker that left by draining counts for neither.
+               the text goes on with no gap and no repeat. What a lost worker costs the
+               request (503, suspected poison, the wait for a spare) is failover.py's.
     collect(): every output, for non-streaming responses.
 
-The dispatcher (dispatch.py) holds what generations share; progress.py what the client has and
-the request metrics.
+The dispatcher (dispatch.py) holds what generations share and ranks the workers; progress.py
+what the client has and the request metrics.
 """
 from __future__ import annotations
 
@@ -40,18 +36,13 @@ from raypaged.outputs import SequenceOutput
 from raypaged.serve.client_gate import CLIENT
 from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.errors import APIError
-from raypaged.serve.fleet import RESTARTING, STARTING, WorkerView
+from raypaged.serve.failover import WATCH_S, DeadlinePassed, LostWorkers, wait_for_spare
+from raypaged.serve.fleet import WorkerView
 from raypaged.serve.leg import Leg
 from raypaged.serve.messages import Lost, Rejected, WorkerUnavailable
-from raypaged.serve.poison import REMEMBER_S, fingerprint
+from raypaged.serve.poison import fingerprint
 from raypaged.serve.progress import Progress
 from raypaged.serve.responses import WORKER_HEADER
-
-MAX_FAILOVERS = 2   # workers lost while serving one request before it gives up
-RETRIES_AFTER_DEATH = 1  # retries after a worker died with the request on it (poison.py)
-WATCH_S = 0.25      # how often a waiting generation checks its workers are still in the fleet
-SPARE_WAIT_S = 120.0  # _wait_for_spare's bound: about a model reload on a loaded machine
-NOTICE_S = 2.0  # a worker's death shows in the snapshot within a poll (0.5 s)
 
 
 class Generation:
@@ -64,11 +55,7 @@ class Generation:
         self.progress = Progress(params.n, arrival, dispatcher.metrics)
         self._legs: list[Leg] = []
         self._opens = 0                 # legs opened (the first and every failover)
-        self._failovers = 0             # workers lost while serving this request
-        # of those, the processes it had been sent to: (worker id, incarnation)
-        self._died_serving: list[tuple[str, str | None]] = []
-        self._excluded: set[str] = set()
-        self._lost: dict[str, str | None] = {}  # workers lost serving it -> that incarnation
+        self._lost = LostWorkers(dispatcher, self._fingerprint, self._error)
         self._deadline: float | None = None  # the stream's, on the loop's clock (monotonic)
         self._queue: asyncio.Queue = asyncio.Queue()  # (leg, outputs | WorkerUnavailable)
         self._pending: collections.deque = collections.deque()  # first outputs, not yielded
@@ -114,27 +101,19 @@ class Generation:
             params = dataclasses.replace(params, n=1)
         retry_after = None  # set once a worker said its queue is full
         while True:
-            snap, loads = self.d.candidates(self._excluded)
-            renewed = {w for w, inc in self._lost.items() if snap.renewed(w, inc)} & self._excluded
-            if not loads and renewed:  # only workers it lost are left, back as new processes
-                self._excluded -= renewed
+            snap, order, hashes = self.d.rank(tokens, self.cache_salt, self._lost.excluded,
+                                              self._ticket.blocks, count=not self._routed)
+            if not order and self._lost.readmit_renewed(snap):
                 continue
-            if not loads:
+            if not order:
                 break
-            # rank() in two halves, to keep the prompt's hashes for the worker
-            keys = self.d.router.prompt_keys(tokens, self.cache_salt, loads)
-            order, reason = self.d.router.choose(keys, loads)
-            if self.d.gate.fair:
-                order = self.d.room_first(order, snap, self._ticket.blocks)
-            if not self._routed:
-                self.d.metrics.inc("routing_decisions", reason)
-                self._routed = True
+            self._routed = True
             for worker_id in order:
                 view = snap.worker(worker_id)
                 leg = Leg(worker_id, view.stats.incarnation if view.stats else None, indexes,
                           continuation is not None)
                 try:
-                    rejected = await self._submit(leg, view, params, continuation, keys.hashes)
+                    rejected = await self._submit(leg, view, params, continuation, hashes)
                 except WorkerUnavailable as lost:  # a worker can die of it before it replies
                     await self._worker_lost(leg, lost.reached and self._in_fleet(worker_id))
                     break  # rank again without it
@@ -143,7 +122,7 @@ class Generation:
                 if not rejected.queue_full:
                     raise self._error(400, rejected.message, code="invalid_request")
                 retry_after = min(retry_after or rejected.retry_after_s, rejected.retry_after_s)
-                self._excluded.add(worker_id)
+                self._lost.excluded.add(worker_id)
             else:
                 break  # every ready worker refused: all queues full
         if retry_after is not None:
@@ -215,62 +194,15 @@ class Generation:
                 self.d.gate.finished([len(s.token_ids) for s in self.progress.samples])
             self.d.gate.leave(self._ticket)  # detach(): None once given back
 
-    # -- failover ----------------------------------------------------------------------------
+    # -- failover (failover.py) ---------------------------------------------------------------
     def _in_fleet(self, worker_id: str) -> bool:
         """Lost, but not by draining (a drained worker leaves the snapshot)."""
         return self.d.fleet.snapshot().worker(worker_id) is not None
 
     async def _worker_lost(self, leg: Leg, died_serving: bool) -> None:
-        """Count the loss (a 400 or 503 when it is one too many); after a death, wait for a
-        spare before the request goes anywhere else."""
-        worker_id = leg.worker_id
-        self._excluded.add(worker_id)
-        self._lost[worker_id] = leg.incarnation
-        self.d.mark_suspect(worker_id, leg.incarnation)
-        if died_serving and (worker_id, leg.incarnation) not in self._died_serving:
-            self._died_serving.append((worker_id, leg.incarnation))
-            if len(self._died_serving) > RETRIES_AFTER_DEATH:
-                self._refuse_as_poison()
-        self._failovers += 1
-        if self._failovers > MAX_FAILOVERS:
-            raise self._error(503, f"{self._failovers} workers failed while serving this "
-                              "request", code="worker_unavailable", retry_after=1)
-        self.d.metrics.inc("request_retries")
+        self._lost.add(leg, died_serving)
         if died_serving:
-            await self._wait_for_spare(leg)
-
-    def _refuse_as_poison(self) -> None:
-        workers = " and ".join(w for w, _ in self._died_serving)
-        reason = (f"workers {workers} each died or stopped answering while serving this "
-                  "request: refused as a suspected poison request and not retried again (the "
-                  f"same request is refused for {REMEMBER_S:.0f} s)")
-        self.d.poison.remember(self._fingerprint(), reason)
-        self.d.metrics.inc("suspected_poison_requests", "refused")
-        raise self._error(400, reason, code="suspected_poison_request")
-
-    async def _wait_for_spare(self, lost: Leg) -> None:
-        """After `lost`'s worker died serving this request: while only one other worker is
-        ready and `lost`'s (or another) is restarting or starting, wait until it is ready, up to
-        SPARE_WAIT_S. Sent to the last ready worker at once, a poison request would kill it too
-        and leave nobody serving for a model reload; this way only the requests that were on the
-        dead worker wait. A frozen worker is not waited for (it is restarted only at
-        --worker-unresponsive-timeout-s)."""
-        deadline = time.monotonic() + SPARE_WAIT_S
-        noticed_by = time.monotonic() + NOTICE_S
-        while True:
-            snap = self.d.fleet.snapshot()
-            if snap.renewed(lost.worker_id, lost.incarnation):
-                return
-            others = [w for w in snap.ready() if w.worker_id != lost.worker_id]
-            # still up in the snapshot: the controller has not seen it die yet (a poll or two)
-            unnoticed = not lost.is_lost(snap) and time.monotonic() < noticed_by
-            coming = unnoticed or any(w.state in (STARTING, RESTARTING) for w in snap.workers)
-            # a stream's own deadline comes first (a whole request's cancels this wait itself)
-            if self._deadline is not None and time.monotonic() >= self._deadline:
-                raise DeadlinePassed()  # not sent anywhere again
-            if len(others) != 1 or not coming or time.monotonic() >= deadline:
-                return
-            await asyncio.sleep(WATCH_S)
+            await wait_for_spare(self.d, leg, self._deadline)
 
     async def _fail_over(self, leg: Leg) -> None:
         """Carry the leg's unfinished samples on elsewhere from what the client already has."""
@@ -372,10 +304,6 @@ class Generation:
 
     async def collect(self) -> list[SequenceOutput]:
         return [out async for batch in self.stream() for out in batch]
-
-
-class DeadlinePassed(Exception):
-    """The request's deadline came while its stream waited for the next outputs."""
 
 
 _TICK, _DEADLINE = object(), object()  # stream()'s timers' markers in the queue

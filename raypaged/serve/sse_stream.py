@@ -20,7 +20,8 @@ from typing import AsyncIterator, Callable
 
 from raypaged.outputs import SequenceOutput
 from raypaged.serve.errors import APIError
-from raypaged.serve.generation import DeadlinePassed, Generation
+from raypaged.serve.failover import DeadlinePassed
+from raypaged.serve.generation import Generation
 from raypaged.serve.responses import Choice, sse_data, usage
 
 # Stands for the text while a request's frame is made; unique, so it cannot occur elsewhere in

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from local_fleet import BEFORE_FIRST, MID_STREAM, LocalFleet, client_for, local_app
-from raypaged.serve.generation import MAX_FAILOVERS
+from raypaged.serve.failover import MAX_FAILOVERS
 
 BODY = {"model": "fake-model", "prompt": "a prompt long enough for a block or two of bytes",
         "max_tokens": 8, "ignore_eos": True}

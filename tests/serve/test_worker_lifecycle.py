@@ -250,8 +250,8 @@ def test_a_request_whose_worker_died_waits_for_its_restart_not_the_last_ready_wo
 
 def test_a_worker_that_does_not_come_back_in_time_leaves_the_request_to_the_last_one(
         monkeypatch):
-    import raypaged.serve.generation as generation
-    monkeypatch.setattr(generation, "SPARE_WAIT_S", 1.0)
+    import raypaged.serve.failover as failover
+    monkeypatch.setattr(failover, "SPARE_WAIT_S", 1.0)
     r, meanwhile, waiting, sent, home, other, clean, _ = _spared(restart=False)
     assert r.status_code == 200 and r.json()["choices"] == clean.json()["choices"]
     assert waiting and meanwhile.status_code == 200
