@@ -46,10 +46,8 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         # Accept lists / single strings from callers, store tuples so the params stay hashable.
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop or ()))
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        object.__setattr__(self, "stop", stop)
         try:  # operator.index: ints and numpy ints, never floats or strings
             ids = tuple(operator.index(t) for t in (self.stop_token_ids or ()))
         except TypeError:
