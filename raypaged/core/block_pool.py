@@ -65,9 +65,7 @@ class FreeBlockQueue:
         self.size -= 1
 
     def popleft(self) -> Block:
-        first = self._head.next
-        if first is self._tail:
-            raise IndexError("no free blocks")
+        first = self._head.next  # BlockPool.allocate checks the size first
         self.remove(first)
         return first
 

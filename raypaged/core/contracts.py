@@ -71,10 +71,6 @@ class ScheduledRequest:
     # appended to output_token_ids) from that step's result before this step runs.
     num_placeholders: int = 0
 
-    @property
-    def seq_len(self) -> int:
-        return self.start_position + len(self.token_ids)
-
 
 @dataclass(frozen=True)
 class ScheduledBatch:

@@ -49,9 +49,7 @@ class PreemptionCounters:
         """req computes positions start..start+n-1; those below its old high-water mark were
         computed before a preemption (a prefix hit on resume skips them: not counted)."""
         self.computed_tokens += n
-        redo = min(start + n, req.num_lost_tokens) - start
-        if redo > 0:
-            self.recomputed_tokens += redo
+        self.recomputed_tokens += max(0, min(start + n, req.num_lost_tokens) - start)
 
     def preempted(self, req: Request) -> None:
         # KV of known tokens only: a placeholder's token is sampled again, not recomputed
@@ -67,8 +65,7 @@ class PreemptionCounters:
     def finished(self, req: Request) -> None:
         self.resumed(req)  # finished (aborted) while preempted: that time counts too
         k = req.num_preemptions
-        if k >= len(self.per_request):
-            self.per_request.extend([0] * (k + 1 - len(self.per_request)))
+        self.per_request.extend([0] * (k + 1 - len(self.per_request)))  # none when long enough
         self.per_request[k] += 1
 
     def stats(self) -> PreemptionStats:

@@ -6,10 +6,9 @@ There is no prefill/decode flag. `num_computed_tokens` catches up with `num_toke
                     0                num_computed_tokens ^          num_tokens
     a step schedules n more tokens (a prefill chunk, or the one token of a decode).
 
-`num_computed_tokens` advances when a step is scheduled (its KV is being or has been written).
-Tokens that scheduled steps will sample but that are not appended yet are `num_placeholders`:
-with overlapped scheduling the next step is scheduled before the running one's tokens are known,
-so it feeds a placeholder that the runner fills from the running step's sampled ids.
+`num_computed_tokens` advances when a step is scheduled (its KV is being or has been written);
+`num_placeholders` counts the tokens scheduled steps will sample, not appended yet (overlapped
+scheduling: see scheduler.py).
 """
 from __future__ import annotations
 

@@ -40,17 +40,14 @@ class SamplingParams:
     # token id -> bias added to its logit before sampling (OpenAI's [-100, 100]); stored as
     # sorted (id, bias) pairs so the params stay hashable.
     logit_bias: tuple[tuple[int, float], ...] | dict | None = None
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
     # stop_token_ids as a set, built once: "is this token a stop?" is asked of every sampled
     # token, and must not cost more for a request that lists more ids.
     stop_token_set: frozenset = field(init=False, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         # Accept lists / single strings from callers, store tuples so the params stay hashable.
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop or ()))
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        object.__setattr__(self, "stop", stop)
         try:  # operator.index: ints and numpy ints, never floats or strings
             ids = tuple(operator.index(t) for t in (self.stop_token_ids or ()))
         except TypeError:
@@ -105,12 +102,11 @@ class SamplingParams:
     def check_token_ids(self, vocab_size: int) -> None:
         """Token ids this request names must exist in the model's vocabulary; an id past it
         would fail inside a batched step (and take the batch with it) rather than here."""
-        bad = [t for t in self.stop_token_ids if t >= vocab_size]
-        if bad:
-            raise ValueError(f"stop_token_ids must be token ids in [0, {vocab_size}), got {bad[0]}")
-        bad = [t for t, _ in self.logit_bias or () if t >= vocab_size]
-        if bad:
-            raise ValueError(f"logit_bias keys must be token ids in [0, {vocab_size}), got {bad[0]}")
+        for what, ids in (("stop_token_ids", self.stop_token_ids),
+                          ("logit_bias keys", [t for t, _ in self.logit_bias or ()])):
+            bad = [t for t in ids if t >= vocab_size]
+            if bad:
+                raise ValueError(f"{what} must be token ids in [0, {vocab_size}), got {bad[0]}")
 
     @property
     def greedy(self) -> bool:

@@ -185,13 +185,12 @@ class Scheduler:
                 break
             hits = self.kv.find_cached_prefix(req) if self.kv.pool.enable_caching else []
             n = min(req.num_tokens - len(hits) * self.block_size, budget)
-            computed = req.num_computed_tokens
             if (self.policy.headroom and self.running
                     and not has_headroom(self.running, req, self.kv, self.output_lengths, self.policy)
                     or not self.kv.allocate(req, n, hits)):
                 blocked = True
                 break  # FCFS: nobody overtakes the head of the queue
-            self.num_queued_tokens -= req.num_computed_tokens - computed  # the prefix hit
+            self.num_queued_tokens -= len(hits) * self.block_size  # the prefix hit
             self.waiting.popleft()
             self.preemption.resumed(req)
             if req.num_preemptions == 0:

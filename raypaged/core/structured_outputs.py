@@ -25,7 +25,7 @@ class StructuredOutputsParams:
         if isinstance(self.json, dict):  # as text (key order kept: it is the order of the output)
             object.__setattr__(self, "json", json.dumps(self.json))
         if self.choice is not None and not isinstance(self.choice, tuple):
-            if isinstance(self.choice, str) or not isinstance(self.choice, (list, tuple)):
+            if not isinstance(self.choice, list):
                 raise ValueError(f"structured_outputs.choice must be a list of strings, got "
                                  f"{self.choice!r}")
             object.__setattr__(self, "choice", tuple(self.choice))

@@ -80,7 +80,6 @@ class Shed:
 
     predicted_s: float
     retry_after_s: int
-    worker: int  # index of the best worker in the list given
 
 
 def best_worker(prompt_tokens: int, workers: Sequence[WorkerQueue]
@@ -112,9 +111,9 @@ def decide(slo_s: float, prompt_tokens: int, workers: Sequence[WorkerQueue]
     if predicted <= slo_s or queued <= 0:
         return i, None
     if rate <= 0:
-        return i, Shed(predicted, RETRY_AFTER_MAX_S, i)
+        return i, Shed(predicted, RETRY_AFTER_MAX_S)
     # the queue may hold this much when the prompt arrives and still start within the SLO
     room = max(0.0, slo_s * rate - prompt_tokens)
     wait = (queued - room) / rate
-    return i, Shed(predicted, max(1, min(RETRY_AFTER_MAX_S, math.ceil(wait))), i)
+    return i, Shed(predicted, max(1, min(RETRY_AFTER_MAX_S, math.ceil(wait))))
 

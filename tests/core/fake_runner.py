@@ -33,8 +33,8 @@ class FakeRunner:
         sampled = {}
         for sr in batch.requests:
             seq = list(sr.prompt_token_ids) + list(sr.output_token_ids)
-            table = sr.block_table
-            assert len(table) * bs >= sr.seq_len, "block table too short for this step"
+            table, seq_len = sr.block_table, sr.start_position + len(sr.token_ids)
+            assert len(table) * bs >= seq_len, "block table too short for this step"
             for p in range(sr.start_position):
                 got = self.kv[table[p // bs]][p % bs]
                 assert got == seq[p], f"{sr.request_id}: KV at position {p} is {got}, want {seq[p]}"
@@ -43,7 +43,7 @@ class FakeRunner:
                 assert seq[p] == t
                 self.kv[table[p // bs]][p % bs] = t
             if sr.num_samples:
-                ctx = seq[:sr.seq_len]
+                ctx = seq[:seq_len]
                 first = sr.sample_index
                 sampled[sr.request_id] = tuple(next_token(ctx, first + j) for j in range(sr.num_samples))
         return StepResult(sampled=sampled)

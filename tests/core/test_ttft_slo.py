@@ -7,10 +7,11 @@ from raypaged.core.ttft_slo import DrainRate, Shed, WorkerQueue, best_worker, de
 from core_engine import make_engine
 
 
-def shed(slo_s: float, prompt_tokens: int, workers: list[WorkerQueue]) -> Shed | None:
-    """decide()'s Shed alone: None to admit."""
+def shed(slo_s: float, prompt_tokens: int, workers: list[WorkerQueue]
+         ) -> tuple[int, Shed] | None:
+    """decide()'s best worker and Shed when it sheds: None to admit."""
     decision = decide(slo_s, prompt_tokens, workers)
-    return None if decision is None else decision[1]
+    return None if decision is None or decision[1] is None else decision
 
 
 def test_prefill_counter_counts_what_leaves_the_queue_not_decode_tokens():
@@ -45,7 +46,7 @@ def test_drain_rate_is_tokens_over_time_while_requests_wait():
 
 
 def test_a_worker_measured_at_zero_is_predicted_never_to_start():
-    assert shed(1.0, 10, [WorkerQueue(500, 0.0)]) == Shed(math.inf, 60, 0)
+    assert shed(1.0, 10, [WorkerQueue(500, 0.0)]) == (0, Shed(math.inf, 60))
     # an idle worker not measured yet takes the others' mean, 0 too: the shorter queue wins
     assert shed(1.0, 10, [WorkerQueue(500, 0.0), WorkerQueue(0, None)]) is None
 
@@ -61,7 +62,7 @@ def test_the_best_worker_decides_and_retry_after_is_when_its_queue_has_room():
     assert best_worker(50, workers)[:2] == (0, 2.1)
     assert shed(2.5, 50, workers) is None
     # over a 1 s SLO: the queue may hold 1 x 500 - 50 = 450 tokens; 550 more drain in 1.1 s
-    assert shed(1.0, 50, workers) == Shed(2.1, 2, 0)
+    assert shed(1.0, 50, workers) == (0, Shed(2.1, 2))
 
 
 def test_an_unmeasured_worker_is_predicted_at_the_mean_measured_rate():
@@ -69,7 +70,7 @@ def test_an_unmeasured_worker_is_predicted_at_the_mean_measured_rate():
     # mean 200 tok/s: the idle-ish third worker starts 100 tokens in (100 + 100) / 200 = 1 s
     assert best_worker(100, workers)[:2] == (2, 1.0)
     assert shed(1.0, 100, workers) is None
-    assert shed(0.5, 100, workers) == Shed(1.0, 1, 2)
+    assert shed(0.5, 100, workers) == (2, Shed(1.0, 1))
 
 
 def test_a_prompt_alone_on_an_idle_worker_is_never_shed_however_long():
@@ -79,4 +80,4 @@ def test_a_prompt_alone_on_an_idle_worker_is_never_shed_however_long():
 
 
 def test_retry_after_is_capped_at_a_minute():
-    assert shed(1.0, 10, [WorkerQueue(1_000_000, 100.0)]) == Shed(10000.1, 60, 0)
+    assert shed(1.0, 10, [WorkerQueue(1_000_000, 100.0)]) == (0, Shed(10000.1, 60))

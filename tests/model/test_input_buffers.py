@@ -19,6 +19,10 @@ MAX_SEQS = 6
 MAX_LEN = 48
 
 
+def seq_len(r) -> int:
+    return r.start_position + len(r.token_ids)
+
+
 class CheckingRunner:
     def __init__(self) -> None:
         self.buffers = InputBuffers(MAX_SEQS, 16, MAX_LEN, BS, torch.device("cpu"))
@@ -29,21 +33,21 @@ class CheckingRunner:
         ids, pos, slots = [], [], []
         for b, r in enumerate(batch.requests):
             ids += r.token_ids
-            for p in range(r.start_position, r.seq_len):
+            for p in range(r.start_position, seq_len(r)):
                 pos.append(p)
                 slots.append(r.block_table[p // BS] * BS + p % BS)
-            used = -(-r.seq_len // BS)
+            used = -(-seq_len(r) // BS)
             assert meta.block_tables[b, :used].tolist() == list(r.block_table[:used]), r.request_id
         assert input_ids.tolist() == ids
         assert positions.tolist() == pos
         assert meta.slot_mapping.tolist() == slots
-        assert meta.seq_lens.tolist() == [r.seq_len for r in batch.requests]
+        assert meta.seq_lens.tolist() == [seq_len(r) for r in batch.requests]
         starts = [0]
         for r in batch.requests:
             starts.append(starts[-1] + len(r.token_ids))
         assert meta.query_start_loc.tolist() == starts
         self.steps += 1
-        return StepResult({r.request_id: tuple((r.seq_len * 7 + j) % 5 for j in range(r.num_samples))
+        return StepResult({r.request_id: tuple((seq_len(r) * 7 + j) % 5 for j in range(r.num_samples))
                            for r in batch.requests if r.num_samples})
 
 
