@@ -60,11 +60,6 @@ class ModelConfig:
     sliding_window: int | None = None
 
     @property
-    def eos_token_id(self) -> int | None:
-        """The first end-of-sequence id (the one a chat template emits), or None."""
-        return self.eos_token_ids[0] if self.eos_token_ids else None
-
-    @property
     def max_model_len(self) -> int:
         """Longest sequence we serve. We attend over the full context, so with a sliding window
         (Mistral v0.1: 4096) our results equal the reference model's only up to the window's
