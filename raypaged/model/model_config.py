@@ -119,10 +119,10 @@ class ModelConfig:
         model_dir = Path(model_dir)
         path = model_dir / "config.json"
         if not path.is_file():
-            found = sorted(p.name for p in model_dir.iterdir()) if model_dir.is_dir() else None
-            raise FileNotFoundError(
-                f"no config.json in {model_dir}: expected a Hugging Face model folder "
-                f"(config.json + *.safetensors); found {found if found is not None else 'no such folder'}")
+            found = (sorted(p.name for p in model_dir.iterdir()) if model_dir.is_dir()
+                     else "no such folder")
+            raise FileNotFoundError(f"no config.json in {model_dir}: expected a Hugging Face model "
+                                    f"folder (config.json + *.safetensors); found {found}")
         gen_path = model_dir / "generation_config.json"
         gen = json.loads(gen_path.read_text()) if gen_path.is_file() else None
         return cls.from_dict(json.loads(path.read_text()), gen)
