@@ -62,7 +62,7 @@ def default_gguf_path() -> Path:
 
 
 def default_model_dir() -> Path:
-    """The converted default model's folder, converting on first use (about 15 s, once)."""
+    """The converted default model's folder, converting on first use (once)."""
     root = Path(os.environ.get("RAYPAGED_CACHE") or Path.home() / ".cache" / "raypaged")
     target = root / CACHE_NAME
     if _complete(target):

@@ -67,9 +67,8 @@ class LogitMasks:
             state.matcher.fill_next_token_bitmask(bitmask, i)
             states[key] = state
         self._states = states
-        xgr.apply_token_bitmask_inplace(logits, bitmask[:len(rows)].to(logits.device,
-                                                                        non_blocking=True),
-                                        indices=constrained)
+        mask = bitmask[:len(rows)].to(logits.device, non_blocking=True)
+        xgr.apply_token_bitmask_inplace(logits, mask, indices=constrained)
 
     @staticmethod
     def _apply_bias(logits: torch.Tensor, rows, idx: list[int]) -> None:

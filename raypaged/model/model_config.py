@@ -60,11 +60,6 @@ class ModelConfig:
     sliding_window: int | None = None
 
     @property
-    def eos_token_id(self) -> int | None:
-        """The first end-of-sequence id (the one a chat template emits), or None."""
-        return self.eos_token_ids[0] if self.eos_token_ids else None
-
-    @property
     def max_model_len(self) -> int:
         """Longest sequence we serve. We attend over the full context, so with a sliding window
         (Mistral v0.1: 4096) our results equal the reference model's only up to the window's
@@ -124,10 +119,10 @@ class ModelConfig:
         model_dir = Path(model_dir)
         path = model_dir / "config.json"
         if not path.is_file():
-            found = sorted(p.name for p in model_dir.iterdir()) if model_dir.is_dir() else None
-            raise FileNotFoundError(
-                f"no config.json in {model_dir}: expected a Hugging Face model folder "
-                f"(config.json + *.safetensors); found {found if found is not None else 'no such folder'}")
+            found = (sorted(p.name for p in model_dir.iterdir()) if model_dir.is_dir()
+                     else "no such folder")
+            raise FileNotFoundError(f"no config.json in {model_dir}: expected a Hugging Face model "
+                                    f"folder (config.json + *.safetensors); found {found}")
         gen_path = model_dir / "generation_config.json"
         gen = json.loads(gen_path.read_text()) if gen_path.is_file() else None
         return cls.from_dict(json.loads(path.read_text()), gen)

@@ -2,12 +2,11 @@
 
 On a CPU, bf16 linear layers, and fp32 ones once packed (packed_linear.py), run through oneDNN
 (via ideep). Both libraries keep an LRU cache of compiled matmul primitives keyed by the exact
-input shape (`LRU_CACHE_CAPACITY`, `ONEDNN_PRIMITIVE_CACHE_CAPACITY`), 1,024 entries each by
-default, ~0.6 MiB per shape for the two (`benchmarks/memory_probe.py --cache-cost`). Continuous
-batching gives nearly every mixed prefill/decode step a new token count, so the caches fill
-with kernels of shapes that never come back (~0.6 GiB per worker). A small LRU keeps the shapes
-that do come back (decode steps of the current batch sizes); a miss costs building the
-primitive, once per new shape and step, not per layer.
+input shape (`LRU_CACHE_CAPACITY`, `ONEDNN_PRIMITIVE_CACHE_CAPACITY`). Continuous batching gives
+nearly every mixed prefill/decode step a new token count, so the caches fill with kernels of
+shapes that never come back (their cost: `benchmarks/memory_probe.py --cache-cost`). A small LRU
+keeps the shapes that do come back (decode steps of the current batch sizes); a miss costs
+building the primitive, once per new shape and step, not per layer.
 
 Both libraries read their capacity once, at their first primitive: set it before the process's
 first oneDNN matmul (Engine.from_args does, before the model runs). Unpacked fp32 linears go through

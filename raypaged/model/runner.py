@@ -34,7 +34,6 @@ class ModelRunner:
         self._set_threads(self.full_threads)
         self.kv_caches = kv_caches
         self.buffers = buffers
-        self.device = buffers.device
         self.sampler = sampler
         self.graphs = graphs
         self.num_graph_steps = 0
@@ -89,8 +88,7 @@ class ModelRunner:
             self._threads = n
 
     def _copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
-        src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=self.device)
-        dst = torch.tensor([d for _, d in copies], dtype=torch.long, device=self.device)
+        src, dst = torch.tensor(copies, dtype=torch.long, device=self.buffers.device).T
         for cache in self.kv_caches:
             cache.key[dst] = cache.key[src]
             cache.value[dst] = cache.value[src]

@@ -168,10 +168,9 @@ class Sampler:
         top_vals, top_ids = lp.topk(k, dim=-1)                      # [W, k]
 
         def read() -> list[TokenLogprobs | None]:
-            toks = tokens[idx].tolist()
-            for j, (i, tok, lpv, rank, ids, vals) in enumerate(zip(
-                    want, toks, tok_lp[:, 0].tolist(), ranks.tolist(), top_ids.tolist(),
-                    top_vals.tolist())):
+            for i, tok, lpv, rank, ids, vals in zip(want, tokens[idx].tolist(),
+                                                    tok_lp[:, 0].tolist(), ranks.tolist(),
+                                                    top_ids.tolist(), top_vals.tolist()):
                 n = rows[i].params.logprobs
                 out[i] = TokenLogprobs(token_id=tok, logprob=lpv, rank=rank,
                                        top=tuple(zip(ids[:n], vals[:n])))

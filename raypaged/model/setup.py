@@ -1,7 +1,6 @@
 """How a model runs here, decided once: device, dtype, length, KV shape and budget, attention
 backend, threads. The engine, `raypaged plan`, and the benchmarks and GPU tests that run random
-weights all go through it (ModelSetup.decide from config.json alone, then .plan, which reads no
-weights, .attention_backend, .load_model and .build_core), so no two of them decide differently.
+weights all go through ModelSetup, so no two of them decide differently.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ def test_smollm2_config_fields():
     assert (cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (30, 9, 3, 64)
     assert (cfg.rms_norm_eps, cfg.rope_theta, cfg.rope_scaling) == (1e-5, 100000.0, None)
     assert cfg.tie_word_embeddings and not cfg.attention_bias and not cfg.o_proj_bias
-    assert (cfg.eos_token_ids, cfg.eos_token_id, cfg.bos_token_id) == ((2,), 2, 1)
+    assert (cfg.eos_token_ids, cfg.bos_token_id) == ((2,), 1)
     assert cfg.max_model_len == 8192
 
 
