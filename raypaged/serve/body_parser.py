@@ -1,17 +1,13 @@
-"""Large request bodies parsed in child processes, so that no parse holds the router's GIL.
-
-json.loads holds the GIL for its whole run, and the element check after it more: parsed in a
-thread, one 8 MiB body kept the router's event loop from reading the other bodies (they ran into
-body_timeout_s), from answering /health and from streaming tokens (docs/limits.md). In a child
-the parse costs the router nothing, and `processes` children refuse that many bodies at once.
+"""Large request bodies parsed in child processes, so that no parse holds the router's GIL
+(json.loads holds it for its whole run, the element check after it more: docs/limits.md).
 
 A child parses, checks (json_body.parse_json_body) and runs the route's own limit check
-(serve/limits.py) on what it parsed: a body refused there crosses back as a few bytes, never as
-its parsed value. A body that passes crosses back pickled (cheaper to load than its JSON),
-holding only the top-level fields the route's request model knows: the models ignore the
-others, and unpickling them would cost the router's loop for nothing. A child that dies, cannot
-be started or does not answer within `timeout_s` (stopped, hung) is killed and this body parsed
-in the router instead, slower, never wrong; the next body starts a fresh child.
+(serve/limits.py) on what it parsed: a refused body crosses back as a few bytes, never as its
+parsed value; one that passes crosses back pickled (cheaper to load than its JSON), holding only
+the top-level fields the route's request model knows (unpickling the others would cost the
+router's loop for nothing). A child that dies, cannot be started or does not answer within
+`timeout_s` (stopped, hung) is killed and this body parsed in the router instead, slower, never
+wrong; the next body starts a fresh child.
 
 Protocol on the child's stdin / stdout: 8-byte little-endian length, then a pickle;
 in: (body, precheck or None, field names or None); out: ("ok", value) or

@@ -82,8 +82,7 @@ NUMBERS = frozenset({int, float, bool})
 
 def _plain_list(value) -> bool:
     """A list of scalars that all pass, found by C loops (map) instead of the walk's Python
-    loop per element (over a second of CPU, under the GIL, for 4M ints). False: walk it (and
-    name the element that fails)."""
+    loop per element (docs/limits.md). False: walk it (and name the element that fails)."""
     if not isinstance(value, list):
         return False
     kinds = set(map(type, value))

@@ -72,8 +72,7 @@ class _Sampling(BaseModel):
     structured_outputs: StructuredOutputs | None = None
 
     def check_common(self) -> None:
-        """What RequestLimits, run on the body before, leaves: n, logprobs and top_logprobs are
-        in range once they parse."""
+        """What RequestLimits, run on the body before, leaves (it bounds n and logprobs)."""
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options can only be set when stream is true",
                               "stream_options")
@@ -202,9 +201,7 @@ class ChatCompletionRequest(_Sampling):
         return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
     def requested_max_tokens(self) -> int | None:
-        if self.max_completion_tokens is not None:
-            return self.max_completion_tokens
-        return self.max_tokens
+        return self.max_tokens if self.max_completion_tokens is None else self.max_completion_tokens
 
     def requested_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import json
+from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 import anyio
@@ -15,19 +17,17 @@ from raypaged.outputs import SequenceOutput
 WORKER_HEADER = "x-raypaged-worker"
 
 
+@dataclass
 class Choice:
     """The accumulated output of one sample (all of it, or one stream chunk's worth)."""
 
-    def __init__(self):
-        self.text: list[str] = []
-        self.token_ids: list[int] = []
-        self.logprobs: list = []
-        self.finish_reason: str | None = None
-        self.stop_reason = None
+    text: list[str] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: object = None
 
     def add(self, out: SequenceOutput) -> None:
         self.text.append(out.new_text)
-        self.token_ids.extend(out.new_token_ids)
         self.logprobs.extend(out.new_logprobs)
         if out.finish_reason is not None:
             self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
@@ -58,14 +58,11 @@ class Shapes:
                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
 
     def _completion_logprobs(self, c: Choice) -> dict:
-        tokens, offsets, offset = [], [], 0
-        for lp in c.logprobs:
-            tokens.append(self.token_text(lp.token_id))
-            offsets.append(offset)
-            offset += len(tokens[-1])
+        tokens = [self.token_text(lp.token_id) for lp in c.logprobs]
         return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in c.logprobs],
                 "top_logprobs": [{self.token_text(t): v for t, v in lp.top} for lp in c.logprobs],
-                "text_offset": offsets}
+                # each token's start in the text
+                "text_offset": list(itertools.accumulate(map(len, tokens), initial=0))[:-1]}
 
     def _chat_logprobs(self, c: Choice) -> list[dict]:
         def entry(token_id: int, logprob: float) -> dict:

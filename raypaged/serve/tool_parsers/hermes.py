@@ -12,8 +12,6 @@ goes through CallListScanner, as one more entry of a call list; the tag ends at 
 once the object is closed (a "</tool_call>" inside a string is text). Text outside the tags
 after the first call is dropped, as vLLM's Hermes parser does. A tag's object is a call when
 its "name" is one of the request's tools (no arguments: {}); a tag that holds none is dropped.
-If no tag yields a call, everything from the first tag on is content after all, sent when the
-sample ends (the rule every parser follows: tool_parsers/__init__.py).
 """
 from __future__ import annotations
 

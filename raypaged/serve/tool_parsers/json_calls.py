@@ -14,9 +14,7 @@ CallListScanner as one more entry of a list whose "[" is fed once. An object is 
 its "name" is one of the request's tools and it has the arguments key (vLLM's llama3_json
 requires it too): `{"name": "Alice", "age": 30}` is an answer, not a call. Between objects only
 whitespace and the separator may come: anything else, or an object that is no call, ends the
-calls and, with what follows, is dropped (as text after Hermes tags is). If no object is a
-call, everything from the start on is content after all, sent when the sample ends (the rule
-every parser follows: tool_parsers/__init__.py).
+calls and, with what follows, is dropped (as text after Hermes tags is).
 """
 from __future__ import annotations
 

@@ -6,10 +6,9 @@ Mistral Nemo/Small templates): content, then [TOOL_CALLS] and a JSON list of cal
 [TOOL_CALLS] is a special token: the frontend keeps special tokens in the text of a request
 this parser reads (skip_special_tokens off, as vLLM does). A message that begins (after
 whitespace) with "[" and then "{" is the call list as well (the marker dropped). A single
-object after the marker is one call. An object is a call only with a declared tool's "name"
-and an "arguments" key. Arguments that are a JSON string are taken as they are. Mistral's
-tool-call ids are 9 letters and digits (its templates refuse others when the calls come back
-in the conversation).
+object after the marker is one call. Arguments that are a JSON string are taken as they are.
+Mistral's tool-call ids are 9 letters and digits (its templates refuse others when the calls
+come back in the conversation).
 """
 from __future__ import annotations
 
@@ -23,13 +22,12 @@ TOOL_CALLS = "[TOOL_CALLS]"
 _ID_CHARS = string.ascii_letters + string.digits
 
 
-def mistral_call_id() -> str:
-    return "".join(random.choices(_ID_CHARS, k=9))
-
-
 class MistralStream(JsonCallsStream):
-    new_id = staticmethod(mistral_call_id)
     keeps_special_tokens = True  # [TOOL_CALLS] is one (vLLM turns skipping off for it too)
+
+    @staticmethod
+    def new_id() -> str:
+        return "".join(random.choices(_ID_CHARS, k=9))
 
     def __init__(self, tool_names=None) -> None:
         super().__init__(tool_names)
