@@ -107,9 +107,8 @@ def worker_resources(fleet: ServeOptions) -> tuple[float, float]:
 
     Never from a look at the cluster: KubeRay deploys the application as soon as the head is up,
     before worker pods (and their GPUs) join, so a look then would start GPU-less workers."""
-    cpus = 1.0 if fleet.cpus_per_worker is None else fleet.cpus_per_worker
-    gpus = 0.0 if fleet.gpus_per_worker is None else fleet.gpus_per_worker
-    return cpus, gpus
+    return (1.0 if fleet.cpus_per_worker is None else fleet.cpus_per_worker,
+            0.0 if fleet.gpus_per_worker is None else fleet.gpus_per_worker)
 
 
 def worker_threads(engine: EngineArgs, cpus: float, gpus: float, serving: bool) -> EngineArgs:

@@ -148,7 +148,6 @@ def _counts(views) -> dict[str, int]:
 
 
 def _tally(times: dict, seconds: float) -> None:
-    """One more drain or cold start that took `seconds`."""
     times["count"] += 1
     times["seconds_sum"] += seconds
     times["last_s"] = seconds

@@ -76,9 +76,9 @@ LOOPBACK_RAY = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 SERVE_CONTROL_LOOP = ("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.5")
 
 # Behind HAProxy a router replica that stops keeps taking requests for 30 s by default (Serve's
-# minimum draining period, for external load balancers to deregister it), so stopping
-# `raypaged serve` took 35 s instead of 7. The HAProxy of a local cluster drops the replica at
-# its reload, ~0.5 s after the replica is removed (its log); 2 s covers that.
+# minimum draining period, for external load balancers to deregister it), and stopping waits
+# for it. The HAProxy of a local cluster drops the replica at its reload, ~0.5 s after the
+# replica is removed (its log); 2 s covers that.
 DIRECT_INGRESS_DRAIN = ("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
 
 

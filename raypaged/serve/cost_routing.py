@@ -38,9 +38,6 @@ hit) until the next snapshot, so a burst between two snapshots spreads by what i
 request that hits adds its suffix only, so a hot prefix's worker does not look loaded by
 tokens it never computes.
 
-The choice is made in numpy over the workers' arrays (fleet_loads.py); the hits of one
-CacheIndex's views come from one bisection of the prompt's keys (held_tokens).
-
 The snapshot lags the workers by up to a poll plus a refresh: a prefix cached since is routed
 as cold, one evicted since is still counted. Both cost speed only.
 """

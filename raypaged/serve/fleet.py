@@ -6,6 +6,7 @@ the fleet's memory budget.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from typing import Any
 
 from raypaged.core.contracts import PreemptionStats
@@ -144,10 +145,7 @@ def _preemption_json(p) -> dict:
 
 
 def _sum_preemption(stats: list) -> dict:
-    per_request = [0] * max((len(p.preempted_per_request) for p in stats), default=0)
-    for p in stats:
-        for k, n in enumerate(p.preempted_per_request):
-            per_request[k] += n
+    per_request = zip_longest(*(p.preempted_per_request for p in stats), fillvalue=0)
     return _preemption_json(PreemptionStats(
         sum(p.computed_tokens for p in stats), sum(p.recomputed_tokens for p in stats),
-        sum(p.preempted_seconds for p in stats), tuple(per_request)))
+        sum(p.preempted_seconds for p in stats), tuple(map(sum, per_request))))

@@ -79,9 +79,7 @@ class FleetLoads:
         and closes still land in this object's `requests`; only `ready` is the copy's own."""
         out = copy.copy(self)
         out.ready = self.ready.copy()
-        for w in worker_ids:
-            if w in self.at:
-                out.ready[self.at[w]] = False
+        out.ready[[self.at[w] for w in worker_ids if w in self.at]] = False
         out.count = int(out.ready.sum())
         return out
 
@@ -133,8 +131,6 @@ class Ranking(Sequence[str]):
         if isinstance(other, (list, tuple, Ranking)):
             return list(self) == list(other)
         return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return repr(self._list())

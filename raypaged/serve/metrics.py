@@ -8,7 +8,7 @@ controller and any replica's /metrics can render the sum over all of them.
 from __future__ import annotations
 
 import bisect
-import math
+from itertools import accumulate
 from operator import attrgetter
 from types import SimpleNamespace
 from typing import Iterable
@@ -142,12 +142,9 @@ def request_families(snap: dict, model_name: str):
         yield fam
     for name, (doc, bounds) in HISTOGRAMS.items():
         counts, total = snap["histograms"][name]
-        cumulative, acc = [], 0
-        for bound, count in zip([*bounds, math.inf], counts):
-            acc += count
-            cumulative.append(("+Inf" if bound == math.inf else repr(float(bound)), acc))
+        les = [repr(float(bound)) for bound in bounds] + ["+Inf"]
         fam = HistogramMetricFamily(P + name, doc, labels=["model_name"])
-        fam.add_metric([model_name], cumulative, sum_value=total)
+        fam.add_metric([model_name], list(zip(les, accumulate(counts))), sum_value=total)
         yield fam
 
 

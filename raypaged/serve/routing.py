@@ -181,18 +181,16 @@ def _first_under_bound(loads: FleetLoads, weights: np.ndarray,
     """(position of the highest-weight ready worker under the load bound, position of the
     highest-weight ready worker); tests/routing_spec.py has the bound per request."""
     requests = loads.requests
-    if loads.count == len(requests):  # nobody left out: skip the masks
-        ready, top = None, int(np.argmax(weights))
+    if loads.count == len(requests):  # nobody left out: skip the mask
+        top = int(np.argmax(weights))
     else:
         ready = np.flatnonzero(loads.ready)
         top = int(ready[np.argmax(weights[ready])])
     capacity = concurrency_cap(loads, load_factor)
     if requests[top] + 1 <= capacity:  # usually: the key's own worker takes it
         return top, top
-    under = np.flatnonzero(requests + 1 <= capacity)
-    if ready is not None:
-        under = np.intersect1d(under, ready, assume_unique=True)
+    under = np.flatnonzero((requests + 1 <= capacity) & loads.ready)
     if not under.size:  # unreachable (some worker is at or below the mean): the least loaded
-        live = ready if ready is not None else np.arange(len(requests))
+        live = np.flatnonzero(loads.ready)
         under = live[requests[live] == requests[live].min()]
     return int(under[np.argmax(weights[under])]), top

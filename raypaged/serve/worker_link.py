@@ -38,8 +38,7 @@ class WorkerLink:
     async def submit(self, request_id: str, token_ids, params, cache_salt, continuation,
                      sink: Sink, block_hashes=()) -> Rejected | None:
         """Send the request; its outputs go to `sink` from now on (they may beat the reply).
-        `block_hashes`: the router's hashes of the tokens' leading full blocks (routing.
-        PromptKeys.hashes), sent along so that the worker does not hash them again."""
+        `block_hashes`: routing.PromptKeys.hashes, for the worker (Worker.submit)."""
         if self.dead is not None:
             raise WorkerUnavailable(str(self.dead), reached=False)
         self._sinks[request_id] = sink
