@@ -24,7 +24,7 @@ between them:
                        stream must end as a suspected poison request, and the same request sent
                        again must be refused at once with no worker touched (with 2 workers the
                        stream waits for the first one's restart before it moves to the second,
-                       so one is always serving: generation.py, _wait_for_spare)
+                       so one is always serving: failover.py, wait_for_spare)
     mass_disconnect    400 streams opened at once (max_tokens 256: most queue behind the KV
                        budget), every connection reset at the same moment: seconds until every
                        dropped stream is aborted on its worker (the fleet's load back to the load
