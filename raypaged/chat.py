@@ -34,17 +34,13 @@ def tool_call_format(tokenizer) -> str:
         template = "\n".join(str(t.get("template", "")) for t in template)
     if "<tool_call>" in template:  # Qwen2.5, Hermes 2/3, SmolLM3
         return "hermes"
-    vocab = _added_tokens(tokenizer)
+    try:
+        vocab = set(tokenizer.get_added_vocab())
+    except Exception:  # noqa: BLE001 - a tokenizer without an added vocabulary
+        vocab = set()
     if "[TOOL_CALLS]" in template or "[TOOL_CALLS]" in vocab:  # Mistral
         return "mistral"
     # Llama 3.1-3.3: tool results come back in the "ipython" role; <|python_tag|> opens a call
     if "<|python_tag|>" in template or "ipython" in template or "<|python_tag|>" in vocab:
         return "llama3_json"
     return "hermes"
-
-
-def _added_tokens(tokenizer) -> set[str]:
-    try:
-        return set(tokenizer.get_added_vocab())
-    except Exception:  # noqa: BLE001 - a tokenizer without an added vocabulary
-        return set()

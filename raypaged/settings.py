@@ -118,13 +118,12 @@ def add_cli_args(parser: argparse.ArgumentParser, cls) -> None:
         g.add_argument(flag(f.name), default=f.default, help=help_text, **how)
 
 
-def from_namespace(cls, ns: argparse.Namespace, **overrides):
+def from_namespace(cls, ns: argparse.Namespace):
     """The settings of `cls` that have flags, read back from parsed arguments."""
-    values = {f.name: getattr(ns, f.name) for f in settings_of(cls) if f.metadata["cli"]}
-    return cls(**{**values, **overrides})
+    return cls(**{f.name: getattr(ns, f.name) for f in settings_of(cls) if f.metadata["cli"]})
 
 
-def pydantic_fields(cls, *, serve_only: bool = True) -> dict[str, tuple]:
+def pydantic_fields(cls) -> dict[str, tuple]:
     """`{name: (annotation, pydantic.Field)}` for `pydantic.create_model`: types, bounds and
     choices from the same fields, so YAML arguments are checked like flags."""
     from typing import Literal, Optional
@@ -135,7 +134,7 @@ def pydantic_fields(cls, *, serve_only: bool = True) -> dict[str, tuple]:
     out = {}
     for f in settings_of(cls):
         m = f.metadata
-        if serve_only and not m["serve"]:
+        if not m["serve"]:
             continue
         kind, optional = _base_type(cls, f)
         ann = Literal[m["choices"]] if m["choices"] is not None else strict[kind]

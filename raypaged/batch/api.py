@@ -40,7 +40,13 @@ def run_job(job: BatchJob, on_ray: Callable[[], object] = lambda: None) -> Batch
     with ray_for(job.options) as local:
         on_ray()
         args = fleet_args(job.engine, job.options)
-        return asyncio.run(job.run(_local_resources(args) if local else args))
+        if local:
+            import torch
+
+            from raypaged.serve.cli import local_worker_resources
+            args = local_worker_resources(args, int(ray.cluster_resources().get("CPU", 1)),
+                                          torch.cuda.device_count())
+        return asyncio.run(job.run(args))
 
 
 @contextlib.contextmanager
@@ -60,11 +66,3 @@ def ray_for(options: BatchOptions):
         yield True
     finally:
         ray.shutdown()
-
-
-def _local_resources(args):
-    import torch
-
-    from raypaged.serve.cli import local_worker_resources
-    return local_worker_resources(args, int(ray.cluster_resources().get("CPU", 1)),
-                                  torch.cuda.device_count())

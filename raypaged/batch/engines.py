@@ -97,7 +97,7 @@ class EnginePool:
         controllers = Controllers(options, engine, workers)
         fleet = RayFleetClient(controllers.resolve, "batch", RequestMetrics())
         try:
-            snap = await fleet.start()
+            await fleet.start()
             snap = await _all_ready(fleet, options.workers)
         except RuntimeError as exc:  # every worker failed to start: the engine's own reason
             await fleet.stop()
@@ -105,11 +105,10 @@ class EnginePool:
             raise FleetFailed(str(exc)) from None
         worker = snap.ready()[0]
         tokenizer = await worker.handle.get_tokenizer.remote()
-        stats = worker.stats
-        info = ModelInfo.of(stats, tokenizer)
-        dispatcher = Dispatcher(fleet, Router(options, stats.block_size), fleet.metrics)
-        return cls(controllers, fleet, OpenAIFrontend(dispatcher, tokenizer, info),
-                   stats.block_size)
+        block_size = worker.stats.block_size
+        dispatcher = Dispatcher(fleet, Router(options, block_size), fleet.metrics)
+        frontend = OpenAIFrontend(dispatcher, tokenizer, ModelInfo.of(worker.stats, tokenizer))
+        return cls(controllers, fleet, frontend, block_size)
 
     def check_alive(self) -> None:
         snap = self.fleet.snapshot()

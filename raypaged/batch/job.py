@@ -45,11 +45,6 @@ class InputChanged(ValueError):
     """The output answers input lines that are no longer what they were."""
 
 
-def is_final(status: int) -> bool:
-    """A status that says the row itself is wrong: retrying the same row cannot change it."""
-    return 400 <= status < 500 and status not in (408, 429)
-
-
 class BatchJob:
     """Construction checks the files and takes the output's lock (before Ray or any engine
     starts); run() answers the rows and releases it."""
@@ -177,7 +172,7 @@ class BatchJob:
             try:
                 response = await endpoint(row.body)
             except APIError as exc:
-                if is_final(exc.status):
+                if 400 <= exc.status < 500 and exc.status not in (408, 429):  # the row's fault
                     return error_line(row, exc), None
                 reason = f"{exc.status} {exc.message}"
             except Exception as exc:  # noqa: BLE001 - a bug on one row must not end the job

@@ -91,17 +91,13 @@ class Progress:
 
     def line(self, now: float) -> str:
         done = self.skipped + self.completed + self.failed
-        total = self.estimated_rows()
+        total = self.rows  # rows in the input: estimated from the bytes the rows read so far took
+        if self.read_bytes:
+            total = max(total, round(self.rows * self.input_bytes / self.read_bytes))
         rate = (self.completed + self.failed) / max(now - self.started, 1e-9)
         eta = (total - done) / rate if rate > 0 else float("inf")
         return (f"raypaged batch: {done:,} rows done of ~{total:,}, {self.failed:,} failed, "
                 f"{self._tok_s(now):,.1f} output tok/s, ETA {_duration(eta)}")
-
-    def estimated_rows(self) -> int:
-        """Rows in the input, from the rows read so far and the bytes they took."""
-        if not self.read_bytes:
-            return self.rows
-        return max(self.rows, round(self.rows * self.input_bytes / self.read_bytes))
 
     def _tok_s(self, now: float) -> float:
         return self.completion_tokens / max(now - self.started, 1e-9)

@@ -63,7 +63,9 @@ def parse_line(line_no: int, raw: bytes) -> Row:
     try:
         obj = parse_json_body(raw)
     except APIError as exc:
-        return Row(line_no, None, error=_at_line(line_no, exc))
+        message = exc.message.replace("the request body", "the line", 1)
+        return Row(line_no, None, error=APIError(exc.status, f"line {line_no}: {message}",
+                                                 param=exc.param, code=exc.code))
     if not isinstance(obj, dict):
         return _refused(line_no, None, f"a line must be a JSON object, got {type(obj).__name__}")
     custom_id = obj.get("custom_id")
@@ -112,8 +114,3 @@ def _refused(line_no: int, custom_id: str | None, message: str, param: str | Non
     """The row refused before the frontend, as the HTTP API would refuse such a body."""
     return Row(line_no, custom_id, error=APIError(status, f"line {line_no}: {message}",
                                                   param=param, code=code))
-
-
-def _at_line(line_no: int, exc: APIError) -> APIError:
-    message = exc.message.replace("the request body", "the line", 1)
-    return APIError(exc.status, f"line {line_no}: {message}", param=exc.param, code=exc.code)
