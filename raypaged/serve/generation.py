@@ -59,7 +59,6 @@ class Generation:
         self._deadline: float | None = None  # the stream's, on the loop's clock (monotonic)
         self._queue: asyncio.Queue = asyncio.Queue()  # (leg, outputs | WorkerUnavailable)
         self._pending: collections.deque = collections.deque()  # first outputs, not yielded
-        self._routed = False
         self._watched_at = time.monotonic()
         self.client = CLIENT.get()  # of the HTTP request that started it
         # its place in the gate, from start() to close(); each leg counts at its blocks
@@ -102,12 +101,11 @@ class Generation:
         retry_after = None  # set once a worker said its queue is full
         while True:
             snap, order, hashes = self.d.rank(tokens, self.cache_salt, self._lost.excluded,
-                                              self._ticket.blocks, count=not self._routed)
+                                              self._ticket.blocks, count=self._opens == 0)
             if not order and self._lost.readmit_renewed(snap):
                 continue
             if not order:
                 break
-            self._routed = True
             for worker_id in order:
                 view = snap.worker(worker_id)
                 leg = Leg(worker_id, view.stats.incarnation if view.stats else None, indexes,
