@@ -7,6 +7,7 @@ and are adopted by the next one (detached_workers.py). A batch job's workers are
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import json
@@ -34,17 +35,18 @@ logger = logging.getLogger(__name__)
 
 CONTROL = "control"  # the worker's concurrency group for the controller's calls
 CONTROL_CONCURRENCY = 8
-# generate() calls a worker admits beyond the streams it can hold (queued + running): enough
-# that a burst over its queue bound is answered "queue full" at once instead of waiting in Ray.
-GENERATE_HEADROOM = 64
+# router calls a worker runs at once beyond the requests it can hold (queued + running): enough
+# that a burst of submits over its queue bound is answered "queue full" at once (a Rejected)
+# instead of waiting in Ray's queue for the actor.
+SUBMIT_HEADROOM = 64
 
 
 @ray.remote(concurrency_groups={CONTROL: CONTROL_CONCURRENCY})
 class WorkerActor(Worker):
-    """Concurrency, explicitly: generate() streams share the default group (max_concurrency,
-    set by the controller from the queue bound and max_num_seqs); stats and health have
-    their own group, so a worker holding its full load of streams still answers the controller
-    at once, and only a frozen one stays silent."""
+    """Concurrency, explicitly: the routers' calls (submit, cancel, and each router's one
+    outputs() stream) share the default group (max_concurrency, set from the queue bound and
+    max_num_seqs); stats and health have their own group, so a worker holding its full load
+    still answers the controller at once, and only a frozen one stays silent."""
 
     def __init__(self, engine: EngineArgs, worker_id: str, max_queued: int,
                  watch_app: str | None = None):
@@ -53,7 +55,8 @@ class WorkerActor(Worker):
         if watch_app is not None:  # a detached worker: nothing else removes it
             watch_application(watch_app)
         back_off_restart()
-        super().__init__(Engine.from_args(engine), worker_id, max_queued)
+        super().__init__(Engine.from_args(engine), worker_id, max_queued,
+                         ray.get_runtime_context().get_node_id())
 
     @ray.method(concurrency_group=CONTROL)
     def stats(self, cache_since: int | None = None) -> WorkerStats:
@@ -93,6 +96,13 @@ async def probe_worker(handle, cache_since: int) -> WorkerStats:
         raise WorkerDown(RESTARTING) from exc
     except ActorDiedError as exc:
         raise WorkerDown(DEAD, last_error_line(str(exc))) from exc
+
+
+async def live_nodes() -> set[str]:
+    """The ids of the cluster's live nodes, as the GCS sees them (ray.nodes() is a blocking
+    call: off the controller's event loop)."""
+    nodes = await asyncio.to_thread(ray.nodes)
+    return {n["NodeID"] for n in nodes if n["Alive"]}
 
 
 def last_error_line(text: str) -> str:
@@ -140,7 +150,7 @@ class WorkerFactory:
             scheduling_strategy="SPREAD",
             runtime_env={"env_vars": worker_env_vars(self.fleet.worker_allocator)},
             max_concurrency=self.fleet.max_queued_requests + self.engine.max_num_seqs
-            + GENERATE_HEADROOM)
+            + SUBMIT_HEADROOM)
         self.spec = fingerprint({"engine": dataclasses.asdict(self.engine),
                                  "max_queued": self.fleet.max_queued_requests,
                                  "options": self.options})
@@ -203,7 +213,8 @@ class ControllerActor(Controller):
         super().__init__(workers, probe_worker, POLL_INTERVAL_S, POLL_TIMEOUT_S,
                          options.route_cache_sample,
                          kill=functools.partial(ray.kill, no_restart=False),
-                         unresponsive_timeout_s=options.worker_unresponsive_timeout_s)
+                         unresponsive_timeout_s=options.worker_unresponsive_timeout_s,
+                         live_nodes=live_nodes)
         if factory is not None and factory.fleet.autoscaling:  # a drained worker goes for good
             self.autoscaler = Autoscaler(policy_of(factory.fleet), factory.start,
                                          functools.partial(ray.kill, no_restart=True),

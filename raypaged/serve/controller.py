@@ -9,6 +9,8 @@ application. Each poll round asks every worker for `stats()` concurrently, with 
     WorkerDown(state)          -> restarting / dead (routers skip it until it answers again)
     unresponsive for `unresponsive_timeout_s` -> killed (`kill`: Ray starts a new process, which
                                   answers as a new incarnation; lifecycle.py)
+    restarting / unresponsive, its node dead -> node_lost (`live_nodes`: it will not come back
+                                  there, so nobody waits for it: failover.wait_for_spare)
 
 Each poll also brings the worker's prefix-cache changes since the last one; the controller keeps
 a mirror of every worker's cache summary, and routers catch up with it by deltas
@@ -30,14 +32,15 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from raypaged.core.cache_summary import CacheSummary, SummaryDelta, sampled
 from raypaged.core.ttft_slo import DrainRate
-from raypaged.serve.fleet import (DEAD, READY, STARTING, UNRESPONSIVE, FleetSnapshot,
-                                  WorkerView)
+from raypaged.serve.fleet import (DEAD, READY, RESTARTING, STARTING, UNRESPONSIVE,
+                                  FleetSnapshot, WorkerView)
 from raypaged.serve.lifecycle import overdue
 from raypaged.serve.poison import PoisonMemory
 from raypaged.serve.messages import WorkerStats
 
 logger = logging.getLogger(__name__)
 HELD_FRESH_S = 3.0  # routers push every second (ray_fleet.py)
+NODES_EVERY_S = 2.0  # how often the live nodes are asked for while a worker is down
 
 
 class WorkerDown(Exception):
@@ -51,13 +54,15 @@ class WorkerDown(Exception):
 
 # probe(handle, cache_since): the worker's stats, with its cache changes since that version
 Probe = Callable[[Any, int], Awaitable[WorkerStats]]
+# live_nodes(): the ids of the cluster's nodes that are alive (WorkerStats.node_id)
+LiveNodes = Callable[[], Awaitable[set]]
 
 
 class Controller:
     def __init__(self, workers: Sequence[tuple[str, Any]], probe: Probe,
                  poll_interval_s: float = 0.5, poll_timeout_s: float = 5.0,
                  cache_sample: int = 1, kill: Callable[[Any], None] | None = None,
-                 unresponsive_timeout_s: float = 30.0):
+                 unresponsive_timeout_s: float = 30.0, live_nodes: LiveNodes | None = None):
         now = time.time()
         self._views = {wid: WorkerView(wid, STARTING, handle, since=now) for wid, handle in workers}
         self._probe = probe
@@ -78,6 +83,7 @@ class Controller:
         self.autoscaler = None  # serve/autoscaler.py: set by the Ray shell when scaling
         self._kill = kill  # kill(handle): end the worker's process so that Ray starts a new one
         self.unresponsive_timeout_s = unresponsive_timeout_s
+        self._live_nodes, self._nodes_asked_at = live_nodes, float("-inf")
         self._drain = {wid: DrainRate() for wid, _ in workers}  # per worker, for TTFT shedding
         self.poison = PoisonMemory()  # every router's suspected poison requests (poison.py)
 
@@ -137,9 +143,34 @@ class Controller:
                     new.stats.engine.num_waiting, new.stats.incarnation)
                 new = dataclasses.replace(new, drain_tokens_per_s=rate)
             self._views[new.worker_id] = new
+        if self._live_nodes is not None:
+            await self._mark_lost_nodes()
         if self._kill is not None:
             self._kill_unresponsive(time.time())
         self._version += 1
+
+    async def _mark_lost_nodes(self) -> None:
+        """A worker that is down and whose node is dead will not come back there (Ray restarts
+        it elsewhere only if some node has room): say so, so that requests stop waiting for it.
+        The cluster learns of a dead node by its health checks (~15 s with Ray's defaults);
+        asked at most every NODES_EVERY_S, and only while some worker is down."""
+        down = [v for v in self._views.values()
+                if v.state in (RESTARTING, UNRESPONSIVE) and not v.node_lost
+                and v.stats is not None and v.stats.node_id]
+        now = time.monotonic()
+        if not down or now - self._nodes_asked_at < NODES_EVERY_S:
+            return
+        self._nodes_asked_at = now
+        try:
+            live = await asyncio.wait_for(self._live_nodes(), self.poll_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - asked again in NODES_EVERY_S
+            logger.warning("listing the cluster's live nodes failed: %r", exc)
+            return
+        for v in down:
+            if v.stats.node_id not in live:
+                logger.warning("worker %s: its node %s is dead", v.worker_id, v.stats.node_id)
+                self._views[v.worker_id] = dataclasses.replace(
+                    v, node_lost=True, error=f"its node {v.stats.node_id} is dead")
 
     def _kill_unresponsive(self, now: float) -> None:
         """Its requests failed over when it turned unresponsive; what it still holds (an
@@ -182,7 +213,7 @@ class Controller:
             stats = dataclasses.replace(stats, cache=None)  # routers get it by cache_deltas
         view = _moved(view, READY, now)
         return dataclasses.replace(view, stats=stats, restarts=view.restarts + restarted,
-                                   error=None)
+                                   error=None, node_lost=False)
 
     def _mirror_cache(self, worker_id: str, incarnation: str, stats: WorkerStats) -> None:
         delta = stats.cache

@@ -86,7 +86,8 @@ async def wait_for_spare(d: Dispatcher, lost: Leg, deadline: float | None) -> No
     `lost`'s (or another) is restarting or starting, wait until it is ready, up to SPARE_WAIT_S.
     Sent to the last ready worker at once, a poison request would kill it too and leave nobody
     serving for a model reload; this way only the requests that were on the dead worker wait.
-    A frozen worker is not waited for (it is restarted only at --worker-unresponsive-timeout-s).
+    A frozen worker is not waited for (it is restarted only at --worker-unresponsive-timeout-s),
+    nor one whose node died (the controller's node_lost: Ray has nowhere to restart it there).
     `deadline` (a stream's, monotonic) ends the wait with DeadlinePassed: not sent anywhere
     again (a whole request's deadline cancels this wait itself)."""
     give_up = time.monotonic() + SPARE_WAIT_S
@@ -98,7 +99,8 @@ async def wait_for_spare(d: Dispatcher, lost: Leg, deadline: float | None) -> No
         others = [w for w in snap.ready() if w.worker_id != lost.worker_id]
         # still up in the snapshot: the controller has not seen it die yet (a poll or two)
         unnoticed = not lost.is_lost(snap) and time.monotonic() < noticed_by
-        coming = unnoticed or any(w.state in (STARTING, RESTARTING) for w in snap.workers)
+        coming = unnoticed or any(w.state in (STARTING, RESTARTING) and not w.node_lost
+                                  for w in snap.workers)
         if deadline is not None and time.monotonic() >= deadline:
             raise DeadlinePassed()
         if len(others) != 1 or not coming or time.monotonic() >= give_up:

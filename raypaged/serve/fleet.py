@@ -36,6 +36,7 @@ class WorkerView:
     kills: int = 0                    # times the controller killed it for being unresponsive
     killed_at: float | None = None    # the last of those
     drain_tokens_per_s: float | None = None  # queue drain rate (core/ttft_slo.py); None: not yet
+    node_lost: bool = False           # down, and the node it last ran on is dead (controller)
 
     @property
     def ready(self) -> bool:
@@ -105,6 +106,8 @@ class FleetSnapshot:
                 item["draining_since"] = w.draining_since
             if w.error:
                 item["error"] = w.error
+            if w.node_lost:
+                item["node_lost"] = True
             if w.stats is not None:
                 s = w.stats
                 item.update(

@@ -59,6 +59,7 @@ class WorkerStats:
     graph_steps: int = 0      # model steps replayed from a CUDA graph
     eager_steps: int = 0      # model steps run eagerly
     cache: SummaryDelta | None = None  # prefix-cache changes since the version asked for
+    node_id: str = ""         # the Ray node its process runs on ("": not on Ray)
 
 
 @dataclass(frozen=True)

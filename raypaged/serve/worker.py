@@ -60,9 +60,10 @@ class _Outbox:
 
 
 class Worker:
-    def __init__(self, engine, worker_id: str, max_queued: int = 1024):
+    def __init__(self, engine, worker_id: str, max_queued: int = 1024, node_id: str = ""):
         self.engine = engine
         self.worker_id = worker_id
+        self.node_id = node_id
         self.incarnation = uuid.uuid4().hex[:12]
         plan = engine.plan
         self.bound = QueueBound(max_queued, plan.num_blocks, plan.block_size, plan.max_model_len)
@@ -141,7 +142,7 @@ class Worker:
             num_active=len(self._requests),
             graph_steps=0 if runner is None else runner.num_graph_steps,
             eager_steps=engine_stats.num_steps if runner is None else runner.num_eager_steps,
-            cache=cache)
+            cache=cache, node_id=self.node_id)
 
     def health(self) -> Health:
         """Answered while the process lives; `stalled_s` tells a hung engine step from a busy

@@ -38,6 +38,7 @@ class LocalFleet:
         # restarts them (as Ray does)
         self.dead: set[str] = set()
         self.restarting: set[str] = set()
+        self.node_lost: set[str] = set()  # down workers whose node the controller saw die
         self.restart_on_death = restart_on_death
         self._versions = itertools.count()
         self._links = LocalLinks()
@@ -68,7 +69,7 @@ class LocalFleet:
             caches[wid] = CacheView()
             caches[wid].apply(w.engine.cache_summary().delta_since(-1))
         return FleetSnapshot(next(self._versions), tuple(
-            WorkerView(wid, self._state(wid), w, w.stats())
+            WorkerView(wid, self._state(wid), w, w.stats(), node_lost=wid in self.node_lost)
             for wid, w in self.workers.items() if wid not in self.drained), caches=caches)
 
     def link(self, view) -> LocalLink:

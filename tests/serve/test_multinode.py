@@ -1,6 +1,7 @@
 """Two Ray nodes on this machine (own CPUs, own loopback addresses), a worker on each: stopping
 one node's raylet in the middle of a load loses no request (they go on on the other node's
-worker), and the fleet reports the lost worker."""
+worker, once the cluster has found the node dead: not after a wait for a restart that has
+nowhere to happen), and the fleet reports the lost worker and its node."""
 from __future__ import annotations
 
 import asyncio
@@ -75,6 +76,11 @@ def health(url: str) -> bool:
         return False
 
 
+def worker_view(url: str, worker_id: str) -> dict:
+    workers = httpx.get(f"{url}/fleet", timeout=5).json()["workers"]
+    return next(w for w in workers if w["worker_id"] == worker_id)
+
+
 def states(url: str) -> dict[str, str]:
     try:
         workers = httpx.get(f"{url}/fleet", timeout=5).json()["workers"]
@@ -124,6 +130,13 @@ def test_stopping_a_nodes_raylet_mid_load_loses_no_request_and_the_fleet_reports
         time.sleep(0.5)
     assert states(url) == {"worker-0": "ready", "worker-1": states(url)["worker-1"]}
     assert states(url)["worker-1"] in ("unresponsive", "restarting", "dead")
+    # once Ray's health checks find the node dead (~15 s), the fleet says so: requests that
+    # would wait for the worker's restart (failover.wait_for_spare) stop waiting then
+    deadline = time.monotonic() + 60
+    while not (lost := worker_view(url, "worker-1")).get("node_lost"):
+        assert time.monotonic() < deadline, lost
+        time.sleep(0.5)
+    assert lost["state"] in ("unresponsive", "restarting") and lost["error"].endswith(" is dead")
     text = httpx.get(f"{url}/metrics", timeout=10).text
     up = {s.labels["worker"]: s.value for f in text_string_to_metric_families(text)
           if f.name == "raypaged:worker_up" for s in f.samples}

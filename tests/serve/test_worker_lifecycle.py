@@ -4,6 +4,7 @@ poison (fake engines over HTTP in-process; tests/serve/test_lifecycle_ray.py doe
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import time
@@ -13,7 +14,7 @@ import pytest
 from local_fleet import (BEFORE_FIRST, DRAINED_MID_STREAM, FROZEN_MID_STREAM, MID_STREAM,
                          LocalFleet, client_for, local_app)
 from raypaged.serve.config import ServeOptions
-from raypaged.serve.fleet import READY, UNRESPONSIVE
+from raypaged.serve.fleet import READY, RESTARTING, UNRESPONSIVE
 from raypaged.serve.lifecycle import HEALTHY_S, next_start, overdue, restart_delay_s
 from raypaged.serve.poison import PoisonMemory
 from test_controller_membership import FakeWorker, ManualController
@@ -45,6 +46,45 @@ def test_an_unresponsive_worker_is_overdue_from_its_last_kill_not_only_from_when
     assert overdue(100.0, None, 130.0, 30.0)
     assert not overdue(100.0, 130.0, 140.0, 30.0)  # killed at 130: the kill is still landing
     assert overdue(100.0, 130.0, 160.0, 30.0)
+
+
+# -- a worker whose node died ------------------------------------------------------------------
+def test_a_down_worker_whose_node_died_is_marked_node_lost_until_it_answers_again(monkeypatch):
+    import raypaged.serve.controller as controller
+    monkeypatch.setattr(controller, "NODES_EVERY_S", 0.0)
+
+    async def main():
+        a, b = FakeWorker("worker-0"), FakeWorker("worker-1")
+        a.stats = dataclasses.replace(a.stats, node_id="node-a")
+        b.stats = dataclasses.replace(b.stats, node_id="node-b")
+        live, asked = {"node-a", "node-b"}, []
+
+        async def live_nodes():
+            asked.append(sorted(live))
+            return set(live)
+        c = ManualController([("worker-0", a), ("worker-1", b)], lambda h, since: h.probe(),
+                             poll_interval_s=60, poll_timeout_s=0.05, live_nodes=live_nodes)
+        await c.poll_once()
+        assert asked == []  # nobody down: the cluster is not asked
+        b.behaviour = RESTARTING  # its process died
+        await c.poll_once()
+        view = (await c.snapshot()).worker("worker-1")
+        assert (view.state, view.node_lost, view.error) == (RESTARTING, False, None)
+        live.discard("node-b")  # the cluster's health checks found its node dead
+        await c.poll_once()
+        view = (await c.snapshot()).worker("worker-1")
+        assert (view.state, view.node_lost) == (RESTARTING, True)
+        assert view.error == "its node node-b is dead"
+        assert (await c.snapshot()).to_json()["workers"][1]["node_lost"] is True
+        await c.poll_once()
+        assert len(asked) == 2  # known lost: not asked again
+        b.restart()  # Ray placed a new process on another node
+        b.stats = dataclasses.replace(b.stats, node_id="node-c")
+        await c.poll_once()
+        view = (await c.snapshot()).worker("worker-1")
+        assert (view.state, view.node_lost, view.error) == (READY, False, None)
+        assert not (await c.snapshot()).worker("worker-0").node_lost
+    asyncio.run(main())
 
 
 # -- the controller kills a worker that stays unresponsive ----------------------------------
@@ -189,10 +229,10 @@ def test_a_worker_that_drained_away_does_not_count_as_a_death():
 
 
 # -- the last ready worker is spared ----------------------------------------------------------
-def _spared(restart: bool, other_fails: str | None = None):
-    """On 2 workers the request's worker dies mid-stream and restarts (or not): what each
-    worker was sent, in order, and the responses of the request and of another one sent while
-    the first waited."""
+def _spared(restart: bool, other_fails: str | None = None, node_dies: bool = False):
+    """On 2 workers the request's worker dies mid-stream and restarts (or not; or its node
+    dies with it): what each worker was sent, in order, and the responses of the request and of
+    another one sent while the first waited."""
     fleet = LocalFleet(n=2, step_delay_s=0.005, restart_on_death=True)
     (clean,), _ = run_all(LocalFleet(n=2, step_delay_s=0.005), post(BODY))
     home = clean.headers["x-raypaged-worker"]
@@ -210,6 +250,8 @@ def _spared(restart: bool, other_fails: str | None = None):
             first = asyncio.create_task(client.post("/v1/completions", json=BODY))
             while home not in fleet.restarting:
                 await asyncio.sleep(0.01)
+            if node_dies:
+                fleet.node_lost.add(home)
             meanwhile = None if other_fails else await client.post(
                 "/v1/completions", json={**BODY, "prompt": "someone else's prompt"})
             await asyncio.sleep(0.5)  # two watch periods: still waiting, not on `other`
@@ -258,6 +300,21 @@ def test_a_worker_that_does_not_come_back_in_time_leaves_the_request_to_the_last
     first_id = sent[0][1]
     assert [s for s in sent if s[1].startswith(first_id)] == [(home, first_id),
                                                              (other, f"{first_id}-1")]
+
+
+def test_a_request_does_not_wait_for_a_worker_whose_node_died(monkeypatch):
+    import raypaged.serve.failover as failover
+    monkeypatch.setattr(failover, "SPARE_WAIT_S", 30.0)
+    start = time.monotonic()
+    r, meanwhile, waiting, sent, home, other, clean, metrics = _spared(restart=False,
+                                                                       node_dies=True)
+    assert r.status_code == 200 and r.json()["choices"] == clean.json()["choices"]
+    assert not waiting  # half a second after the death it was served on `other`
+    assert time.monotonic() - start < failover.SPARE_WAIT_S / 2
+    first_id = sent[0][1]
+    assert [s for s in sent if s[1].startswith(first_id)] == [(home, first_id),
+                                                             (other, f"{first_id}-1")]
+    assert metrics.counters["request_retries"] == {"": 1.0}
 
 
 def test_a_worker_lost_serving_the_request_takes_it_again_as_a_new_process_if_none_is_left():
