@@ -211,8 +211,14 @@ class Generation:
             await self._open(leg.indexes, None)  # nothing of it seen: the same request again
             return
         todo = [i for i in leg.indexes if samples[i].finish_reason is None]
-        await asyncio.gather(*(self._open((i,), Continuation(
-            i, tuple(samples[i].token_ids), samples[i].text_chars)) for i in todo))
+        opens = [asyncio.ensure_future(self._open((i,), Continuation(
+            i, tuple(samples[i].token_ids), samples[i].text_chars))) for i in todo]
+        try:
+            await asyncio.gather(*opens)
+        finally:  # one failed: the request ends, and gather leaves the others running
+            for task in opens:
+                task.cancel()
+            await asyncio.gather(*opens, return_exceptions=True)
 
     async def _watch(self) -> None:
         """Fail over every open leg whose worker was lost without its link saying so."""
