@@ -251,3 +251,23 @@ def test_a_prompt_failing_mid_way_ends_the_other_prompts_of_a_non_streaming_requ
     # nothing of the request is left on the router (its other prompt's generation included)
     assert [name for name in left if name.startswith("Generation")] == []
     assert fleet.workers["worker-0"].stats().num_active == 0
+
+
+def test_streamed_logprobs_text_offsets_count_from_the_start_of_the_completion():
+    """As vLLM and OpenAI: each token's offset in the choice's whole text, also when it comes
+    in a later chunk (fake engine: one letter per token)."""
+    body = {**BODY, "logprobs": 1, "n": 2, "temperature": 1.0, "seed": 5}
+
+    async def both(client):
+        whole = await client.post("/v1/completions", json=body)
+        streamed = await client.post("/v1/completions", json={**body, "stream": True})
+        return whole, streamed
+    (whole, streamed), _ = run(LocalFleet(step_delay_s=0.005), both)
+    offsets: dict[int, list[int]] = {0: [], 1: []}
+    for line in streamed.text.splitlines():
+        if line.startswith("data: {"):
+            for c in json.loads(line[6:])["choices"]:
+                offsets[c["index"]] += c["logprobs"]["text_offset"]
+    assert offsets == {0: list(range(8)), 1: list(range(8))}
+    assert [c["logprobs"]["text_offset"] for c in whole.json()["choices"]] == [
+        list(range(8)), list(range(8))]
