@@ -273,10 +273,14 @@ class OpenAIFrontend:
         return gens
 
     async def _collect(self, gens: list[Generation], n: int) -> list[Choice]:
-        try:  # a lost worker is failed over inside Generation; what comes out is an APIError
-            outputs = await asyncio.gather(*(g.collect() for g in gens))
-        finally:
-            await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)
+        # a lost worker is failed over inside Generation; what comes out is an APIError
+        tasks = [asyncio.ensure_future(g.collect()) for g in gens]
+        try:
+            outputs = await asyncio.gather(*tasks)
+        finally:  # one failed: gather leaves the others running, for ever (nobody reads them)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, *(g.close() for g in gens), return_exceptions=True)
         choices = [Choice() for _ in range(len(gens) * n)]
         for g, outs in enumerate(outputs):
             for out in outs:

@@ -203,16 +203,30 @@ class Generation:
             await wait_for_spare(self.d, leg, self._deadline)
 
     async def _fail_over(self, leg: Leg) -> None:
-        """Carry the leg's unfinished samples on elsewhere from what the client already has."""
+        """Carry the leg's unfinished samples on elsewhere from what the client already has;
+        a stream's deadline ends the wait for their first outputs there (DeadlinePassed)."""
         self._close_leg(leg)
-        await self._worker_lost(leg, self._in_fleet(leg.worker_id))
-        samples = self.progress.samples
-        if not leg.resumed and not any(samples[i].token_ids for i in leg.indexes):
-            await self._open(leg.indexes, None)  # nothing of it seen: the same request again
-            return
-        todo = [i for i in leg.indexes if samples[i].finish_reason is None]
-        await asyncio.gather(*(self._open((i,), Continuation(
-            i, tuple(samples[i].token_ids), samples[i].text_chars)) for i in todo))
+        timeout = asyncio.timeout_at(self._deadline)  # None: a whole request's cancels this
+        try:
+            async with timeout:
+                await self._worker_lost(leg, self._in_fleet(leg.worker_id))
+                samples = self.progress.samples
+                if not leg.resumed and not any(samples[i].token_ids for i in leg.indexes):
+                    await self._open(leg.indexes, None)  # nothing of it seen: the same again
+                    return
+                todo = [i for i in leg.indexes if samples[i].finish_reason is None]
+                opens = [asyncio.ensure_future(self._open((i,), Continuation(
+                    i, tuple(samples[i].token_ids), samples[i].text_chars))) for i in todo]
+                try:
+                    await asyncio.gather(*opens)
+                finally:  # one failed: the request ends, and gather leaves the others running
+                    for task in opens:
+                        task.cancel()
+                    await asyncio.gather(*opens, return_exceptions=True)
+        except TimeoutError:
+            if timeout.expired():
+                raise DeadlinePassed() from None
+            raise
 
     async def _watch(self) -> None:
         """Fail over every open leg whose worker was lost without its link saying so."""

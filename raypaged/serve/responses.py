@@ -25,6 +25,7 @@ class Choice:
     logprobs: list = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: object = None
+    offset: int = 0  # characters of the sample's text before this (a stream's earlier chunks)
 
     def add(self, out: SequenceOutput) -> None:
         self.text.append(out.new_text)
@@ -61,8 +62,9 @@ class Shapes:
         tokens = [self.token_text(lp.token_id) for lp in c.logprobs]
         return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in c.logprobs],
                 "top_logprobs": [{self.token_text(t): v for t, v in lp.top} for lp in c.logprobs],
-                # each token's start in the text
-                "text_offset": list(itertools.accumulate(map(len, tokens), initial=0))[:-1]}
+                # each token's start in the sample's whole text
+                "text_offset": list(itertools.accumulate(map(len, tokens),
+                                                         initial=c.offset))[:-1]}
 
     def _chat_logprobs(self, c: Choice) -> list[dict]:
         def entry(token_id: int, logprob: float) -> dict:

@@ -59,13 +59,18 @@ async def sse_events(gens: list[Generation], n: int, chunk: Callable, head: dict
                                                      "logprobs": None, "finish_reason": None}]})
         one = plain and len(gens) * n == 1 and not continuous_usage
         frame = Frame(head, chunk) if one else None
+        sent: dict[int, int] = {}  # choice -> characters of its text sent (logprobs' offsets)
         async for batch in stream:
             if frame is not None and all(out.finish_reason is None for out in batch):
                 yield frame("".join([out.new_text for out in batch]))
                 continue
             by_choice: dict[int, Choice] = {}
             for out in batch:
-                by_choice.setdefault(out.index, Choice()).add(out)
+                if out.index not in by_choice:
+                    by_choice[out.index] = Choice(offset=sent.get(out.index, 0))
+                by_choice[out.index].add(out)
+            for i, c in by_choice.items():
+                sent[i] = c.offset + sum(map(len, c.text))
             choices = [chunk(i, c) for i, c in sorted(by_choice.items())]
             # vLLM's continuous_usage_stats: the running usage on every chunk
             extra = {"usage": usage(gens)} if continuous_usage else {}

@@ -104,3 +104,71 @@ def test_per_sample_inter_token_latency_is_not_divided_by_n():
     count = sum(buckets)
     assert count == 4 * 5  # 5 gaps per sample
     assert total / count >= 0.015  # each gap is a step (20 ms), not a quarter of one
+
+
+def test_a_sample_refused_on_failover_leaves_no_other_sample_opening_behind():
+    """n = 2, the worker dies mid-stream, the other takes one continuation and then has a full
+    queue: the stream ends with 503 queue_full, and nothing of it goes on on the router."""
+    import asyncio
+
+    from local_fleet import client_for, local_app
+
+    body = {**SEEDED_N3, "n": 2, "max_tokens": 30, "stream": True}
+    home = home_of({**body, "stream": False})
+    fleet = LocalFleet(step_delay_s=0.005)
+    fleet.failing[home] = MID_STREAM
+    spare = fleet.workers[other(home)]
+    spare.bound.full = lambda: spare.bound.count >= 1  # room for one request
+    app, _ = local_app(fleet)
+
+    async def main():
+        async with client_for(app) as client:
+            r = await client.post("/v1/completions", json=body)
+            await asyncio.sleep(1.0)
+            return r, [t.get_coro().__qualname__ for t in asyncio.all_tasks()
+                       if t is not asyncio.current_task()]
+    try:
+        r, left = asyncio.run(main())
+    finally:
+        fleet.shutdown()
+    events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "queue_full"
+    assert [name for name in left if name.startswith("Generation")] == []
+    assert spare.stats().num_active == 0
+
+
+def test_a_stream_failing_over_to_a_slow_worker_still_ends_at_its_deadline():
+    """The continuation's first token is 4 s away on the worker it moved to: the stream ends at
+    its 1 s deadline, as it would on the worker it started on, and leaves that worker."""
+    import asyncio
+
+    from local_fleet import client_for, local_app
+    from raypaged.serve.config import ServeOptions
+
+    body = {**GREEDY, "max_tokens": 30, "stream": True}
+    home = home_of({**body, "stream": False})
+    fleet = LocalFleet(step_delay_s=0.005)
+    fleet.failing[home] = MID_STREAM
+    spare = fleet.workers[other(home)]
+    execute = spare.engine.core.runner.execute
+
+    def slow(batch):
+        time.sleep(4.0)
+        return execute(batch)
+    spare.engine.core.runner.execute = slow
+    app, _ = local_app(fleet, options=ServeOptions(request_timeout_s=1.0))
+
+    async def main():
+        async with client_for(app) as client:
+            start = time.monotonic()
+            r = await client.post("/v1/completions", json=body)
+            return r, time.monotonic() - start, spare.stats().num_active
+    try:
+        r, took, active = asyncio.run(main())
+    finally:
+        fleet.shutdown()
+    events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["code"] == "request_timeout"
+    assert 1.0 <= took < 2.5
+    assert active == 0

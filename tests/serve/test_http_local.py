@@ -212,3 +212,62 @@ def test_a_client_leaving_mid_stream_through_serve_is_an_abort_not_a_500():
     assert metrics.counters["request_errors"] == {}
     assert metrics.counters["request_success"] == {"abort": 1.0}
     assert all(w.stats().num_active == 0 for w in fleet.workers.values())
+
+
+def fail_after(fleet: LocalFleet, marker: bytes, tokens: int) -> None:
+    """Every step of a request whose prompt holds `marker` raises once it has `tokens` outputs
+    (a request that breaks the engine mid-way: it fails alone, with a 400)."""
+    mark = list(marker)
+    for w in fleet.workers.values():
+        runner = w.engine.core.runner
+        execute = runner.execute
+
+        def failing(batch, execute=execute):
+            for sr in batch.requests:
+                prompt = list(sr.prompt_token_ids)
+                if (sr.num_samples and len(sr.output_token_ids) >= tokens
+                        and any(prompt[i:i + len(mark)] == mark for i in range(len(prompt)))):
+                    raise IndexError("index 99999999 is out of bounds")
+            return execute(batch)
+        runner.execute = failing
+
+
+def test_a_prompt_failing_mid_way_ends_the_other_prompts_of_a_non_streaming_request():
+    fleet = LocalFleet(n=1, step_delay_s=0.01)
+    fail_after(fleet, b"BREAKS", 3)
+    body = {**BODY, "prompt": ["a prompt that goes on", "a prompt that BREAKS"],
+            "max_tokens": 100}
+
+    async def post_then_look(client):
+        r = await client.post("/v1/completions", json=body)
+        await asyncio.sleep(1.0)  # the good prompt alone would still be running
+        left = [t.get_coro().__qualname__ for t in asyncio.all_tasks()
+                if t is not asyncio.current_task()]
+        return r, left
+
+    (r, left), _ = run(fleet, post_then_look)
+    assert r.status_code == 400
+    assert "the request failed in the engine: IndexError" in r.json()["error"]["message"]
+    # nothing of the request is left on the router (its other prompt's generation included)
+    assert [name for name in left if name.startswith("Generation")] == []
+    assert fleet.workers["worker-0"].stats().num_active == 0
+
+
+def test_streamed_logprobs_text_offsets_count_from_the_start_of_the_completion():
+    """As vLLM and OpenAI: each token's offset in the choice's whole text, also when it comes
+    in a later chunk (fake engine: one letter per token)."""
+    body = {**BODY, "logprobs": 1, "n": 2, "temperature": 1.0, "seed": 5}
+
+    async def both(client):
+        whole = await client.post("/v1/completions", json=body)
+        streamed = await client.post("/v1/completions", json={**body, "stream": True})
+        return whole, streamed
+    (whole, streamed), _ = run(LocalFleet(step_delay_s=0.005), both)
+    offsets: dict[int, list[int]] = {0: [], 1: []}
+    for line in streamed.text.splitlines():
+        if line.startswith("data: {"):
+            for c in json.loads(line[6:])["choices"]:
+                offsets[c["index"]] += c["logprobs"]["text_offset"]
+    assert offsets == {0: list(range(8)), 1: list(range(8))}
+    assert [c["logprobs"]["text_offset"] for c in whole.json()["choices"]] == [
+        list(range(8)), list(range(8))]
