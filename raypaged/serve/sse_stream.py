@@ -77,10 +77,11 @@ async def sse_events(gens: list[Generation], n: int, chunk: Callable, head: dict
             yield sse_data({**head, "choices": choices, **extra})
         if include_usage:
             yield sse_data({**head, "choices": [], "usage": usage(gens)})
-    except APIError as exc:  # e.g. every worker tried was lost: 503 worker_unavailable
-        yield exc.sse()
-    except DeadlinePassed:
-        yield timed_out().sse()
+    except (APIError, DeadlinePassed) as exc:  # e.g. every worker tried was lost: 503
+        error = exc if isinstance(exc, APIError) else timed_out()
+        # counted as http_app counts the errors answered before a stream starts
+        gens[0].d.metrics.inc("request_errors", str(error.status))
+        yield error.sse()
     finally:
         await stream.aclose()  # a client gone: the abort is counted before the close
         await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)

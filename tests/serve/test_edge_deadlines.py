@@ -9,6 +9,7 @@ import socket
 import time
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from http_server import serving
 from local_fleet import LocalFleet
@@ -41,6 +42,7 @@ def test_a_request_past_its_deadline_gets_504_and_is_aborted_on_its_worker():
             assert idle(fleet)
             small = httpx.post(url + "/v1/completions", json={**SLOW, "max_tokens": 2},
                                timeout=30)
+            assert errors_counted(url) == {"504": 1.0}
     finally:
         fleet.shutdown()
     assert r.status_code == 504, r.text
@@ -50,6 +52,14 @@ def test_a_request_past_its_deadline_gets_504_and_is_aborted_on_its_worker():
     assert small.status_code == 200  # the deadline is per request, not per server
 
 
+def errors_counted(url: str) -> dict[str, float]:
+    """raypaged:request_errors_total by status, as Prometheus scrapes it."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {s.labels["status"]: s.value for f in text_string_to_metric_families(text)
+            if f.name == "raypaged:request_errors" for s in f.samples
+            if s.name.endswith("_total")}
+
+
 def test_a_stream_past_its_deadline_ends_with_an_error_event_and_done():
     fleet = LocalFleet(step_delay_s=0.02)
     app, _ = make_app(fleet, RequestLimits(), request_timeout_s=0.5)
@@ -57,6 +67,8 @@ def test_a_stream_past_its_deadline_ends_with_an_error_event_and_done():
         with serving(app) as url:
             r = httpx.post(url + "/v1/completions", json={**SLOW, "stream": True}, timeout=30)
             assert idle(fleet)
+            # an error after the stream's 200 is an error answered all the same
+            assert errors_counted(url) == {"504": 1.0}
     finally:
         fleet.shutdown()
     assert r.status_code == 200
