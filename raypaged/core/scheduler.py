@@ -86,6 +86,10 @@ class Scheduler:
                 f"this model's maximum context length is {self.max_model_len} tokens, but the "
                 f"request needs {total} ({request.num_prompt_tokens} in the prompt, "
                 f"{request.max_tokens} max_tokens): shorten the prompt or lower max_tokens")
+        if request.sampling.n > self.max_num_seqs:  # its samples are admitted together
+            raise ValueError(
+                f"the request asks for n = {request.sampling.n} samples but max_num_seqs is "
+                f"{self.max_num_seqs}: lower n or raise max_num_seqs")
         need = -(-total // self.block_size)
         if need > self.kv.pool.num_blocks:
             fits = self.kv.pool.num_blocks * self.block_size
