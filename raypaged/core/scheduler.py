@@ -280,7 +280,7 @@ class Scheduler:
         for sr, (req, preemptions) in zip(batch.requests, self._scheduled_reqs.pop(id(batch))):
             if req.is_finished or req.num_preemptions != preemptions:
                 continue  # aborted, stopped or preempted since this step was scheduled
-            self.kv.cache_full_blocks(req)
+            self.kv.cache_full_blocks(req, sr.start_position + len(sr.token_ids))
             if sr.num_samples == 0:
                 continue
             tokens = result.sampled[sr.request_id]

@@ -84,3 +84,29 @@ def test_a_broken_engine_is_not_blamed_on_its_requests(overlap):
     # one batched try + one per request alone, then the original error goes up (with overlap,
     # the step queued behind the failed one was refused without running)
     assert engine.runner.calls == 1 + 3
+
+
+@OVERLAP
+def test_a_failed_chunk_leaves_no_cached_prefix_behind_for_a_retry(overlap):
+    """A prompt's blocks enter the prefix cache once the step that writes them has run. With
+    overlap, step N+1 is scheduled before step N is applied: the blocks step N+1 is to fill must
+    not be registered then, or, when step N+1 fails for that request (nothing written), the retry
+    of the same prompt hits blocks that never held its KV."""
+    engine = make_engine(num_blocks=16, max_num_batched_tokens=8, overlap=overlap,
+                         runner=PoisonedRunner(16, 4))
+    prompt = list(range(100, 116))  # 4 full blocks: chunk 0..7 (blocks 0 1), 8..15 (2 3) samples
+    engine.add_request("poison", prompt, params(seed=POISON_SEED))
+    deltas = []
+    while engine.has_unfinished():
+        deltas += engine.step()
+    assert [(d.request_id, d.finish_reason) for d in deltas] == [("poison", ERROR)]
+    pool = engine.scheduler.kv.pool
+    assert sorted(b.block_id for b in pool.cached.values()) == [0, 1]  # the chunk that ran
+
+    engine.add_request("retry", prompt, params())
+    out = run_to_completion(engine)
+    retry = [sr for b in engine.runner.batches for sr in b.requests if sr.request_id == "retry"]
+    assert retry[0].start_position == 8  # hits blocks 0 1, computes 8..15 again
+    clean = make_engine(num_blocks=16, max_num_batched_tokens=8)
+    clean.add_request("retry", prompt, params())
+    assert out == run_to_completion(clean)
