@@ -211,9 +211,9 @@ class Scheduler:
             block_copies=tuple(self.kv.pending_copies),
             finished_request_ids=frozenset(self._left),
         )
-        self._left = set()
         self.kv.pending_copies = []
-        if chosen:
+        if chosen:  # a batch without requests never reaches the runner: the next one tells it
+            self._left = set()
             self._scheduled_reqs[id(batch)] = [(req, req.num_preemptions) for req, _ in chosen]
         return batch
 

@@ -159,6 +159,23 @@ def test_request_with_more_samples_than_max_num_seqs_is_refused_not_queued_forev
     assert sorted(run_to_completion(eng)) == ["after", "pair", "pair#1"]
 
 
+def test_an_abort_while_only_held_requests_remain_still_reaches_the_runner():
+    """A step with nothing to run (only a request whose grammar still compiles: Engine.step
+    calls core.step() then too) runs no batch: the aborted id must ride on the next one that
+    does, or the runner keeps the aborted request's state (its block-table row) for ever."""
+    eng = make_engine()
+    eng.add_request("a", [1, 2, 3], sp(8))
+    eng.add_request("g", [4, 5, 6], sp(2), held=True)
+    eng.step()
+    eng.abort("a")
+    assert eng.step() == []  # only "g", held: no batch runs
+    eng.release("g")
+    run_to_completion(eng)
+    batches = eng.runner.batches
+    assert [[r.request_id for r in b.requests] for b in batches] == [["a"], ["g"], ["g"]]
+    assert [sorted(b.finished_request_ids) for b in batches] == [[], ["a"], []]
+
+
 def test_duplicate_request_id_is_refused():
     eng = make_engine()
     eng.add_request("x", [1, 2], sp())
