@@ -110,3 +110,31 @@ def test_a_failed_chunk_leaves_no_cached_prefix_behind_for_a_retry(overlap):
     clean = make_engine(num_blocks=16, max_num_batched_tokens=8)
     clean.add_request("retry", prompt, params())
     assert out == run_to_completion(clean)
+
+
+@OVERLAP
+def test_a_copy_on_write_in_a_failed_step_keeps_the_copying_samples_kv(overlap):
+    """The step that fails also holds the first divergent write of a forked request: "r" copies
+    the shared partial block 2 to block 3 and writes position 10 there. Run again request by
+    request, the copy must not be applied again after r's own write (in r#1's run), or r's KV
+    at position 10 is the shared block's, and r's next steps read the wrong KV."""
+    clean = make_engine(num_blocks=16)
+    clean.add_request("r", list(range(10)), params(n=2, max_tokens=4))
+    expected = run_to_completion(clean)
+
+    engine = make_engine(num_blocks=16, overlap=overlap, runner=PoisonedRunner(16, 4))
+    engine.add_request("r", list(range(10)), params(n=2, max_tokens=4))  # blocks 0 1 2
+    deltas = []
+    while "r#1" not in engine.scheduler.requests:  # prefill, then fork
+        deltas += engine.step()
+    engine.add_request("poison", list(range(60, 63)), params(seed=POISON_SEED))
+    while engine.has_unfinished():
+        deltas += engine.step()
+    copies = [b.block_copies for b in engine.runner.batches if b.block_copies]
+    assert copies[0] == ((2, 3),)  # r writes position 10 into block 3, r#1 keeps block 2
+    got = {}
+    for d in deltas:
+        got.setdefault(d.request_id, []).extend(d.new_token_ids)
+    assert {d.request_id: d.finish_reason for d in deltas if d.finished} == \
+        {"r": "length", "r#1": "length", "poison": ERROR}
+    assert {k: v for k, v in got.items() if k != "poison"} == expected
