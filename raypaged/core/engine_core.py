@@ -119,13 +119,16 @@ class EngineCore:
         """The batched step raised. Run each request of it alone: those that fail alone caused
         it and finish with finish_reason "error" (blocks freed); every other request gets this
         step's tokens as if nothing had happened. Re-running is safe: nothing was committed
-        (update() never ran), K/V rewrites put the same values in the same slots, and
-        copy-on-write copies are idempotent (their sources are shared, so nobody writes them).
+        (update() never ran), K/V rewrites put the same values in the same slots, and each
+        copy-on-write copy runs again with the request it copies for, before that one writes.
         If two or more requests all fail alone, the engine itself is broken: raise.
         `runnable`: the batch as the runner runs it (placeholders filled), when it differs."""
         sampled, logprobs, culprits = {}, {}, {}
         for sr in (runnable or batch).requests:
-            single = ScheduledBatch((sr,), batch.block_copies, batch.finished_request_ids)
+            # only the copies into its own blocks: run again after the destination's owner
+            # wrote there, a copy would put the shared block's KV back over that write
+            copies = tuple(c for c in batch.block_copies if c[1] in sr.block_table)
+            single = ScheduledBatch((sr,), copies, batch.finished_request_ids)
             try:
                 one = self.runner.execute(single)
             except Exception as single_exc:  # noqa: BLE001

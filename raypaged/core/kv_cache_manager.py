@@ -99,14 +99,16 @@ class KVCacheManager:
         self.cow_copies += 1
 
     # -- after a step ------------------------------------------------------------------------
-    def cache_full_blocks(self, request: Request) -> None:
-        """Register the blocks that this step filled, so later requests can hit them."""
+    def cache_full_blocks(self, request: Request, num_written: int) -> None:
+        """Register the blocks that this step filled, so later requests can hit them.
+        `num_written`: the step's end position. Not num_computed_tokens: with overlapped
+        scheduling that counts a step scheduled but not run yet, whose blocks hold nothing
+        until it runs (and nothing ever, if it fails)."""
         if not self.pool.enable_caching:
             return
         rid = request.request_id
         table = self.tables[rid]
-        # computed may run past the known tokens by a running step's placeholder
-        num_full = min(request.num_computed_tokens, request.num_tokens) // self.block_size
+        num_full = min(num_written, request.num_tokens) // self.block_size
         start = self._num_registered.get(rid, 0)
         if num_full <= start:
             return

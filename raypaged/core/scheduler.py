@@ -86,6 +86,10 @@ class Scheduler:
                 f"this model's maximum context length is {self.max_model_len} tokens, but the "
                 f"request needs {total} ({request.num_prompt_tokens} in the prompt, "
                 f"{request.max_tokens} max_tokens): shorten the prompt or lower max_tokens")
+        if request.sampling.n > self.max_num_seqs:  # its samples are admitted together
+            raise ValueError(
+                f"the request asks for n = {request.sampling.n} samples but max_num_seqs is "
+                f"{self.max_num_seqs}: lower n or raise max_num_seqs")
         need = -(-total // self.block_size)
         if need > self.kv.pool.num_blocks:
             fits = self.kv.pool.num_blocks * self.block_size
@@ -207,9 +211,9 @@ class Scheduler:
             block_copies=tuple(self.kv.pending_copies),
             finished_request_ids=frozenset(self._left),
         )
-        self._left = set()
         self.kv.pending_copies = []
-        if chosen:
+        if chosen:  # a batch without requests never reaches the runner: the next one tells it
+            self._left = set()
             self._scheduled_reqs[id(batch)] = [(req, req.num_preemptions) for req, _ in chosen]
         return batch
 
@@ -276,7 +280,7 @@ class Scheduler:
         for sr, (req, preemptions) in zip(batch.requests, self._scheduled_reqs.pop(id(batch))):
             if req.is_finished or req.num_preemptions != preemptions:
                 continue  # aborted, stopped or preempted since this step was scheduled
-            self.kv.cache_full_blocks(req)
+            self.kv.cache_full_blocks(req, sr.start_position + len(sr.token_ids))
             if sr.num_samples == 0:
                 continue
             tokens = result.sampled[sr.request_id]

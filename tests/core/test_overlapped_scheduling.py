@@ -179,3 +179,23 @@ def test_the_step_thread_sleeps_while_it_waits_for_the_running_step():
     assert wall >= 0.2
     assert cpu < 0.05, f"the step thread used {cpu:.3f} s of CPU in {wall:.3f} s of waiting"
     run(engine)
+
+
+def test_a_sequence_that_ends_while_no_step_is_queued_is_still_announced_to_the_runner():
+    """Runners keep per-request state (model/input_buffers.py: a block-table row per id) until
+    a batch's finished_request_ids says the request left. "b" ends (length) at the update of
+    the step in which "a"'s last step is scheduled; the next schedule() has nothing to run ("a"
+    waits for that step), so its batch never reaches the runner: b's id must ride on the next
+    batch that does, or the runner keeps b's row for ever (max_num_seqs such leaks and it has no
+    row for a new request)."""
+    engine = make_engine(overlap=True)
+    engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    engine.add_request("b", [4, 5, 6], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
+    tokens, finish = run(engine)
+    assert finish == {"a": ("length", None), "b": ("length", None)}
+    engine.add_request("c", [7, 8, 9], SamplingParams(max_tokens=1, temperature=0))
+    run(engine)
+    batches = engine.runner.batches
+    assert [[r.request_id for r in b.requests] for b in batches] == \
+        [["a", "b"], ["a", "b"], ["a"], ["c"]]
+    assert [sorted(b.finished_request_ids) for b in batches] == [[], [], [], ["a", "b"]]

@@ -147,6 +147,35 @@ def test_request_that_can_never_fit_is_refused_with_what_fits():
     assert list(run_to_completion(eng)) == ["ok"]
 
 
+def test_request_with_more_samples_than_max_num_seqs_is_refused_not_queued_forever():
+    """n samples need n seats at once: with n > max_num_seqs the request could never be
+    admitted, and as the head of the FCFS queue it would hold back everyone behind it."""
+    eng = make_engine(max_num_seqs=2)
+    with pytest.raises(ValueError, match=r"n = 3 samples but max_num_seqs is 2"):
+        eng.add_request("wide", [1, 2, 3], SamplingParams(n=3, temperature=1, max_tokens=2))
+    assert not eng.scheduler.requests and not eng.scheduler.waiting
+    eng.add_request("pair", [1, 2, 3], SamplingParams(n=2, temperature=1, max_tokens=2))
+    eng.add_request("after", [4, 5], sp(2))
+    assert sorted(run_to_completion(eng)) == ["after", "pair", "pair#1"]
+
+
+def test_an_abort_while_only_held_requests_remain_still_reaches_the_runner():
+    """A step with nothing to run (only a request whose grammar still compiles: Engine.step
+    calls core.step() then too) runs no batch: the aborted id must ride on the next one that
+    does, or the runner keeps the aborted request's state (its block-table row) for ever."""
+    eng = make_engine()
+    eng.add_request("a", [1, 2, 3], sp(8))
+    eng.add_request("g", [4, 5, 6], sp(2), held=True)
+    eng.step()
+    eng.abort("a")
+    assert eng.step() == []  # only "g", held: no batch runs
+    eng.release("g")
+    run_to_completion(eng)
+    batches = eng.runner.batches
+    assert [[r.request_id for r in b.requests] for b in batches] == [["a"], ["g"], ["g"]]
+    assert [sorted(b.finished_request_ids) for b in batches] == [[], ["a"], []]
+
+
 def test_duplicate_request_id_is_refused():
     eng = make_engine()
     eng.add_request("x", [1, 2], sp())

@@ -84,3 +84,57 @@ def test_a_broken_engine_is_not_blamed_on_its_requests(overlap):
     # one batched try + one per request alone, then the original error goes up (with overlap,
     # the step queued behind the failed one was refused without running)
     assert engine.runner.calls == 1 + 3
+
+
+@OVERLAP
+def test_a_failed_chunk_leaves_no_cached_prefix_behind_for_a_retry(overlap):
+    """A prompt's blocks enter the prefix cache once the step that writes them has run. With
+    overlap, step N+1 is scheduled before step N is applied: the blocks step N+1 is to fill must
+    not be registered then, or, when step N+1 fails for that request (nothing written), the retry
+    of the same prompt hits blocks that never held its KV."""
+    engine = make_engine(num_blocks=16, max_num_batched_tokens=8, overlap=overlap,
+                         runner=PoisonedRunner(16, 4))
+    prompt = list(range(100, 116))  # 4 full blocks: chunk 0..7 (blocks 0 1), 8..15 (2 3) samples
+    engine.add_request("poison", prompt, params(seed=POISON_SEED))
+    deltas = []
+    while engine.has_unfinished():
+        deltas += engine.step()
+    assert [(d.request_id, d.finish_reason) for d in deltas] == [("poison", ERROR)]
+    pool = engine.scheduler.kv.pool
+    assert sorted(b.block_id for b in pool.cached.values()) == [0, 1]  # the chunk that ran
+
+    engine.add_request("retry", prompt, params())
+    out = run_to_completion(engine)
+    retry = [sr for b in engine.runner.batches for sr in b.requests if sr.request_id == "retry"]
+    assert retry[0].start_position == 8  # hits blocks 0 1, computes 8..15 again
+    clean = make_engine(num_blocks=16, max_num_batched_tokens=8)
+    clean.add_request("retry", prompt, params())
+    assert out == run_to_completion(clean)
+
+
+@OVERLAP
+def test_a_copy_on_write_in_a_failed_step_keeps_the_copying_samples_kv(overlap):
+    """The step that fails also holds the first divergent write of a forked request: "r" copies
+    the shared partial block 2 to block 3 and writes position 10 there. Run again request by
+    request, the copy must not be applied again after r's own write (in r#1's run), or r's KV
+    at position 10 is the shared block's, and r's next steps read the wrong KV."""
+    clean = make_engine(num_blocks=16)
+    clean.add_request("r", list(range(10)), params(n=2, max_tokens=4))
+    expected = run_to_completion(clean)
+
+    engine = make_engine(num_blocks=16, overlap=overlap, runner=PoisonedRunner(16, 4))
+    engine.add_request("r", list(range(10)), params(n=2, max_tokens=4))  # blocks 0 1 2
+    deltas = []
+    while "r#1" not in engine.scheduler.requests:  # prefill, then fork
+        deltas += engine.step()
+    engine.add_request("poison", list(range(60, 63)), params(seed=POISON_SEED))
+    while engine.has_unfinished():
+        deltas += engine.step()
+    copies = [b.block_copies for b in engine.runner.batches if b.block_copies]
+    assert copies[0] == ((2, 3),)  # r writes position 10 into block 3, r#1 keeps block 2
+    got = {}
+    for d in deltas:
+        got.setdefault(d.request_id, []).extend(d.new_token_ids)
+    assert {d.request_id: d.finish_reason for d in deltas if d.finished} == \
+        {"r": "length", "r#1": "length", "poison": ERROR}
+    assert {k: v for k, v in got.items() if k != "poison"} == expected
