@@ -139,7 +139,7 @@ class Scheduler:
         del self.requests[req.request_id]
         self.num_finished += 1
         self.preemption.finished(req)
-        if reason != "abort":
+        if reason not in ("abort", "error"):  # lengths outputs ended at by themselves
             self.output_lengths.record(req.num_output_tokens)
         # Keep a group's child list until every sample is done, so abort(parent) still reaches them.
         group = req.parent_id or req.request_id

@@ -138,3 +138,28 @@ def test_a_copy_on_write_in_a_failed_step_keeps_the_copying_samples_kv(overlap):
     assert {d.request_id: d.finish_reason for d in deltas if d.finished} == \
         {"r": "length", "r#1": "length", "poison": ERROR}
     assert {k: v for k, v in got.items() if k != "poison"} == expected
+
+
+class LatePoisonedRunner(FakeRunner):
+    """Fails the poisoned request once it has sampled five tokens: an error mid-output."""
+
+    def execute(self, batch):
+        for r in batch.requests:
+            if r.sampling.seed == POISON_SEED and r.num_samples and r.start_position >= 10 + 4:
+                raise IndexError("index 99999999 is out of bounds for dimension 1 with size 1000")
+        return super().execute(batch)
+
+
+def test_a_request_the_engine_failed_mid_output_is_not_counted_as_an_output_length():
+    engine = make_engine(num_blocks=40, runner=LatePoisonedRunner(40, 4))
+    engine.add_request("good", list(range(1, 10)), params(max_tokens=12))
+    engine.add_request("poison", list(range(60, 70)), params(seed=POISON_SEED, max_tokens=30))
+    deltas = []
+    while engine.has_unfinished():
+        deltas += engine.step()
+    failed = [d for d in deltas if d.finish_reason == ERROR]
+    assert [d.request_id for d in failed] == ["poison"]
+    assert sum(len(d.new_token_ids) for d in deltas if d.request_id == "poison") == 5
+    # headroom admission projects an open max_tokens from the lengths outputs ended at by
+    # themselves: the failed request's 5 tokens say nothing about that (12, not (12 + 5) / 2)
+    assert engine.scheduler.output_lengths.expected(0) == 12
