@@ -13,6 +13,7 @@ import argparse
 import json
 import signal
 import sys
+from pathlib import Path
 
 from raypaged.batch.options import BatchOptions
 from raypaged.config import EngineArgs
@@ -59,7 +60,8 @@ def run_batch_cli(ns: argparse.Namespace) -> int:
         print(f"raypaged batch: the engines cannot run: {exc}", file=sys.stderr)
         return 1
     print(summary.report(), flush=True)
-    if ns.summary_json:
+    if ns.summary_json:  # its directory made if missing, as the output's is (OutputFile)
+        Path(ns.summary_json).parent.mkdir(parents=True, exist_ok=True)
         with open(ns.summary_json, "w") as f:
             json.dump(summary.to_json(), f, indent=1)
     if summary.unanswered:

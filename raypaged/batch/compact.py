@@ -35,7 +35,8 @@ class AnsweredLines:
     def add(self, line_no: int, digest: int) -> bool:
         """False if that line is already answered (a second output line for it)."""
         if line_no >= len(self._slots):
-            self._slots.extend(bytes(4 * max(line_no + 1 - len(self._slots), len(self._slots))))
+            # frombytes: 4 zero bytes a slot (extend(bytes) would add one slot a byte)
+            self._slots.frombytes(bytes(4 * max(line_no + 1 - len(self._slots), len(self._slots))))
         if self._slots[line_no]:
             return False
         self._slots[line_no] = self.key(digest)

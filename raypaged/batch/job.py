@@ -7,8 +7,9 @@ with bounded concurrency, append one output line per row.
 
 A row's answer is final, and written, when it is a response or a refusal of the row's own input
 (4xx other than 408/429). Anything else - no engine ready (503), an engine lost twice while
-serving it, a 5xx, a bug - is not the row's fault: the row is retried, with backoff, for up to
-`retry_timeout_s`, then left out of the output for a re-run. So an output line is never a
+serving it (a 503, or the 400 suspected_poison_request), a 5xx, a bug - is not the row's
+fault: the row is retried, with backoff, for up to `retry_timeout_s`, then left out of the
+output for a re-run. So an output line is never a
 failure a re-run could fix, and a resume skips exactly the lines that are final.
 
 An input line the output answers but whose bytes changed since (its digest differs) stops the
@@ -172,7 +173,8 @@ class BatchJob:
             try:
                 response = await endpoint(row.body)
             except APIError as exc:
-                if 400 <= exc.status < 500 and exc.status not in (408, 429):  # the row's fault
+                if (400 <= exc.status < 500 and exc.status not in (408, 429)  # the row's fault
+                        and exc.code != "suspected_poison_request"):  # two engines lost
                     return error_line(row, exc), None
                 reason = f"{exc.status} {exc.message}"
             except Exception as exc:  # noqa: BLE001 - a bug on one row must not end the job

@@ -158,3 +158,17 @@ def test_an_output_that_is_the_input_is_refused_and_the_input_kept(tmp_path, how
         BatchJob(inp, out)
     assert inp.read_text() == '{"prompt": "x"}\n'
     assert not lock_path(out).exists()
+
+
+def test_the_resume_table_holds_at_most_8_bytes_per_input_line():
+    # docs/batch.md: 4 bytes a row for the resume table (a doubling array: at most twice that)
+    for order in ("input order", "last line first"):
+        done = AnsweredLines()
+        lines = range(1, 100_001) if order == "input order" else range(100_000, 0, -1)
+        for n in lines:
+            done.add(n, n)
+        assert done._slots.itemsize * len(done._slots) <= 8 * 100_001, order
+    done = AnsweredLines()
+    for n in range(1, 1001):
+        done.add(n, n)
+    assert len(done._slots) == 1024  # 1001 slots (0 unused) rounded up to a power of two

@@ -13,6 +13,7 @@ from batch_inputs import read_output, write_lines
 from local_pool import ALWAYS, LocalPool, WorkerUnavailable
 from raypaged.batch import BatchOptions
 from raypaged.batch.job import BatchJob, InputChanged
+from raypaged.serve.errors import APIError
 
 OPTIONS = dict(workers=1, max_inflight=4, prefix_grouping=False)
 
@@ -64,6 +65,30 @@ def test_a_row_failing_past_the_retry_timeout_is_not_written_and_a_rerun_answers
     answers = by_custom_id(out)
     assert sorted(answers) == ["line-1", "line-2", "line-3", "line-4"]
     assert all(o["response"]["status_code"] == 200 for o in answers.values())
+
+
+def test_a_row_refused_as_a_suspected_poison_request_is_retried_and_never_written(tmp_path):
+    # the failover's 400 once two engines died serving a row (serve/failover.py): an engine lost
+    # twice is not the row's own input (docs/batch.md), and the serving memory refuses it again
+    # at once, so a final line would never be answered by a re-run
+    inp = write_lines(tmp_path / "in.jsonl", [plain(f"row {i}") for i in range(3)])
+    out = tmp_path / "out.jsonl"
+    pool = LocalPool()
+    answer, refused = pool.frontend.completions, {"row 1": 0, "row 2": 0}
+
+    async def completions(body):
+        prompt = body["prompt"]
+        if prompt == "row 2" or (prompt == "row 1" and refused[prompt] < 2):
+            refused[prompt] += 1
+            raise APIError(400, "workers w0 and w1 each died or stopped answering while serving "
+                           "this request", code="suspected_poison_request")
+        return await answer(body)
+    pool.frontend.completions = completions
+    summary = run(inp, out, pool, retry_timeout_s=2.0)
+    assert {cid: o["response"]["status_code"] for cid, o in by_custom_id(out).items()} == {
+        "line-1": 200, "line-2": 200}  # row 2: no 400 line, left for a re-run
+    assert refused["row 1"] == 2 and refused["row 2"] >= 2
+    assert (summary.completed, summary.failed, summary.unanswered) == (2, 0, 1)
 
 
 def test_a_rerun_of_a_finished_job_writes_nothing_and_appended_lines_are_run(tmp_path):

@@ -2,6 +2,8 @@
 cannot start: no Ray, no engine."""
 from __future__ import annotations
 
+import json
+
 from raypaged.batch import progress as progress_module
 from raypaged.batch.progress import BatchSummary, Progress
 from raypaged.cli import main
@@ -37,3 +39,17 @@ def test_a_missing_input_exits_2_before_ray_starts(tmp_path, capsys):
     assert main(["batch", str(tmp_path / "missing.jsonl"), str(tmp_path / "out.jsonl")]) == 2
     assert capsys.readouterr().err == f"error: input file {tmp_path / 'missing.jsonl'} does not exist\n"
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_summary_json_in_a_missing_directory_is_written_and_keeps_the_exit_status(
+        tmp_path, monkeypatch, capsys):
+    from raypaged.batch import api
+    summary = BatchSummary(rows=2, skipped=0, completed=1, failed=0, prompt_tokens=4,
+                           completion_tokens=2, cached_tokens=0, wall_s=1.0, unanswered=1)
+    monkeypatch.setattr(api, "run_job", lambda job, on_ray: summary)  # no Ray: the job's end
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    report = tmp_path / "reports" / "summary.json"
+    assert main(["batch", str(inp), str(tmp_path / "out.jsonl"), "--summary-json",
+                 str(report)]) == 3  # one row unanswered: re-run, as the output's directory
+    assert json.loads(report.read_text()) == summary.to_json()
