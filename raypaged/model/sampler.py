@@ -124,8 +124,11 @@ class Sampler:
     def _sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         dev = logits.device
         # per-row knobs, one host tensor and one copy: [N, 4] = temperature, top_k, top_p, min_p
-        knobs = torch.tensor([[r.params.temperature or 1.0, r.params.top_k, r.params.top_p,
-                               r.params.min_p] for r in rows], dtype=torch.float64)
+        # (top_k capped at the vocabulary: a float64 holds it exactly only up to 2**53, and
+        # 2**63 - 1 rounds to 2**63, which .long() makes int64's minimum)
+        vocab = logits.shape[1]
+        knobs = torch.tensor([[r.params.temperature or 1.0, min(r.params.top_k, vocab),
+                               r.params.top_p, r.params.min_p] for r in rows], dtype=torch.float64)
         keys = torch.tensor([as_signed(row_key(r) if r.params.seed is not None
                                        else self._rng.getrandbits(64)) for r in rows])
         knobs, keys = knobs.to(dev, non_blocking=True), keys.to(dev, non_blocking=True)

@@ -54,6 +54,18 @@ def test_top_k_top_p_min_p_restrict_the_candidates():
     assert draws(logits, temperature=1.0, top_p=0.01) == {0}         # the top token always stays
 
 
+
+def test_top_k_past_the_vocabulary_keeps_every_token_up_to_int64_max():
+    """top_k accepts any int64; past the vocabulary it means every token, as vLLM's does. Sent
+    to the device as a float64, 2**63 - 1 rounded to 2**63 and turned into int64's minimum,
+    which dropped every token: the NaN row then always gave token 0."""
+    logits = torch.tensor([[math.log(p) for p in (0.05, 0.3, 0.15, 0.5)]] * 200)
+    seeded = [dict(temperature=1.0, seed=5, output=[0] * k) for k in range(200)]
+    off = Sampler()(logits, [row(**kw) for kw in seeded])[0]
+    assert set(off) == {0, 1, 2, 3}
+    for k in (4, 5, 2 ** 53 + 1, 2 ** 63 - 1):
+        assert Sampler()(logits, [row(top_k=k, **kw) for kw in seeded])[0] == off, k
+
 def test_seeded_draws_do_not_depend_on_the_batch():
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1))
     seeded = row(temperature=1.0, seed=1234, output=[1, 2])
