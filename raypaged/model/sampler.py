@@ -25,6 +25,10 @@ from raypaged.model.counter_rng import as_signed, splitmix64, uniforms
 from raypaged.model.grammar import GrammarCache
 from raypaged.model.logit_masks import LogitMasks
 
+# vLLM's _MAX_TEMP: a temperature in (0, 0.01) samples as 0.01. Far smaller ones overflow the
+# float32 logits / temperature (or round to 0) and turn the row into NaNs.
+MIN_TEMPERATURE = 0.01
+
 
 @dataclass(frozen=True)
 class SampleRow:
@@ -127,7 +131,8 @@ class Sampler:
         # (top_k capped at the vocabulary: a float64 holds it exactly only up to 2**53, and
         # 2**63 - 1 rounds to 2**63, which .long() makes int64's minimum)
         vocab = logits.shape[1]
-        knobs = torch.tensor([[r.params.temperature or 1.0, min(r.params.top_k, vocab),
+        knobs = torch.tensor([[max(r.params.temperature, MIN_TEMPERATURE) if r.params.temperature
+                               else 1.0, min(r.params.top_k, vocab),
                                r.params.top_p, r.params.min_p] for r in rows], dtype=torch.float64)
         keys = torch.tensor([as_signed(row_key(r) if r.params.seed is not None
                                        else self._rng.getrandbits(64)) for r in rows])

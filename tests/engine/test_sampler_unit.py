@@ -66,6 +66,19 @@ def test_top_k_past_the_vocabulary_keeps_every_token_up_to_int64_max():
     for k in (4, 5, 2 ** 53 + 1, 2 ** 63 - 1):
         assert Sampler()(logits, [row(top_k=k, **kw) for kw in seeded])[0] == off, k
 
+
+def test_a_tiny_temperature_samples_as_vllm_does_never_a_nan_row():
+    """Temperatures in (0, 0.01) are raised to 0.01, as vLLM does: below about 1e-37 the scaled
+    logits overflowed float32 (or the temperature itself rounded to 0), the row became NaN and
+    every draw was token 0 whatever the model said."""
+    logits = torch.tensor([[math.log(p) for p in (0.05, 0.3, 0.15, 0.5)]] * 200)
+    logits[:, 2] = 30.0                               # a large logit, as real models give
+    seeded = [dict(seed=5, output=[0] * k) for k in range(200)]
+    at_floor = Sampler()(logits, [row(temperature=0.01, **kw) for kw in seeded])[0]
+    assert set(at_floor) == {2}
+    for t in (0.005, 1e-30, 1e-40, 1e-45):
+        assert Sampler()(logits, [row(temperature=t, **kw) for kw in seeded])[0] == at_floor, t
+
 def test_seeded_draws_do_not_depend_on_the_batch():
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1))
     seeded = row(temperature=1.0, seed=1234, output=[1, 2])
