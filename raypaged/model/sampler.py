@@ -156,8 +156,9 @@ class Sampler:
         ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
         drop = ranks >= ks.unsqueeze(1)
         probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
-        # drop a token when the mass *before* it already reaches top_p (the top token always stays)
-        drop |= (probs.cumsum(dim=-1) - probs) >= top_p.unsqueeze(1)
+        # drop a token when the mass *before* it already reaches top_p (the top token always
+        # stays); top_p = 1 drops nothing: the float32 cumsum reaches 1.0 before a long tail
+        drop |= ((probs.cumsum(dim=-1) - probs) >= top_p.unsqueeze(1)) & (top_p < 1).unsqueeze(1)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 

@@ -79,6 +79,21 @@ def test_a_tiny_temperature_samples_as_vllm_does_never_a_nan_row():
     for t in (0.005, 1e-30, 1e-40, 1e-45):
         assert Sampler()(logits, [row(temperature=t, **kw) for kw in seeded])[0] == at_floor, t
 
+
+def test_top_p_1_keeps_the_tail_a_seeded_draw_needs_whatever_the_batch():
+    """top_p = 1.0 drops nothing, as in vLLM. The float32 cumulative sum over a 49152-token
+    vocabulary reached 1.0 before its tail, so a row that went through top-k/top-p (its own
+    top_k, or another row's top_p in the batch) lost ~3000 tail tokens: seed 3 at output
+    position 11851 draws tail token 18295 alone, and drew another one next to a top_p row."""
+    vocab, d = 49152, 5e-8
+    p = torch.full((vocab,), d, dtype=torch.float64)
+    p[0] = 1 - (vocab - 1) * d
+    logits = p.log().float().expand(2, vocab).contiguous()
+    seeded = dict(temperature=1.0, seed=3, output=[0] * 11851)
+    assert Sampler()(logits[:1], [row(**seeded)])[0] == [18295]
+    assert Sampler()(logits, [row(**seeded), row(temperature=1.0, top_p=0.5)])[0][0] == 18295
+    assert Sampler()(logits[:1], [row(top_k=vocab, **seeded)])[0] == [18295]
+
 def test_seeded_draws_do_not_depend_on_the_batch():
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1))
     seeded = row(temperature=1.0, seed=1234, output=[1, 2])
