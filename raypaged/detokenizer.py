@@ -4,7 +4,8 @@ Decoding only the newest token breaks multi-byte characters and word-joining tok
 step decodes a short window (prefix_offset..end) and emits what it adds over (prefix_offset..
 read_offset); text ending in U+FFFD (an incomplete UTF-8 sequence) waits for the next token.
 Stop strings: while running, the last len(longest stop) - 1 characters are held back, so a stop
-string that completes later never leaks into text already streamed. Special tokens and the
+string that completes later never leaks into text already streamed; as in vLLM, one counts only
+once the output is longer than min_tokens. Special tokens and the
 token that ended the sample: see SamplingParams.skip_special_tokens.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ PROMPT_CONTEXT_TOKENS = 5  # prompt tokens decoded with the first outputs, for c
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_token_ids: Sequence[int], stop: Sequence[str] = (),
                  include_stop_str_in_output: bool = False,
-                 skip_special_tokens: bool = True) -> None:
+                 skip_special_tokens: bool = True, min_tokens: int = 0) -> None:
         self.tokenizer = tokenizer
         self.skip_special = skip_special_tokens
         self.ids = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
@@ -26,6 +27,11 @@ class IncrementalDetokenizer:
         self.stop = tuple(stop)
         self.include_stop = include_stop_str_in_output
         self.hold = max((len(s) for s in self.stop), default=1) - 1
+        # As vLLM: a stop string counts only once the output is longer than min_tokens, and
+        # must end past the text of its first min_tokens tokens (min_chars characters).
+        self.min_tokens = min_tokens
+        self.num_tokens = 0
+        self.min_chars = 0
         self.text = ""          # all decoded output text (cut at a stop string once found)
         self.emitted = 0        # characters of self.text already returned
         self.stop_reason: str | None = None
@@ -40,7 +46,10 @@ class IncrementalDetokenizer:
             for t in token_ids:
                 self.ids.append(t)
                 self._decode_tail()
-                if self._find_stop():
+                self.num_tokens += 1
+                if self.num_tokens <= self.min_tokens:
+                    self.min_chars = len(self.text)
+                elif self._find_stop():
                     break
         done = finished or self.stop_reason is not None
         end = len(self.text) if done else max(self.emitted, len(self.text) - self.hold)
@@ -71,7 +80,8 @@ class IncrementalDetokenizer:
             return False
         # only the new characters (plus a stop's length of overlap) can complete a stop string
         start = max(0, self.emitted - self.hold - 1)
-        hits = [(i, s) for s in self.stop if (i := self.text.find(s, start)) != -1]
+        hits = [(i, s) for s in self.stop
+                if (i := self.text.find(s, max(start, self.min_chars - len(s) + 1))) != -1]
         if not hits:
             return False
         i, s = min(hits)

@@ -43,7 +43,7 @@ class OutputProcessor:
     def detokenizer(self, prompt: Sequence[int], params: SamplingParams) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self.tokenizer, prompt, params.stop,
                                       params.include_stop_str_in_output,
-                                      params.skip_special_tokens)
+                                      params.skip_special_tokens, params.min_tokens)
 
     def add(self, request_id: str, prompt: list[int], params: SamplingParams, index: int,
             detok: IncrementalDetokenizer) -> None:

@@ -25,6 +25,10 @@ from raypaged.model.counter_rng import as_signed, splitmix64, uniforms
 from raypaged.model.grammar import GrammarCache
 from raypaged.model.logit_masks import LogitMasks
 
+# vLLM's _MAX_TEMP: a temperature in (0, 0.01) samples as 0.01. Far smaller ones overflow the
+# float32 logits / temperature (or round to 0) and turn the row into NaNs.
+MIN_TEMPERATURE = 0.01
+
 
 @dataclass(frozen=True)
 class SampleRow:
@@ -124,8 +128,12 @@ class Sampler:
     def _sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         dev = logits.device
         # per-row knobs, one host tensor and one copy: [N, 4] = temperature, top_k, top_p, min_p
-        knobs = torch.tensor([[r.params.temperature or 1.0, r.params.top_k, r.params.top_p,
-                               r.params.min_p] for r in rows], dtype=torch.float64)
+        # (top_k capped at the vocabulary: a float64 holds it exactly only up to 2**53, and
+        # 2**63 - 1 rounds to 2**63, which .long() makes int64's minimum)
+        vocab = logits.shape[1]
+        knobs = torch.tensor([[max(r.params.temperature, MIN_TEMPERATURE) if r.params.temperature
+                               else 1.0, min(r.params.top_k, vocab),
+                               r.params.top_p, r.params.min_p] for r in rows], dtype=torch.float64)
         keys = torch.tensor([as_signed(row_key(r) if r.params.seed is not None
                                        else self._rng.getrandbits(64)) for r in rows])
         knobs, keys = knobs.to(dev, non_blocking=True), keys.to(dev, non_blocking=True)
@@ -148,8 +156,9 @@ class Sampler:
         ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
         drop = ranks >= ks.unsqueeze(1)
         probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
-        # drop a token when the mass *before* it already reaches top_p (the top token always stays)
-        drop |= (probs.cumsum(dim=-1) - probs) >= top_p.unsqueeze(1)
+        # drop a token when the mass *before* it already reaches top_p (the top token always
+        # stays); top_p = 1 drops nothing: the float32 cumsum reaches 1.0 before a long tail
+        drop |= ((probs.cumsum(dim=-1) - probs) >= top_p.unsqueeze(1)) & (top_p < 1).unsqueeze(1)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 

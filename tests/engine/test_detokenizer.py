@@ -40,6 +40,32 @@ def test_held_back_text_never_exceeds_the_longest_stop_string():
         assert len(detok.text) - detok.emitted == hold  # and the rest was streamed
 
 
+
+def test_stop_strings_wait_for_min_tokens_as_in_vllm():
+    """min_tokens holds back stop strings too (vLLM's detokenizer checks them only once the
+    output is longer than min_tokens): a stop string must end in text of a token past the
+    first min_tokens. Before, "o" in "one" ended a min_tokens=5 request with no text."""
+    from raypaged.core.contracts import RequestDelta
+    from raypaged.core.sampling_params import SamplingParams
+    from raypaged.output_processor import OutputProcessor
+
+    tok = _Bytes()
+    ids = tok.encode("one two three")
+    for min_tokens, stop, text in ((0, "o", ""), (5, "o", "one tw"), (5, "tw", "one "),
+                                   (7, "o", "one two three")):
+        detok = IncrementalDetokenizer(tok, [], (stop,), min_tokens=min_tokens)
+        streamed = "".join(detok.add([t], finished=i == len(ids) - 1) for i, t in enumerate(ids))
+        assert (streamed, detok.text) == (text, text), (min_tokens, stop)
+        assert detok.stop_reason == (None if text == "one two three" else stop)
+        # the engine's output processor passes the request's min_tokens on
+        proc = OutputProcessor(tok)
+        params = SamplingParams(min_tokens=min_tokens, stop=stop, max_tokens=len(ids))
+        proc.add("r", [], params, 0, proc.detokenizer([], params))
+        outs = [o for i, t in enumerate(ids) for o in proc.process(
+            [RequestDelta("r", (t,), "length" if i == len(ids) - 1 else None)])[0]]
+        assert "".join(o.new_text for o in outs) == text
+        assert outs[-1].finish_reason == ("length" if text == "one two three" else "stop")
+
 class _Bytes:
     """Token id = byte."""
 

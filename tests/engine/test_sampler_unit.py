@@ -54,6 +54,46 @@ def test_top_k_top_p_min_p_restrict_the_candidates():
     assert draws(logits, temperature=1.0, top_p=0.01) == {0}         # the top token always stays
 
 
+
+def test_top_k_past_the_vocabulary_keeps_every_token_up_to_int64_max():
+    """top_k accepts any int64; past the vocabulary it means every token, as vLLM's does. Sent
+    to the device as a float64, 2**63 - 1 rounded to 2**63 and turned into int64's minimum,
+    which dropped every token: the NaN row then always gave token 0."""
+    logits = torch.tensor([[math.log(p) for p in (0.05, 0.3, 0.15, 0.5)]] * 200)
+    seeded = [dict(temperature=1.0, seed=5, output=[0] * k) for k in range(200)]
+    off = Sampler()(logits, [row(**kw) for kw in seeded])[0]
+    assert set(off) == {0, 1, 2, 3}
+    for k in (4, 5, 2 ** 53 + 1, 2 ** 63 - 1):
+        assert Sampler()(logits, [row(top_k=k, **kw) for kw in seeded])[0] == off, k
+
+
+def test_a_tiny_temperature_samples_as_vllm_does_never_a_nan_row():
+    """Temperatures in (0, 0.01) are raised to 0.01, as vLLM does: below about 1e-37 the scaled
+    logits overflowed float32 (or the temperature itself rounded to 0), the row became NaN and
+    every draw was token 0 whatever the model said."""
+    logits = torch.tensor([[math.log(p) for p in (0.05, 0.3, 0.15, 0.5)]] * 200)
+    logits[:, 2] = 30.0                               # a large logit, as real models give
+    seeded = [dict(seed=5, output=[0] * k) for k in range(200)]
+    at_floor = Sampler()(logits, [row(temperature=0.01, **kw) for kw in seeded])[0]
+    assert set(at_floor) == {2}
+    for t in (0.005, 1e-30, 1e-40, 1e-45):
+        assert Sampler()(logits, [row(temperature=t, **kw) for kw in seeded])[0] == at_floor, t
+
+
+def test_top_p_1_keeps_the_tail_a_seeded_draw_needs_whatever_the_batch():
+    """top_p = 1.0 drops nothing, as in vLLM. The float32 cumulative sum over a 49152-token
+    vocabulary reached 1.0 before its tail, so a row that went through top-k/top-p (its own
+    top_k, or another row's top_p in the batch) lost ~3000 tail tokens: seed 3 at output
+    position 11851 draws tail token 18295 alone, and drew another one next to a top_p row."""
+    vocab, d = 49152, 5e-8
+    p = torch.full((vocab,), d, dtype=torch.float64)
+    p[0] = 1 - (vocab - 1) * d
+    logits = p.log().float().expand(2, vocab).contiguous()
+    seeded = dict(temperature=1.0, seed=3, output=[0] * 11851)
+    assert Sampler()(logits[:1], [row(**seeded)])[0] == [18295]
+    assert Sampler()(logits, [row(**seeded), row(temperature=1.0, top_p=0.5)])[0][0] == 18295
+    assert Sampler()(logits[:1], [row(top_k=vocab, **seeded)])[0] == [18295]
+
 def test_seeded_draws_do_not_depend_on_the_batch():
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1))
     seeded = row(temperature=1.0, seed=1234, output=[1, 2])
