@@ -193,6 +193,8 @@ class ScaleRound:
         queued = held_tokens
         prev, self._prev = self._prev, dict(workers)
         for worker_id, now in workers.items():
+            if not now.draining:  # a level, not a counter: counted from its first poll
+                queued += now.queued_tokens
             before = prev.get(worker_id)
             if before is None or before.incarnation != now.incarnation:
                 continue  # new here, or a new process: its counters start afresh
@@ -200,8 +202,6 @@ class ScaleRound:
             computed += done
             preemptions += max(0, now.preemptions - before.preemptions)
             self.capacity.observe(before.queued_tokens, done, interval_s)
-            if not now.draining:
-                queued += now.queued_tokens
         return LoadSample(now_s, interval_s, serving, starting, draining, queued, computed,
                           preemptions, self.capacity.tokens_per_s)
 

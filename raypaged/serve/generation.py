@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import time
 import weakref
 from typing import AsyncIterator
@@ -63,6 +64,7 @@ class Generation:
         self.client = CLIENT.get()  # of the HTTP request that started it
         # its place in the gate, from start() to close(); each leg counts at its blocks
         self._ticket = self._unclosed = None
+        self._closed = False  # close() ran (the output lengths are recorded once)
 
     @property
     def num_output_tokens(self) -> int:
@@ -143,7 +145,7 @@ class Generation:
             leg.link = self.d.fleet.link(view)
             rejected = await self._watched(leg, leg.link.submit(
                 leg.request_id, self.token_ids, params, self.cache_salt, continuation,
-                leg.sink(self._queue), block_hashes))
+                self._sink(leg), block_hashes))
             if rejected is not None:
                 self._close_leg(leg)
                 return rejected
@@ -171,6 +173,29 @@ class Generation:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
 
+    def _sink(self, leg: Leg):
+        """The leg's sink; the first leg's also gives the gate its place back once the worker
+        has finished every sample, read or not: a request's prompts are read only once all of
+        them have started, so a prompt waiting in the gate behind its own request's finished
+        ones (more than 7/8 of the cache together) would otherwise wait for ever."""
+        put = leg.sink(self._queue)
+        if leg.resumed or len(leg.indexes) != self.params.n:
+            return put
+        # not `self`: the link holds the sink, and a generation never closed must stay
+        # collectable (its finalizer gives the ticket back)
+        n, leave, ended = self.params.n, functools.partial(_leave_gate, self.d.gate,
+                                                            self._unclosed, self._ticket), set()
+
+        def sink(items) -> None:
+            put(items)
+            if isinstance(items, WorkerUnavailable):
+                return
+            ended.update(o.index for o in items
+                         if isinstance(o, SequenceOutput) and o.finish_reason is not None)
+            if len(ended) == n:
+                leave()
+        return sink
+
     def _error(self, status: int, message: str, **kw) -> APIError:
         """An APIError naming the last worker chosen for this request, if any was."""
         headers = {WORKER_HEADER: self.worker_id} if self.worker_id else None
@@ -187,10 +212,11 @@ class Generation:
         """Leave every worker (cancelling unfinished requests) and the gate; idempotent."""
         for leg in self._legs:
             self._close_leg(leg)
-        if self._unclosed is not None and self._unclosed.detach() is not None:
+        if self._ticket is not None and not self._closed:
+            self._closed = True
             if self.progress.done and "abort" not in self.progress.finish_reasons.values():
                 self.d.gate.finished([len(s.token_ids) for s in self.progress.samples])
-            self.d.gate.leave(self._ticket)  # detach(): None once given back
+        _leave_gate(self.d.gate, self._unclosed, self._ticket)
 
     # -- failover (failover.py) ---------------------------------------------------------------
     def _in_fleet(self, worker_id: str) -> bool:
@@ -316,6 +342,12 @@ class Generation:
 
     async def collect(self) -> list[SequenceOutput]:
         return [out async for batch in self.stream() for out in batch]
+
+
+def _leave_gate(gate, unclosed: weakref.finalize | None, ticket) -> None:
+    """Give the ticket back, once (detach(): None once given back)."""
+    if unclosed is not None and unclosed.detach() is not None:
+        gate.leave(ticket)
 
 
 _TICK, _DEADLINE = object(), object()  # stream()'s timers' markers in the queue

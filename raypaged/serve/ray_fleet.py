@@ -19,6 +19,7 @@ from typing import Awaitable, Callable
 from ray.exceptions import RayActorError
 
 from raypaged.core.cache_index import CacheIndex, IndexedCacheView
+from raypaged.core.cache_summary import SummaryDelta
 from raypaged.serve.fleet import FleetSnapshot, WorkerView
 from raypaged.serve.metrics import RequestMetrics
 from raypaged.serve.poison import PoisonMemory
@@ -84,6 +85,10 @@ class RayFleetClient:
                 if wid not in self._caches:
                     self._caches[wid] = self._cache_index.view(wid)
                 self._caches[wid].apply(delta)
+            present = {v.worker_id for v in snapshot.workers}
+            for wid in [w for w in self._caches if w not in present]:  # drained: it left
+                # its keys leave the index; back under this id, it is synced whole (-1)
+                self._caches.pop(wid).apply(SummaryDelta(-1, full=True))
             self._snapshot = dataclasses.replace(snapshot, caches=dict(self._caches))
         except RayActorError:
             # Recreated by Serve: resolve it again next time. Its cache mirrors count versions

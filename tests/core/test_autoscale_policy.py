@@ -177,3 +177,24 @@ def test_prompts_the_routers_hold_back_count_as_queued():
         sample = quiet.sample(t, 1.0, busy, serving=1, starting=0, draining=0)
         assert sample.wait_s == 0.1
         assert quiet.decide(sample)[1].changed is False
+
+
+def test_a_worker_new_to_the_round_counts_its_queue_at_once():
+    """Only its counters (computed tokens, preemptions) start afresh with a worker that joined
+    or restarted; its queue is a level, and it waits on a serving worker now: left out, the
+    wait was under-read for a poll after every join or restart (and, after a controller restart
+    that adopts a loaded fleet, every worker's queue was left out of the first sample)."""
+    from raypaged.core.autoscale_policy import ScaleRound, WorkerCounters
+
+    scale = ScaleRound(POLICY, desired=2)
+    scale.capacity.tokens_per_s = CAP
+    scale.sample(0.0, 1.0, {"w0": WorkerCounters(0, 0, 100, incarnation="a")},
+                 serving=1, starting=1, draining=0)
+    sample = scale.sample(1.0, 1.0, {"w0": WorkerCounters(500, 0, 100, incarnation="a"),
+                                     "w1": WorkerCounters(0, 0, 3900, incarnation="b")},
+                          serving=2, starting=0, draining=0)
+    assert (sample.queued_tokens, sample.computed_tokens, sample.wait_s) == (4000, 500, 2.0)
+    restarted = scale.sample(2.0, 1.0, {"w0": WorkerCounters(0, 0, 1000, incarnation="c"),
+                                        "w1": WorkerCounters(700, 0, 3000, incarnation="b")},
+                             serving=2, starting=0, draining=0)
+    assert (restarted.queued_tokens, restarted.computed_tokens) == (4000, 700)

@@ -145,15 +145,17 @@ def test_a_client_at_its_cap_gets_429_with_retry_after_naming_the_setting():
 
 def test_a_generation_never_closed_gives_its_place_back_once_collected():
     """A stream whose client left before its response started is never iterated, so never
-    closed: its place in the gate comes back when it is collected, not never."""
-    fleet = LocalFleet(n=1)
+    closed: its place in the gate comes back when it is collected, not never (here while it
+    still runs: one finished on its worker gives it back then)."""
+    fleet = LocalFleet(n=1, step_delay_s=0.05)
     gate = ClientGate(0, True, fleet.snapshot, RequestMetrics())
     dispatcher = Dispatcher(fleet, Router(ServeOptions(), 16), RequestMetrics(), gate=gate)
 
     async def main():
-        g = Generation(dispatcher, "r", [97] * 10, SamplingParams(max_tokens=2), None, 0.0)
+        g = Generation(dispatcher, "r", [97] * 10,
+                       SamplingParams(max_tokens=200, ignore_eos=True), None, 0.0)
         await g.start()
-        assert (gate.admission.num_admitted, gate.admission.admitted_blocks) == (1, 2)
+        assert (gate.admission.num_admitted, gate.admission.admitted_blocks) == (1, 1 + 13)
         del g
         gc.collect()
         await asyncio.sleep(0)  # given back at the loop's next turn
@@ -234,3 +236,21 @@ def test_a_request_without_max_tokens_counts_at_the_mean_output_seen_not_at_max_
         fleet.shutdown()
     assert first == (2 + 3, 40) and second == (2 + 5, 72)  # prompt 20 tokens: 2 blocks
     assert third[0] == 2 + 4  # open: the mean seen, 56 tokens, not max_model_len's rest
+
+
+def test_a_request_with_more_prompts_than_7_8_of_the_cache_holds_is_served_not_stuck():
+    """4 prompts of one request, 16 of the 64 blocks each: 3 fit in the 7/8 one client may
+    hold, the 4th waits for one of them to leave the gate. A prompt whose outputs are all in
+    must give its place back then, not only when its whole request is read: the request's
+    first 3 prompts are not read until the 4th has started, so it would wait for ever."""
+    fleet = LocalFleet(n=1, step_delay_s=0.01)
+    app, gate = make_app(fleet, ServeOptions(), request_timeout_s=10)
+    try:
+        with serving(app) as url:
+            payload = dict(body("a"), prompt=[c * 200 for c in "abcd"])
+            answer = post(url, A, payload)
+    finally:
+        fleet.shutdown()
+    assert answer.status_code == 200, answer.text
+    assert [c["index"] for c in answer.json()["choices"]] == [0, 1, 2, 3]
+    assert gate.admission.in_flight == {} and gate.admission.num_admitted == 0

@@ -88,3 +88,42 @@ def test_the_last_snapshot_outlives_the_controller_and_a_new_one_takes_over_once
         assert new.asked_versions == [{"worker-0": -1}]  # whole summaries, not old versions
         assert client.snapshot().caches["worker-0"].keys == new_cache.keys
     asyncio.run(main())
+
+
+def test_a_worker_that_left_the_fleet_leaves_the_routers_cache_index():
+    """A drained worker leaves the controller's snapshot and its cache mirror; the router drops
+    its copy of that cache too (an autoscaled fleet drains a worker at every scale-in: kept,
+    every router would hold every departed worker's keys for ever), and a worker that comes
+    back under the same id is synced whole."""
+    async def main():
+        caches = {"worker-0": CacheSummary(), "worker-1": CacheSummary()}
+        caches["worker-0"].add(b"a" * 8)
+        for h in (b"b" * 8, b"c" * 8):
+            caches["worker-1"].add(h)
+        both = FleetSnapshot(1, (WorkerView("worker-0", READY, handle=None),
+                                 WorkerView("worker-1", READY, handle=None)))
+        ctl = FakeController(both, CacheSummary())
+        ctl.cache_deltas = Method(lambda versions: {
+            wid: c.delta_since(versions.get(wid, -1), depths=False) for wid, c in caches.items()
+            if c.version != versions.get(wid, -1)})
+
+        async def resolve():
+            return ctl
+
+        client = RayFleetClient(resolve, "replica", RequestMetrics())
+        await client._refresh()
+        assert sorted(client.snapshot().caches) == ["worker-0", "worker-1"]
+
+        del caches["worker-1"]  # drained: out of the snapshot and of the controller's mirrors
+        ctl.current = FleetSnapshot(2, (WorkerView("worker-0", READY, handle=None),))
+        await client._refresh()
+        assert sorted(client.snapshot().caches) == ["worker-0"]
+        index = client._cache_index
+        assert sorted(index.holders) == [int.from_bytes(b"a" * 8, "little")]
+
+        caches["worker-1"] = CacheSummary()  # back under the same id, a new cache
+        caches["worker-1"].add(b"d" * 8)
+        ctl.current = both
+        await client._refresh()
+        assert client.snapshot().caches["worker-1"].keys == {int.from_bytes(b"d" * 8, "little")}
+    asyncio.run(main())
