@@ -202,8 +202,9 @@ class Controller:
         except asyncio.TimeoutError:
             state = STARTING if view.state == STARTING else UNRESPONSIVE
             return _moved(view, state, now)
-        except WorkerDown as down:
-            return dataclasses.replace(_moved(view, down.state, now), error=down.cause)
+        except WorkerDown as down:  # a lost node's error stays: it says why nobody waits
+            return dataclasses.replace(_moved(view, down.state, now),
+                                       error=down.cause or (view.error if view.node_lost else None))
         except Exception as exc:  # noqa: BLE001 - an unknown failure: treat the worker as gone
             logger.warning("polling worker %s failed: %r", view.worker_id, exc)
             return dataclasses.replace(_moved(view, DEAD, now), error=repr(exc))

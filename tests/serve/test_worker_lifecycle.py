@@ -78,6 +78,8 @@ def test_a_down_worker_whose_node_died_is_marked_node_lost_until_it_answers_agai
         assert (await c.snapshot()).to_json()["workers"][1]["node_lost"] is True
         await c.poll_once()
         assert len(asked) == 2  # known lost: not asked again
+        # the polls after it keep saying why (Ray's "unavailable" carries no cause)
+        assert (await c.snapshot()).worker("worker-1").error == "its node node-b is dead"
         b.restart()  # Ray placed a new process on another node
         b.stats = dataclasses.replace(b.stats, node_id="node-c")
         await c.poll_once()
