@@ -179,8 +179,8 @@ class Generation:
         them have started, so a prompt waiting in the gate behind its own request's finished
         ones (more than 7/8 of the cache together) would otherwise wait for ever."""
         put = leg.sink(self._queue)
-        if leg.resumed or len(leg.indexes) != self.params.n:
-            return put
+        if self._unclosed is None or leg.resumed or len(leg.indexes) != self.params.n:
+            return put  # no place in the gate (not started through it), or not the whole
         # not `self`: the link holds the sink, and a generation never closed must stay
         # collectable (its finalizer gives the ticket back)
         n, leave, ended = self.params.n, functools.partial(_leave_gate, self.d.gate,
@@ -216,7 +216,8 @@ class Generation:
             self._closed = True
             if self.progress.done and "abort" not in self.progress.finish_reasons.values():
                 self.d.gate.finished([len(s.token_ids) for s in self.progress.samples])
-        _leave_gate(self.d.gate, self._unclosed, self._ticket)
+        if self._unclosed is not None:
+            _leave_gate(self.d.gate, self._unclosed, self._ticket)
 
     # -- failover (failover.py) ---------------------------------------------------------------
     def _in_fleet(self, worker_id: str) -> bool:
