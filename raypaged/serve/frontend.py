@@ -26,7 +26,7 @@ from raypaged.core.sampling_params import SamplingParams
 from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.errors import (APIError, bad_request, from_validation_error, from_value_error,
                                    too_long)
-from raypaged.serve.generation import Generation
+from raypaged.serve.generation import Generation, gather_or_cancel
 from raypaged.serve.limits import RequestLimits
 from raypaged.serve.prompt_bound import max_token_bytes
 from raypaged.serve.sse_stream import sse_events
@@ -273,14 +273,10 @@ class OpenAIFrontend:
         return gens
 
     async def _collect(self, gens: list[Generation], n: int) -> list[Choice]:
-        # a lost worker is failed over inside Generation; what comes out is an APIError
-        tasks = [asyncio.ensure_future(g.collect()) for g in gens]
-        try:
-            outputs = await asyncio.gather(*tasks)
-        finally:  # one failed: gather leaves the others running, for ever (nobody reads them)
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, *(g.close() for g in gens), return_exceptions=True)
+        try:  # a lost worker is failed over inside Generation; what comes out is an APIError
+            outputs = await gather_or_cancel(*(g.collect() for g in gens))
+        finally:
+            await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)
         choices = [Choice() for _ in range(len(gens) * n)]
         for g, outs in enumerate(outputs):
             for out in outs:

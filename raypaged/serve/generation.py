@@ -242,14 +242,8 @@ class Generation:
                     await self._open(leg.indexes, None)  # nothing of it seen: the same again
                     return
                 todo = [i for i in leg.indexes if samples[i].finish_reason is None]
-                opens = [asyncio.ensure_future(self._open((i,), Continuation(
-                    i, tuple(samples[i].token_ids), samples[i].text_chars))) for i in todo]
-                try:
-                    await asyncio.gather(*opens)
-                finally:  # one failed: the request ends, and gather leaves the others running
-                    for task in opens:
-                        task.cancel()
-                    await asyncio.gather(*opens, return_exceptions=True)
+                await gather_or_cancel(*(self._open((i,), Continuation(
+                    i, tuple(samples[i].token_ids), samples[i].text_chars)) for i in todo))
         except TimeoutError:
             if timeout.expired():
                 raise DeadlinePassed() from None
@@ -343,6 +337,18 @@ class Generation:
 
     async def collect(self) -> list[SequenceOutput]:
         return [out async for batch in self.stream() for out in batch]
+
+
+async def gather_or_cancel(*aws) -> list:
+    """asyncio.gather, except that the first failure cancels the others and waits for them
+    (gather leaves them running: for ever, when nobody reads what they wait for)."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _leave_gate(gate, unclosed: weakref.finalize | None, ticket) -> None:
