@@ -69,8 +69,9 @@ async def sse_events(gens: list[Generation], n: int, chunk: Callable, head: dict
                 if out.index not in by_choice:
                     by_choice[out.index] = Choice(offset=sent.get(out.index, 0))
                 by_choice[out.index].add(out)
-            for i, c in by_choice.items():
-                sent[i] = c.offset + sum(map(len, c.text))
+            if not plain:  # only logprobs' text_offset reads it
+                for i, c in by_choice.items():
+                    sent[i] = c.offset + sum(map(len, c.text))
             choices = [chunk(i, c) for i, c in sorted(by_choice.items())]
             # vLLM's continuous_usage_stats: the running usage on every chunk
             extra = {"usage": usage(gens)} if continuous_usage else {}
