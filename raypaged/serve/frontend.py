@@ -160,10 +160,12 @@ class OpenAIFrontend:
         params = self._params(req, max_tokens, logprobs, constraint)
         if self.shedder is not None:  # last check before any work reaches a worker
             self.shedder.check(sum(len(tokens) for tokens in prompts))
-        gens = await self._start(route.id_prefix, prompts, params, req.cache_salt, arrival)
+        # one id for the response; each prompt's generation is "<id>-<i>" (as vLLM names them)
+        response_id = f"{route.id_prefix}-{uuid.uuid4().hex}"
+        gens = await self._start(response_id, prompts, params, req.cache_salt, arrival)
         if req.stream:  # the header goes out first: it names the workers streaming now
             opts = req.stream_options
-            head = {"id": gens[0].request_id, "object": route.chunk_object,
+            head = {"id": response_id, "object": route.chunk_object,
                     "created": int(time.time()), "model": self.info.name}
             # plain text chunks are spliced into a frame: Shapes' choices without logprobs,
             # nor tool-call parsing around them
@@ -175,7 +177,7 @@ class OpenAIFrontend:
             return sse_response(events, {WORKER_HEADER: workers_header(gens)})
         choices = await self._collect(gens, params.n)
         header = {WORKER_HEADER: workers_header(gens)}  # after a failover: who finished it
-        body = {"id": gens[0].request_id, "object": route.object, "created": int(time.time()),
+        body = {"id": response_id, "object": route.object, "created": int(time.time()),
                 "model": self.info.name,
                 "choices": [chunk(i, c, whole=True) for i, c in enumerate(choices)],
                 "usage": usage(gens)}
@@ -257,9 +259,8 @@ class OpenAIFrontend:
             raise from_value_error(exc) from None
 
     # -- running -----------------------------------------------------------------------------
-    async def _start(self, kind: str, prompts: list[list[int]], params: SamplingParams,
+    async def _start(self, base: str, prompts: list[list[int]], params: SamplingParams,
                      cache_salt: str | None, arrival: float) -> list[Generation]:
-        base = f"{kind}-{uuid.uuid4().hex}"
         gens = [Generation(self.dispatcher, base if len(prompts) == 1 else f"{base}-{i}",
                            tokens, params, cache_salt, arrival) for i, tokens in enumerate(prompts)]
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 
@@ -100,6 +101,22 @@ def test_choices_are_indexed_prompt_major_then_sample(path, body):
     r, _ = run(LocalFleet(), lambda c: c.post(path, json=body))
     indexes = [c["index"] for c in r.json()["choices"]]
     assert indexes == list(range(len(indexes))) and len(indexes) in (3, 4)
+
+
+def test_a_completion_of_several_prompts_has_one_id_streamed_or_not():
+    """vLLM's and OpenAI's shape: the response is named once ("cmpl-<hex>"); the per-prompt
+    generations' "-<i>" names stay inside the server."""
+    body = {**BODY, "prompt": ["first prompt here", "second prompt here"], "max_tokens": 2}
+
+    async def both(client):
+        whole = (await client.post("/v1/completions", json=body)).json()["id"]
+        stream = await client.post("/v1/completions", json={**body, "stream": True})
+        ids = {json.loads(line[6:])["id"] for line in stream.text.splitlines()
+               if line.startswith("data: {")}
+        return whole, ids
+    (whole, streamed), _ = run(LocalFleet(), both)
+    assert re.fullmatch(r"cmpl-[0-9a-f]{32}", whole)
+    assert len(streamed) == 1 and re.fullmatch(r"cmpl-[0-9a-f]{32}", streamed.pop())
 
 
 def test_api_key_guards_the_api_but_not_health_or_metrics():
