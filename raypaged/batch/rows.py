@@ -36,6 +36,7 @@ class Row:
     error: APIError | None = None  # set: the line is refused before it reaches the frontend
     digest: int = 0                # of the line's bytes (input.py): what resume compares
     end: int = 0                   # byte offset of the input just past the line
+    default_id: bool = False       # custom_id is the line-<n> given to a plain row without one
 
 
 def read_rows(f: BinaryIO, max_line_bytes: int) -> Iterator[Row]:
@@ -52,9 +53,14 @@ def read_rows(f: BinaryIO, max_line_bytes: int) -> Iterator[Row]:
         else:
             row = parse_line(line.line_no, line.raw)
         if row.custom_id is not None and not seen.add(row.custom_id) and row.error is None:
-            row = _refused(line.line_no, row.custom_id, f"custom_id {row.custom_id!r} is a "
-                           "duplicate of an earlier line's: give every line its own custom_id",
-                           "custom_id")
+            if row.default_id:  # no id of its own: its default may not pass for another's
+                row = _refused(line.line_no, None, f"the line has no custom_id, and its default "
+                               f"one, {row.custom_id!r}, is an earlier line's custom_id: give "
+                               "this line a custom_id of its own", "custom_id")
+            else:
+                row = _refused(line.line_no, row.custom_id, f"custom_id {row.custom_id!r} is a "
+                               "duplicate of an earlier line's: give every line its own "
+                               "custom_id", "custom_id")
         yield dataclasses.replace(row, digest=line.digest, end=line.end)
 
 
@@ -74,7 +80,8 @@ def parse_line(line_no: int, raw: bytes) -> Row:
                         f"{custom_id!r}", "custom_id")
     if "body" in obj or "url" in obj or "method" in obj:
         return _openai_line(line_no, obj, custom_id)
-    return _plain_row(line_no, obj, custom_id or f"line-{line_no}")
+    row = _plain_row(line_no, obj, custom_id or f"line-{line_no}")
+    return row if custom_id else dataclasses.replace(row, default_id=True)
 
 
 def _openai_line(line_no: int, obj: dict, custom_id: str | None) -> Row:

@@ -70,6 +70,16 @@ def test_the_second_line_with_a_custom_id_is_the_duplicate():
                                      "give every line its own custom_id")
 
 
+def test_a_row_without_custom_id_whose_default_is_taken_is_refused_not_named_alike():
+    """Line 1 names itself "line-3"; line 3 has no custom_id: its default, "line-3", would give
+    two output lines the same custom_id (one for each input line)."""
+    rows = rows_of('{"prompt": "x", "custom_id": "line-3"}', '{"prompt": "y"}', '{"prompt": "z"}')
+    assert [(r.custom_id, r.error) for r in rows[:2]] == [("line-3", None), ("line-2", None)]
+    assert (rows[2].custom_id, rows[2].error.status, rows[2].error.message) == (
+        None, 400, "line 3: the line has no custom_id, and its default one, 'line-3', is an "
+                   "earlier line's custom_id: give this line a custom_id of its own")
+
+
 def test_each_row_carries_the_digest_of_its_line_bytes_and_where_it_ends():
     a, b = b'{"prompt": "a"}', b'{"prompt": "b"}'
     rows = rows_of(a + b"\n", b"\n", b)  # a blank line between; the last without "\n"
