@@ -52,6 +52,12 @@ def error_line(row: Row, err: APIError) -> dict:
             "error": {"code": err.body()["error"]["code"], "message": err.message}}
 
 
+# Characters that json.dumps(ensure_ascii=False) leaves as they are and str.splitlines() ends a
+# line at: escaped, so that every reader sees one record per line. They occur only inside JSON strings,
+# where the escape means the same character.
+_LINE_BREAKS_ESCAPED = {ord(c): f"\\u{ord(c):04x}" for c in "\x85\u2028\u2029"}
+
+
 def lock_path(path: Path) -> Path:
     return path.with_name(path.name + ".lock")
 
@@ -101,7 +107,8 @@ class OutputFile:
 
     def write(self, line: dict) -> None:
         # One write of one whole line, flushed now: a crash loses at most the tail of this line.
-        self._file.write((json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8"))
+        text = json.dumps(line, ensure_ascii=False).translate(_LINE_BREAKS_ESCAPED)
+        self._file.write((text + "\n").encode("utf-8"))
         self._file.flush()
         if time.monotonic() - self._synced_at >= self.fsync_interval_s:
             self.sync()

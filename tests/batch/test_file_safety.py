@@ -106,6 +106,18 @@ def test_an_output_that_is_not_ours_is_refused(tmp_path, content):
     assert path.read_text() == content + answer_line(2, 2)
 
 
+def test_an_output_line_splits_into_lines_nowhere_but_at_its_end(tmp_path):
+    """Generated text may hold U+2028, U+2029 or U+0085: Python's str.splitlines() (which many
+    JSONL readers use) ends a line at each, so they are written escaped; the text reads back
+    the same."""
+    text = "a\u2028b\u2029c\x85d\ne"
+    out = OutputFile(tmp_path / "out.jsonl")
+    out.write({"id": "batch_req_1_00000000000000ab", "custom_id": "c1", "text": text})
+    out.close()
+    [line] = (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()
+    assert json.loads(line)["text"] == text
+
+
 def test_a_second_writer_of_one_output_is_refused_until_the_first_closes(tmp_path):
     path = tmp_path / "out.jsonl"
     first = OutputFile(path)
