@@ -61,13 +61,24 @@ class BatchJob:
         # give an in-process pool with the same frontend, block_size, check_alive() and stop()
         self.start_pool = EnginePool.start
         if not self.input_path.is_file():
-            raise FileNotFoundError(f"input file {self.input_path} does not exist")
+            raise FileNotFoundError(f"input file {self.input_path} " + (
+                "is not a regular file" if self.input_path.exists() else "does not exist"))
+        try:  # refused now, with the path, rather than as a traceback once the engines are up
+            self.input_path.open("rb").close()
+        except OSError as e:
+            raise ValueError(f"input file {self.input_path} cannot be read: {e.strerror}") from None
         # samefile compares device and inode: the same file by a symlink or a hard link too
         if self.output_path.exists() and os.path.samefile(self.input_path, self.output_path):
             raise ValueError(f"the output {self.output_path} is the input file "
                              f"{self.input_path}: writing it would destroy the input; give "
                              "another output path")
-        self.out = OutputFile(self.output_path, self.options.fsync_interval_s)
+        try:
+            self.out = OutputFile(self.output_path, self.options.fsync_interval_s)
+        except OSError as e:  # a parent that is a file, no permission, a full disk ...
+            why = (f"{e.filename} is not a directory" if isinstance(e, FileExistsError)
+                   else f"{e.strerror} ({e.filename})")
+            raise ValueError(f"output {self.output_path} cannot be written: {why}: give a "
+                             "path in a writable directory") from None
         self._changed: Row | None = None
 
     async def run(self, serve_args=None) -> BatchSummary:

@@ -144,6 +144,18 @@ def test_the_cli_refuses_a_locked_output_before_starting_ray(tmp_path, capsys):
     assert out.read_text() == ""
 
 
+@pytest.mark.parametrize("inp,out,message", [
+    ("in.jsonl", "in.jsonl/out.jsonl", "error: output {d}/in.jsonl/out.jsonl cannot be written: "
+     "{d}/in.jsonl is not a directory: give a path in a writable directory"),
+    (".", "out.jsonl", "error: input file {d} is not a regular file"),
+])
+def test_the_cli_refuses_paths_it_cannot_use_in_one_line_before_starting_ray(tmp_path, capsys,
+                                                                         inp, out, message):
+    (tmp_path / "in.jsonl").write_text('{"prompt": "x"}\n')
+    assert main(["batch", str(tmp_path / inp), str(tmp_path / out)]) == 2
+    assert capsys.readouterr().err.strip() == message.format(d=tmp_path)
+
+
 def test_fsync_runs_on_the_interval_not_per_line_and_at_close(tmp_path, monkeypatch):
     now, synced = [100.0], []
     monkeypatch.setattr(output_module.time, "monotonic", lambda: now[0])
