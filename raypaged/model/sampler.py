@@ -138,12 +138,14 @@ class Sampler:
                                        else self._rng.getrandbits(64)) for r in rows])
         knobs, keys = knobs.to(dev, non_blocking=True), keys.to(dev, non_blocking=True)
         logits = logits / knobs[:, 0:1].float()
+        # min_p before top-k/top-p, as vLLM V1: top_p then measures what min_p left.
+        # p < min_p * p_max  <=>  logit < max logit + log(min_p) (min_p 0: log is -inf, none)
+        if any(r.params.min_p > 0 for r in rows):
+            floor = logits.max(dim=-1, keepdim=True).values + knobs[:, 3:4].float().log()
+            logits = logits.masked_fill(logits < floor, float("-inf"))
         if any(r.params.top_k > 0 or r.params.top_p < 1.0 for r in rows):
             logits = self._top_k_top_p(logits, knobs[:, 1], knobs[:, 2].float())
         probs = logits.softmax(dim=-1)
-        if any(r.params.min_p > 0 for r in rows):
-            min_p = knobs[:, 3:4].float()
-            probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
         q = uniforms(keys, probs.shape[1]).log_().neg_()  # [N, V] ~ Exp(1)
         return (probs / q).argmax(dim=-1)
 

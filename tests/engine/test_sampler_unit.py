@@ -54,6 +54,15 @@ def test_top_k_top_p_min_p_restrict_the_candidates():
     assert draws(logits, temperature=1.0, top_p=0.01) == {0}         # the top token always stays
 
 
+def test_min_p_comes_before_top_p_as_in_vllm_v1():
+    """vLLM V1 applies min_p, then top-k/top-p to what is left: min_p 0.3 drops the two 0.1s
+    (below 0.3 x 0.5), leaving 0.625 / 0.375, and top_p 0.6 then keeps the first token alone.
+    Applied after top_p (on 0.5 / 0.3 / ...), the second token stayed too."""
+    logits = [math.log(p) for p in (0.5, 0.3, 0.1, 0.1)]
+    assert draws(logits, temperature=1.0, min_p=0.3, top_p=0.6) == {0}
+    assert draws(logits, temperature=1.0, min_p=0.3) == {0, 1}
+
+
 
 def test_top_k_past_the_vocabulary_keeps_every_token_up_to_int64_max():
     """top_k accepts any int64; past the vocabulary it means every token, as vLLM's does. Sent
