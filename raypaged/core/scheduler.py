@@ -90,13 +90,13 @@ class Scheduler:
             raise ValueError(
                 f"the request asks for n = {request.sampling.n} samples but max_num_seqs is "
                 f"{self.max_num_seqs}: lower n or raise max_num_seqs")
-        need = -(-total // self.block_size)
+        need = -(-(total - 1) // self.block_size)  # the last sampled token is never fed back
         if need > self.kv.pool.num_blocks:
             fits = self.kv.pool.num_blocks * self.block_size
             raise ValueError(
                 f"the request needs {need} KV blocks ({total} tokens) but the whole pool has "
-                f"{self.kv.pool.num_blocks} ({fits} tokens): keep prompt + max_tokens <= {fits} "
-                f"or raise the KV budget")
+                f"{self.kv.pool.num_blocks} ({fits} tokens): keep prompt + max_tokens <= "
+                f"{fits + 1} or raise the KV budget")
         request.arrival = next(self._arrivals)
         self.requests[request.request_id] = request
         if held:

@@ -147,6 +147,19 @@ def test_request_that_can_never_fit_is_refused_with_what_fits():
     assert list(run_to_completion(eng)) == ["ok"]
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_request_that_fits_the_pool_exactly_is_served_one_token_more_is_refused(overlap):
+    """A sequence holds the KV of every token but its last sampled one (that one is never fed
+    back): 9 prompt + 8 output tokens need 16 slots, all 4 blocks of 4; 9 + 9 need 17."""
+    eng = make_engine(num_blocks=4, block_size=4, max_model_len=100, overlap=overlap)
+    with pytest.raises(ValueError, match=r"needs 5 KV blocks \(18 tokens\).*pool has 4 \(16 "
+                                         r"tokens\): keep prompt \+ max_tokens <= 17 "):
+        eng.add_request("one_more", list(range(9)), sp(9))
+    eng.add_request("exact", list(range(9)), sp(8))
+    out = run_to_completion(eng, max_steps=50)
+    assert len(out["exact"]) == 8 and eng.scheduler.kv.pool.num_free == 4
+
+
 def test_request_with_more_samples_than_max_num_seqs_is_refused_not_queued_forever():
     """n samples need n seats at once: with n > max_num_seqs the request could never be
     admitted, and as the head of the FCFS queue it would hold back everyone behind it."""
