@@ -165,7 +165,7 @@ def fleet_families(fleet: FleetSnapshot, model_name: str):
                                 labels=labels + ["mode"])
     for w in fleet.workers:
         lv = [model_name, w.worker_id]
-        up.add_metric(lv, 1.0 if w.state == READY else 0.0)
+        up.add_metric(lv, 1.0 if w.ready else 0.0)  # draining: 0 (it takes no new requests)
         restarts.add_metric(lv, w.restarts)
         s = w.stats
         if s is None or w.state != READY:

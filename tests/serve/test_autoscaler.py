@@ -124,6 +124,12 @@ def test_a_draining_worker_with_streams_leaves_at_the_drain_deadline():
     fleet.controller.autoscaler.step(fleet.controller, fleet.now)
     snap = asyncio.run(fleet.controller.snapshot())
     assert [w.worker_id for w in snap.ready()] == ["worker-0"]
+    # worker_up means "takes requests": a draining worker takes none (its other series stay)
+    from raypaged.serve.metrics import RequestMetrics, render
+    text = render(snap, RequestMetrics().snapshot(), "m").decode()
+    assert 'raypaged:worker_up{model_name="m",worker="worker-0"} 1.0' in text
+    assert 'raypaged:worker_up{model_name="m",worker="worker-1"} 0.0' in text
+    assert 'raypaged:num_requests_running{model_name="m",worker="worker-1"}' in text
     draining_at = fleet.now
     for _ in range(3):  # 2 streams still running: it stays until drain_timeout_s (4 s)
         snap = fleet.tick()
