@@ -89,6 +89,8 @@ class RayFleetClient:
             for wid in [w for w in self._caches if w not in present]:  # drained: it left
                 # its keys leave the index; back under this id, it is synced whole (-1)
                 self._caches.pop(wid).apply(SummaryDelta(-1, full=True))
+            for wid in [w for w in self._links if w not in present]:  # and its link goes too
+                self._links.pop(wid).close()
             self._snapshot = dataclasses.replace(snapshot, caches=dict(self._caches))
         except RayActorError:
             # Recreated by Serve: resolve it again next time. Its cache mirrors count versions

@@ -4,6 +4,7 @@ views are re-synced whole from the new controller."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 from ray.exceptions import ActorDiedError
 
@@ -126,4 +127,42 @@ def test_a_worker_that_left_the_fleet_leaves_the_routers_cache_index():
         ctl.current = both
         await client._refresh()
         assert client.snapshot().caches["worker-1"].keys == {int.from_bytes(b"d" * 8, "little")}
+    asyncio.run(main())
+
+
+class EndlessOutputs:
+    """A worker handle's `outputs` stream that stays open and quiet."""
+
+    def remote(self, router_id):
+        async def stream():
+            await asyncio.Event().wait()
+            yield
+        return stream()
+
+
+def test_a_worker_that_left_the_fleet_leaves_the_routers_links(monkeypatch):
+    """Its stream is closed and its link forgotten: kept, every router would hold a link (and
+    the actor handle in it) for each worker an autoscaled fleet ever drained."""
+    closed = []
+    monkeypatch.setattr("raypaged.serve.worker_link.ray.cancel", closed.append)
+
+    async def main():
+        handle = SimpleNamespace(outputs=EndlessOutputs())
+        views = [WorkerView(f"worker-{i}", READY, handle=handle) for i in (0, 1)]
+        ctl = FakeController(FleetSnapshot(1, tuple(views)), CacheSummary())
+
+        async def resolve():
+            return ctl
+
+        client = RayFleetClient(resolve, "replica", RequestMetrics())
+        await client._refresh()
+        kept, left = (client.link(v) for v in views)
+        await asyncio.sleep(0)  # the links' streams open
+        ctl.current = FleetSnapshot(2, (views[0],))  # worker-1 drained away
+        await client._refresh()
+        assert client._links == {"worker-0": kept}
+        await asyncio.sleep(0)
+        assert left._pump.done() and closed == [left._gen]
+        assert client.link(views[0]) is kept
+        await client.stop()
     asyncio.run(main())
