@@ -103,8 +103,8 @@ class Worker:
         except ValueError as exc:
             self._forget(request_id)
             return Rejected(str(exc))
-        except asyncio.CancelledError:  # the router's call was cancelled: it left the request
-            self.cancel(request_id)
+        except BaseException:  # the router left (cancelled), or the engine failed: it goes
+            self.cancel(request_id)  # from the engine too, if it got that far, and from the bound
             raise
         return None
 

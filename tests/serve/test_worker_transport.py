@@ -69,6 +69,31 @@ def test_a_refused_request_is_the_submits_answer_and_never_counts():
     run(main())
 
 
+def test_an_engine_error_in_add_request_reaches_the_router_and_leaves_nothing_counted():
+    """Not a refusal (ValueError) but the engine's own failure: the submit raises (the router
+    fails the request over), and the worker forgets it: it neither counts as active nor holds
+    its blocks in the queue bound, and a later request is served."""
+    async def main():
+        engine = FakeEngine()
+        w = Worker(engine, "w")
+        real = engine.add_request
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("boom")
+        engine.add_request = broken
+        try:
+            await w.submit("m", "r", PROMPT, SamplingParams(max_tokens=5))
+        except RuntimeError as exc:
+            assert str(exc) == "boom"
+        else:
+            raise AssertionError("the engine's error reaches the caller")
+        assert w.stats().num_active == 0 and w.bound.count == 0
+        engine.add_request = real
+        assert len(await tokens_of(w, "next", SamplingParams(max_tokens=3, ignore_eos=True))) == 3
+        w.shutdown()
+    run(main())
+
+
 async def wait_freed(w: Worker) -> None:
     for _ in range(200):
         stats = w.stats()
