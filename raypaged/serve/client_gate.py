@@ -80,15 +80,18 @@ class ClientGate:
                             "(--max-requests-per-client; 0: no cap)",
                        code="rate_limit_exceeded", retry_after=1)
 
+    def blocks(self, num_prompt_tokens: int, max_tokens: int | None, n: int) -> int:
+        """KV blocks a request of n samples may hold (fair_admission.blocks_needed)."""
+        return blocks_needed(num_prompt_tokens, max_tokens, n, self._block_size,
+                             self._max_model_len, self.open_output())
+
     async def enter(self, client: str, num_prompt_tokens: int, max_tokens: int | None,
                     n: int) -> Ticket:
         """This prompt's ticket, once it may go to a worker (waiting its client's turn)."""
         self.check(client)
         self._loop = asyncio.get_running_loop()
         self._refresh()
-        blocks = blocks_needed(num_prompt_tokens, max_tokens, n, self._block_size,
-                               self._max_model_len, self.open_output())
-        ticket = self.admission.arrive(client, blocks)
+        ticket = self.admission.arrive(client, self.blocks(num_prompt_tokens, max_tokens, n))
         if ticket.admitted:
             return ticket
         ticket.waker = self._loop.create_future()

@@ -138,7 +138,10 @@ class Generation:
                           else f"{self.request_id}-{self._opens - 1}")
         self.worker_id = leg.worker_id
         self.d.opened(leg.worker_id)
-        leg.blocks = self._ticket.blocks
+        # a continuation carries one sample on (the prompt and that sample's output at its
+        # longest); the first leg, every sample: the request as the gate counted it
+        leg.blocks = (self._ticket.blocks if continuation is None
+                      else self.d.gate.blocks(len(self.token_ids), self.params.max_tokens, 1))
         self.d.placed(leg.worker_id, leg.blocks)
         self._legs.append(leg)
         try:

@@ -71,6 +71,33 @@ def test_a_non_streaming_request_continues_elsewhere_and_names_the_worker_that_f
     assert r.headers["x-raypaged-worker"] == other(home)
 
 
+def test_each_continuation_counts_the_blocks_of_its_one_sample_where_it_goes(monkeypatch):
+    """The router counts each leg's KV blocks on its worker (Dispatcher.placed, which orders
+    workers with room first): the first leg the whole request's, n = 3 samples; each sample
+    carried on alone after the failover, one sample's, not the request's three."""
+    from raypaged.core.fair_admission import blocks_needed
+    from raypaged.serve.dispatch import Dispatcher
+
+    placed = []
+    real = Dispatcher.placed
+
+    def record(self, worker_id, blocks):
+        placed.append((worker_id, blocks))
+        return real(self, worker_id, blocks)
+    monkeypatch.setattr(Dispatcher, "placed", record)
+    home = home_of(SEEDED_N3)
+    placed.clear()
+    fleet = LocalFleet(step_delay_s=0.005)
+    fleet.failing[home] = MID_STREAM
+    block_size = fleet.workers[home].stats().block_size
+    r, _ = run(fleet, SEEDED_N3)
+    prompt = r.json()["usage"]["prompt_tokens"]
+    whole, one = (blocks_needed(prompt, 12, n, block_size, 0) for n in (3, 1))
+    assert [b for _, b in placed if b > 0] == [whole, one, one, one]
+    assert {w for w, b in placed if b == one} == {other(home)}
+    assert sum(b for _, b in placed) == 0  # every leg given back
+
+
 def test_a_worker_frozen_before_its_first_token_is_left_for_another():
     home = home_of(GREEDY)
     fleet = LocalFleet(step_delay_s=0.005)
