@@ -27,6 +27,7 @@ from pathlib import Path
 from raypaged.batch.compact import AnsweredLines
 from raypaged.batch.rows import Row
 from raypaged.serve.errors import APIError
+from raypaged.serve.responses import json_line
 
 ID_PREFIX = "batch_req_"
 
@@ -50,12 +51,6 @@ def error_line(row: Row, err: APIError) -> dict:
             "response": {"status_code": err.status, "request_id": line_id(row),
                          "body": err.body()},
             "error": {"code": err.body()["error"]["code"], "message": err.message}}
-
-
-# Characters that json.dumps(ensure_ascii=False) leaves as they are and str.splitlines() ends a
-# line at: escaped, so that every reader sees one record per line. They occur only inside JSON strings,
-# where the escape means the same character.
-_LINE_BREAKS_ESCAPED = {ord(c): f"\\u{ord(c):04x}" for c in "\x85\u2028\u2029"}
 
 
 def lock_path(path: Path) -> Path:
@@ -107,8 +102,7 @@ class OutputFile:
 
     def write(self, line: dict) -> None:
         # One write of one whole line, flushed now: a crash loses at most the tail of this line.
-        text = json.dumps(line, ensure_ascii=False).translate(_LINE_BREAKS_ESCAPED)
-        self._file.write((text + "\n").encode("utf-8"))
+        self._file.write((json_line(line) + "\n").encode("utf-8"))
         self._file.flush()
         if time.monotonic() - self._synced_at >= self.fsync_interval_s:
             self.sync()

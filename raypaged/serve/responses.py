@@ -86,8 +86,20 @@ def workers_header(gens) -> str:
     return ",".join(dict.fromkeys(g.worker_id for g in gens))
 
 
+# Characters that json.dumps(ensure_ascii=False) leaves as they are and str.splitlines() ends a
+# line at (so does httpx's iter_lines()): escaped, so that every reader sees one SSE event per
+# data line and one record per JSONL line. They occur only inside JSON strings, where the
+# escape means the same character.
+_LINE_BREAKS_ESCAPED = {ord(c): f"\\u{ord(c):04x}" for c in "\x85\u2028\u2029"}
+
+
+def json_line(obj) -> str:
+    """obj as one line of JSON that no line splitter cuts (other non-ASCII stays as it is)."""
+    return json.dumps(obj, ensure_ascii=False).translate(_LINE_BREAKS_ESCAPED)
+
+
 def sse_data(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    return f"data: {json_line(obj)}\n\n"
 
 
 class SSEResponse(StreamingResponse):

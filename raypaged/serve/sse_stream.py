@@ -22,7 +22,7 @@ from raypaged.outputs import SequenceOutput
 from raypaged.serve.errors import APIError
 from raypaged.serve.failover import DeadlinePassed
 from raypaged.serve.generation import Generation
-from raypaged.serve.responses import Choice, sse_data, usage
+from raypaged.serve.responses import Choice, json_line, sse_data, usage
 
 # Stands for the text while a request's frame is made; unique, so it cannot occur elsewhere in
 # the chunk (the head's fields are an id, a time, the model's name and the object's name).
@@ -41,7 +41,7 @@ class Frame:
         assert mark and _MARK not in self.suffix, "the text must appear once in a chunk"
 
     def __call__(self, text: str) -> str:
-        return self.prefix + json.dumps(text, ensure_ascii=False) + self.suffix
+        return self.prefix + json_line(text) + self.suffix
 
 
 async def sse_events(gens: list[Generation], n: int, chunk: Callable, head: dict,

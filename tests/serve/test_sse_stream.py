@@ -112,6 +112,24 @@ def test_a_frame_is_byte_for_byte_the_chunk_sse_data_makes(route, text):
     assert Frame(head, lambda i, c: chunk(False, i, c))(text) == expected
 
 
+@pytest.mark.parametrize("text", ["a\u2028b", "a\u2029b", "a\x85b"])
+def test_an_event_is_one_line_for_httpx_iter_lines_whatever_the_text(text):
+    """httpx's iter_lines() (str.splitlines()) also ends a line at U+2028, U+2029 and U+0085:
+    sent raw, a chunk holding one was cut in two and its JSON no longer parsed."""
+    from httpx._decoders import LineDecoder
+
+    shapes = Shapes(tokenizer=None)
+    head = {"id": "cmpl-1", "object": COMPLETIONS.chunk_object, "created": 7, "model": "m"}
+    c = Choice()
+    c.text.append(text)
+    for event in (Frame(head, lambda i, c: shapes.completion_choice(False, i, c))(text),
+                  sse_data({**head, "choices": [shapes.completion_choice(False, 0, c)]})):
+        decoder = LineDecoder()
+        lines = decoder.decode(event) + decoder.flush()
+        assert lines == [event.split("\n")[0], ""]
+        assert json.loads(lines[0][len("data: "):])["choices"][0]["text"] == text
+
+
 # -- Generation.stream and sse_events, fed by hand -------------------------------------------
 class _Fleet:
     """Its one worker stays ready: the fleet watch (every WATCH_S) finds nothing to fail over."""
