@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import re
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
@@ -90,12 +91,12 @@ def workers_header(gens) -> str:
 # line at (so does httpx's iter_lines()): escaped, so that every reader sees one SSE event per
 # data line and one record per JSONL line. They occur only inside JSON strings, where the
 # escape means the same character.
-_LINE_BREAKS_ESCAPED = {ord(c): f"\\u{ord(c):04x}" for c in "\x85\u2028\u2029"}
+_LINE_BREAKS = re.compile("[\x85\u2028\u2029]")
 
 
 def json_line(obj) -> str:
     """obj as one line of JSON that no line splitter cuts (other non-ASCII stays as it is)."""
-    return json.dumps(obj, ensure_ascii=False).translate(_LINE_BREAKS_ESCAPED)
+    return _LINE_BREAKS.sub(lambda m: f"\\u{ord(m[0]):04x}", json.dumps(obj, ensure_ascii=False))
 
 
 def sse_data(obj: dict) -> str:
