@@ -96,14 +96,16 @@ class Generation:
 
     async def _open(self, indexes: tuple[int, ...], continuation: Continuation | None) -> None:
         """Open a leg on the best worker that takes it; its first outputs go to _pending."""
-        tokens, params = self.token_ids, self.params
+        tokens, params, blocks = self.token_ids, self.params, self._ticket.blocks
         if continuation is not None:  # route by everything the new worker will have to hold
             tokens = tokens + list(continuation.output_token_ids)
             params = dataclasses.replace(params, n=1)
+            # the prompt and this one sample's output at its longest, not the whole request's
+            blocks = self.d.gate.blocks(len(self.token_ids), self.params.max_tokens, 1)
         retry_after = None  # set once a worker said its queue is full
         while True:
             snap, order, hashes = self.d.rank(tokens, self.cache_salt, self._lost.excluded,
-                                              self._ticket.blocks, count=self._opens == 0)
+                                              blocks, count=self._opens == 0)
             if not order and self._lost.readmit_renewed(snap):
                 continue
             if not order:
@@ -113,7 +115,8 @@ class Generation:
                 leg = Leg(worker_id, view.stats.incarnation if view.stats else None, indexes,
                           continuation is not None)
                 try:
-                    rejected = await self._submit(leg, view, params, continuation, hashes)
+                    rejected = await self._submit(leg, view, params, continuation, blocks,
+                                                  hashes)
                 except WorkerUnavailable as lost:  # a worker can die of it before it replies
                     await self._worker_lost(leg, lost.reached and self._in_fleet(worker_id))
                     break  # rank again without it
@@ -132,16 +135,14 @@ class Generation:
                           retry_after=1)
 
     async def _submit(self, leg: Leg, view: WorkerView, params: SamplingParams,
-                      continuation: Continuation | None, block_hashes=()) -> Rejected | None:
+                      continuation: Continuation | None, blocks: int,
+                      block_hashes=()) -> Rejected | None:
         self._opens += 1
         leg.request_id = (self.request_id if self._opens == 1
                           else f"{self.request_id}-{self._opens - 1}")
         self.worker_id = leg.worker_id
         self.d.opened(leg.worker_id)
-        # a continuation carries one sample on (the prompt and that sample's output at its
-        # longest); the first leg, every sample: the request as the gate counted it
-        leg.blocks = (self._ticket.blocks if continuation is None
-                      else self.d.gate.blocks(len(self.token_ids), self.params.max_tokens, 1))
+        leg.blocks = blocks
         self.d.placed(leg.worker_id, leg.blocks)
         self._legs.append(leg)
         try:

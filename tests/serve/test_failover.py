@@ -72,8 +72,8 @@ def test_a_non_streaming_request_continues_elsewhere_and_names_the_worker_that_f
 
 
 def test_each_continuation_counts_the_blocks_of_its_one_sample_where_it_goes(monkeypatch):
-    """The router counts each leg's KV blocks on its worker (Dispatcher.placed, which orders
-    workers with room first): the first leg the whole request's, n = 3 samples; each sample
+    """The router counts each leg's KV blocks on its worker (Dispatcher.placed) and ranks the
+    workers with room for it first (Dispatcher.rank): the first leg the whole request's, n = 3 samples; each sample
     carried on alone after the failover, one sample's, not the request's three."""
     from raypaged.core.fair_admission import blocks_needed
     from raypaged.serve.dispatch import Dispatcher
@@ -85,8 +85,15 @@ def test_each_continuation_counts_the_blocks_of_its_one_sample_where_it_goes(mon
         placed.append((worker_id, blocks))
         return real(self, worker_id, blocks)
     monkeypatch.setattr(Dispatcher, "placed", record)
+    ranked, real_rank = [], Dispatcher.rank
+
+    def rank(self, tokens, cache_salt, exclude, blocks, count):
+        ranked.append(blocks)
+        return real_rank(self, tokens, cache_salt, exclude, blocks, count)
+    monkeypatch.setattr(Dispatcher, "rank", rank)
     home = home_of(SEEDED_N3)
     placed.clear()
+    ranked.clear()
     fleet = LocalFleet(step_delay_s=0.005)
     fleet.failing[home] = MID_STREAM
     block_size = fleet.workers[home].stats().block_size
@@ -94,6 +101,7 @@ def test_each_continuation_counts_the_blocks_of_its_one_sample_where_it_goes(mon
     prompt = r.json()["usage"]["prompt_tokens"]
     whole, one = (blocks_needed(prompt, 12, n, block_size, 0) for n in (3, 1))
     assert [b for _, b in placed if b > 0] == [whole, one, one, one]
+    assert ranked == [whole, one, one, one]  # room_first weighs each leg as it will be placed
     assert {w for w, b in placed if b == one} == {other(home)}
     assert sum(b for _, b in placed) == 0  # every leg given back
 
