@@ -121,7 +121,8 @@ class EngineCore:
         step's tokens as if nothing had happened. Re-running is safe: nothing was committed
         (update() never ran), K/V rewrites put the same values in the same slots, and each
         copy-on-write copy runs again with the request it copies for, before that one writes.
-        If two or more requests all fail alone, the engine itself is broken: raise.
+        If every request fails alone and they are samples of two or more requests, the engine
+        itself is broken: raise (the samples of one request are one culprit).
         `runnable`: the batch as the runner runs it (placeholders filled), when it differs."""
         sampled, logprobs, culprits = {}, {}, {}
         for sr in (runnable or batch).requests:
@@ -136,7 +137,7 @@ class EngineCore:
                 continue
             sampled.update(one.sampled)
             logprobs.update(one.logprobs)
-        if len(batch.requests) > 1 and len(culprits) == len(batch.requests):
+        if len(culprits) == len(batch.requests) and len(self._users(batch)) > 1:
             raise exc
         logger.warning("a step failed; failing only the request(s) that fail alone: %s",
                        culprits, exc_info=exc)
@@ -146,6 +147,14 @@ class EngineCore:
         self.num_steps += 1
         # update() skips the requests aborted above, as it does for any abort during a step.
         return deltas + self.scheduler.update(batch, StepResult(sampled, logprobs))
+
+    def _users(self, batch: ScheduledBatch) -> set[str]:
+        """The requests whose samples the batch holds (a sample's parent, or itself)."""
+        users = set()
+        for sr in batch.requests:
+            req = self.scheduler.requests.get(sr.request_id)  # None: aborted during the step
+            users.add(req and req.parent_id or sr.request_id)
+        return users
 
     def abort(self, request_id: str, reason: str = "abort", with_samples: bool = True,
               stop_reason: str | None = None) -> list[RequestDelta]:

@@ -150,6 +150,32 @@ class LatePoisonedRunner(FakeRunner):
         return super().execute(batch)
 
 
+@OVERLAP
+def test_the_samples_of_one_request_failing_alone_are_one_culprit_not_a_broken_engine(overlap):
+    """Forked samples p and p#1 are the whole batch and both fail alone: one request's fault
+    (they share its prompt and params), so p fails with "error" and the engine goes on."""
+    engine = make_engine(num_blocks=40, overlap=overlap, runner=LatePoisonedRunner(40, 4))
+    engine.add_request("p", list(range(60, 70)), params(seed=POISON_SEED, n=2, max_tokens=30))
+    deltas = []
+    while engine.has_unfinished():
+        deltas += engine.step()
+    assert {d.request_id: d.finish_reason for d in deltas if d.finished} == {"p": ERROR, "p#1": ERROR}
+    assert engine.stats().memory.blocks_used == 0
+    engine.add_request("next", list(range(1, 10)), params())
+    assert len(run_to_completion(engine)["next"]) == 12
+
+
+@OVERLAP
+def test_two_requests_failing_alone_with_no_survivor_are_a_broken_engine(overlap):
+    """Two different requests, the whole batch, each fail alone: as a broken engine would."""
+    engine = make_engine(num_blocks=40, overlap=overlap, runner=PoisonedRunner(40, 4))
+    engine.add_request("p1", list(range(60, 70)), params(seed=POISON_SEED))
+    engine.add_request("p2", list(range(70, 80)), params(seed=POISON_SEED))
+    with pytest.raises(IndexError):
+        while engine.has_unfinished():
+            engine.step()
+
+
 def test_a_request_the_engine_failed_mid_output_is_not_counted_as_an_output_length():
     engine = make_engine(num_blocks=40, runner=LatePoisonedRunner(40, 4))
     engine.add_request("good", list(range(1, 10)), params(max_tokens=12))
