@@ -29,7 +29,8 @@ def run_batch(input_path: str | Path, output_path: str | Path, engine: EngineArg
     failed for other reasons past retry_timeout_s are left out (`summary.unanswered`; run again
     to answer them). This raises only when the job cannot run: a missing input, an output that is
     the input or that another job holds, an input changed since the output answered it
-    (InputChanged), engines that cannot start.
+    (InputChanged), engines that cannot start; or when the output stops taking writes mid-run
+    (OutputWriteFailed: the lines written are whole, run again once there is room).
     """
     return run_job(BatchJob(input_path, output_path, engine, options))
 

@@ -4,8 +4,9 @@ Exit status: 0 when every row has its line (even if some are error lines: refusa
 own input), 1 when the engines cannot run, 2 when the files are refused (a missing input, the
 output is the input, another job holds the output, the input changed since the output answered
 it; raypaged.cli.main), 3 when rows are left unanswered after retry_timeout_s of failures that
-were not their own, 130 when interrupted (SIGINT/SIGTERM). After 3 or 130, re-run the same
-command to finish the rest.
+were not their own, 4 when the output (or the summary) stopped taking writes mid-run (a full
+disk), 130 when interrupted (SIGINT/SIGTERM). After 3, 4 or 130, re-run the same command to
+finish the rest.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from raypaged.config import EngineArgs
 from raypaged.settings import add_cli_args, from_namespace
 
 UNANSWERED = 3
+OUTPUT_FAILED = 4
 INTERRUPTED = 130
 
 
@@ -45,7 +47,9 @@ def run_batch_cli(ns: argparse.Namespace) -> int:
     from raypaged.batch.api import run_job
     from raypaged.batch.engines import FleetFailed
     from raypaged.batch.job import BatchJob
+    from raypaged.batch.output import OutputWriteFailed
 
+    summary_json = ns.summary_json and _writable(Path(ns.summary_json))
     job = BatchJob(ns.input, ns.output, from_namespace(EngineArgs, ns),
                    from_namespace(BatchOptions, ns))
     try:
@@ -59,17 +63,41 @@ def run_batch_cli(ns: argparse.Namespace) -> int:
     except FleetFailed as exc:
         print(f"raypaged batch: the engines cannot run: {exc}", file=sys.stderr)
         return 1
+    except OutputWriteFailed as exc:
+        print(f"raypaged batch: {exc}; the lines written so far are whole (a torn last one is "
+              "cut on the next run): make room and re-run the same command to finish",
+              file=sys.stderr, flush=True)
+        return OUTPUT_FAILED
     print(summary.report(), flush=True)
-    if ns.summary_json:  # its directory made if missing, as the output's is (OutputFile)
-        Path(ns.summary_json).parent.mkdir(parents=True, exist_ok=True)
-        with open(ns.summary_json, "w") as f:
-            json.dump(summary.to_json(), f, indent=1)
+    if summary_json:
+        try:
+            summary_json.write_text(json.dumps(summary.to_json(), indent=1))
+        except OSError as e:
+            print(f"raypaged batch: cannot write the summary {summary_json}: {e.strerror}",
+                  file=sys.stderr, flush=True)
+            return OUTPUT_FAILED
     if summary.unanswered:
         print(f"raypaged batch: {summary.unanswered:,} rows have no line yet (engines failed "
               f"them for {job.options.retry_timeout_s:.0f} s): re-run the same command to "
               "answer them", file=sys.stderr, flush=True)
         return UNANSWERED
     return 0
+
+
+def _writable(path: Path) -> Path:
+    """The summary's path, refused now (exit 2, naming it) rather than as a traceback once every
+    row is answered; its directory made if missing, as the output's is (OutputFile)."""
+    from raypaged.batch.job import cannot_write
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        existed = path.exists()
+        open(path, "a").close()
+    except OSError as e:
+        raise cannot_write("--summary-json", path, e) from None
+    if not existed:  # written only once the job has a summary
+        path.unlink()
+    return path
 
 
 def _interrupt(signum, frame) -> None:

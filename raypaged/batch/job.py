@@ -75,10 +75,7 @@ class BatchJob:
         try:
             self.out = OutputFile(self.output_path, self.options.fsync_interval_s)
         except OSError as e:  # a parent that is a file, no permission, a full disk ...
-            why = (f"{e.filename} is not a directory" if isinstance(e, FileExistsError)
-                   else f"{e.strerror} ({e.filename})")
-            raise ValueError(f"output {self.output_path} cannot be written: {why}: give a "
-                             "path in a writable directory") from None
+            raise cannot_write("output", self.output_path, e) from None
         self._changed: Row | None = None
 
     async def run(self, serve_args=None) -> BatchSummary:
@@ -202,3 +199,11 @@ class BatchJob:
                 return None
             await asyncio.sleep(delay)
             delay = min(2 * delay, MAX_RETRY_DELAY_S)
+
+
+def cannot_write(what: str, path: Path, e: OSError) -> ValueError:
+    """The refusal of a path the job cannot write (`e`: what creating it raised)."""
+    why = (f"{e.filename} is not a directory" if isinstance(e, FileExistsError)
+           else f"{e.strerror} ({e.filename})")
+    return ValueError(f"{what} {path} cannot be written: {why}: give a path in a writable "
+                      "directory")

@@ -18,6 +18,7 @@ What a crash can lose, and what it cannot do:
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -34,6 +35,11 @@ ID_PREFIX = "batch_req_"
 
 class OutputBusy(ValueError):
     """Another job holds the output's lock."""
+
+
+class OutputWriteFailed(Exception):
+    """The output stopped taking lines mid-run (a full disk, a quota, an I/O error): the lines
+    written before are whole, a torn last one is cut by the next run, which answers the rest."""
 
 
 def line_id(row: Row) -> str:
@@ -66,6 +72,7 @@ class OutputFile:
         self.fsync_interval_s = fsync_interval_s
         self.answered = AnsweredLines()
         self.cut_bytes = 0  # of a torn last line, removed
+        self.broken = False  # a write failed: nothing more goes in (OutputWriteFailed)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = _take_lock(self.path)
         try:
@@ -102,21 +109,36 @@ class OutputFile:
 
     def write(self, line: dict) -> None:
         # One write of one whole line, flushed now: a crash loses at most the tail of this line.
-        self._file.write((json_line(line) + "\n").encode("utf-8"))
-        self._file.flush()
+        if self.broken:  # a line after a torn one would leave the torn one mid-file
+            raise OutputWriteFailed(f"the output {self.path} failed an earlier write")
+        try:
+            self._file.write((json_line(line) + "\n").encode("utf-8"))
+            self._file.flush()
+        except OSError as e:
+            raise self._failed(e) from None
         if time.monotonic() - self._synced_at >= self.fsync_interval_s:
             self.sync()
 
     def sync(self) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as e:
+            raise self._failed(e) from None
         self._synced_at = time.monotonic()
+
+    def _failed(self, e: OSError) -> OutputWriteFailed:
+        self.broken = True
+        return OutputWriteFailed(f"cannot write the output {self.path}: {e.strerror}")
 
     def close(self) -> None:
         try:
-            self.sync()
-            self._file.close()
+            if not self.broken:
+                self.sync()
         finally:
+            # after a failed write, closing flushes its leftover bytes again: it fails again
+            with contextlib.suppress(OSError):
+                self._file.close()
             self._lock.close()  # releases the flock
 
 

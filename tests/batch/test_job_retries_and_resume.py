@@ -5,14 +5,18 @@ answers them; an input line edited since the output answered it is refused."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import os
 
 import pytest
 
 from batch_inputs import read_output, write_lines
 from local_pool import ALWAYS, LocalPool, WorkerUnavailable
-from raypaged.batch import BatchOptions
+from raypaged.batch import BatchOptions, api
+from raypaged.batch import output as output_module
 from raypaged.batch.job import BatchJob, InputChanged
+from raypaged.cli import main
 from raypaged.serve.errors import APIError
 
 OPTIONS = dict(workers=1, max_inflight=4, prefix_grouping=False)
@@ -140,3 +144,70 @@ def test_a_line_over_the_cap_gets_a_413_line_and_the_rest_run(tmp_path):
     assert long["error"]["message"] == (f"line 2: the line is {len(long_line):,} bytes, over the "
                                         "limit of 1,024: shorten it, or raise --max-line-bytes")
     assert (summary.completed, summary.failed) == (2, 1)
+
+
+class FullDisk:
+    """The output file on a disk with `room` bytes left: a write past it writes what fits (as
+    write(2) does) and fails with ENOSPC."""
+
+    def __init__(self, f, room: int):
+        self.f, self.room = f, room
+
+    def write(self, data: bytes) -> int:
+        fits = data[:self.room]
+        self.f.write(fits)
+        self.f.flush()
+        self.room -= len(fits)
+        if len(fits) < len(data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return len(data)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
+def test_a_full_disk_mid_run_exits_4_with_one_line_and_a_rerun_answers_the_rest(
+        tmp_path, monkeypatch, capsys):
+    inp = write_lines(tmp_path / "in.jsonl", [plain(f"row {i}") for i in range(6)])
+    out = tmp_path / "out.jsonl"
+
+    def run_local(job, on_ray):  # the CLI's job on the in-process pool, not on Ray
+        async def start(serve_args):
+            return LocalPool()
+        job.start_pool = start
+        return asyncio.run(job.run())
+    monkeypatch.setattr(api, "run_job", run_local)
+    real_open = open
+    room = [1200]  # a few lines and a part of one
+    monkeypatch.setattr(output_module, "open", lambda path, mode="r", *a: FullDisk(
+        real_open(path, mode, *a), room[0]) if mode == "ab" else real_open(path, mode, *a),
+        raising=False)
+    argv = ["batch", str(inp), str(out), "--max-inflight=1", "--no-prefix-grouping"]
+    assert main(argv) == 4
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"raypaged batch: cannot write the output {out}: No space left on device; the lines "
+        "written so far are whole (a torn last one is cut on the next run): make room and "
+        "re-run the same command to finish")
+    *whole, torn = out.read_bytes().split(b"\n")
+    assert len(out.read_bytes()) == 1200 and torn  # whole lines, then one torn, nothing after
+    assert 1 <= len(whole) < 6 and all(json.loads(line)["error"] is None for line in whole)
+    room[0] = 10 ** 9  # room made
+    assert main(argv) == 0
+    assert "cut a torn last line" in capsys.readouterr().out
+    assert sorted(by_custom_id(out)) == [f"line-{i}" for i in range(1, 7)]
+
+
+def test_a_summary_json_that_cannot_be_written_is_refused_before_the_job_runs(
+        tmp_path, monkeypatch, capsys):
+    inp = write_lines(tmp_path / "in.jsonl", [plain("row 0")])
+    monkeypatch.setattr(api, "run_job", lambda job, on_ray: pytest.fail("the job ran"))
+    argv = ["batch", str(inp), str(tmp_path / "out.jsonl"), "--summary-json"]
+    assert main([*argv, str(inp / "summary.json")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: --summary-json {inp}/summary.json cannot be written: {inp} is not a "
+        "directory: give a path in a writable directory")
+    assert main([*argv, str(tmp_path)]) == 2  # a directory
+    assert capsys.readouterr().err.strip() == (
+        f"error: --summary-json {tmp_path} cannot be written: Is a directory ({tmp_path}): give "
+        "a path in a writable directory")
+    assert not (tmp_path / "out.jsonl").exists()
