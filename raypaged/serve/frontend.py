@@ -92,10 +92,20 @@ class OpenAIFrontend:
 
     # -- endpoints -------------------------------------------------------------------------
     def models(self) -> dict:
-        return {"object": "list", "data": [{
-            "id": self.info.name, "object": "model", "created": self.info.created,
-            "owned_by": "raypaged", "root": self.info.name, "parent": None,
-            "max_model_len": self.info.max_model_len}]}
+        return {"object": "list", "data": [self.model()]}
+
+    def model(self, model_id: str | None = None) -> dict:
+        """The served model's card; `model_id`: as GET /v1/models/{model} asks (the OpenAI
+        SDK's models.retrieve), a 404 unless it is this server's."""
+        if model_id is not None and model_id != self.info.name:
+            raise self._no_model(model_id)
+        return {"id": self.info.name, "object": "model", "created": self.info.created,
+                "owned_by": "raypaged", "root": self.info.name, "parent": None,
+                "max_model_len": self.info.max_model_len}
+
+    def _no_model(self, name: str) -> APIError:
+        return APIError(404, f"The model `{name}` does not exist; this server serves "
+                             f"`{self.info.name}`", param="model", code="model_not_found")
 
     async def completions(self, body) -> JSONResponse | StreamingResponse:
         return await self._by_deadline(self._completions, body)
@@ -194,8 +204,7 @@ class OpenAIFrontend:
             raise from_validation_error(exc) from None
         req.check()
         if req.model is not None and req.model != self.info.name:
-            raise APIError(404, f"The model `{req.model}` does not exist; this server serves "
-                                f"`{self.info.name}`", param="model", code="model_not_found")
+            raise self._no_model(req.model)
         return req
 
     # Tokenizing runs in a thread: a multi-MB prompt takes seconds, and the event loop must keep

@@ -104,13 +104,17 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
         """A read-only JSON route behind the API key."""
         try:
             authorize(request)
+            return JSONResponse(view())
         except APIError as exc:
             return exc.response()
-        return JSONResponse(view())
 
     @app.get("/v1/models")
     async def models(request: Request):
         return keyed_json(request, frontend.models)
+
+    @app.get("/v1/models/{model_id:path}")  # :path: a model named org/name has a slash
+    async def model(request: Request, model_id: str):
+        return keyed_json(request, lambda: frontend.model(model_id))
 
     @app.get("/health")
     async def health():

@@ -119,6 +119,21 @@ def test_a_completion_of_several_prompts_has_one_id_streamed_or_not():
     assert len(streamed) == 1 and re.fullmatch(r"cmpl-[0-9a-f]{32}", streamed.pop())
 
 
+def test_a_model_is_retrieved_by_its_id_as_the_openai_sdk_asks_an_unknown_one_is_404():
+    async def ask(client):
+        listed = (await client.get("/v1/models")).json()["data"][0]
+        one = await client.get(f"/v1/models/{listed['id']}")
+        unknown = await client.get("/v1/models/org/other-model")  # a slash in the id
+        return listed, one, unknown
+    (listed, one, unknown), _ = run(LocalFleet(), ask)
+    assert one.status_code == 200 and one.json() == listed
+    assert unknown.status_code == 404
+    assert unknown.json()["error"] == {
+        "message": f"The model `org/other-model` does not exist; this server serves "
+                   f"`{listed['id']}`", "type": "not_found_error", "param": "model",
+        "code": "model_not_found"}
+
+
 def test_api_key_guards_the_api_but_not_health_or_metrics():
     fleet = LocalFleet()
     app, _ = local_app(fleet, api_key="sekrit")
@@ -127,6 +142,7 @@ def test_api_key_guards_the_api_but_not_health_or_metrics():
         async with client_for(app) as c:
             assert (await c.post("/v1/completions", json=BODY)).status_code == 401
             assert (await c.get("/v1/models")).status_code == 401
+            assert (await c.get("/v1/models/any")).status_code == 401
             assert (await c.get("/fleet")).status_code == 401
             assert (await c.get("/health")).status_code == 200
             assert (await c.get("/metrics")).status_code == 200
