@@ -76,22 +76,30 @@ class RequestLimits(ServeOptions):
                 f"the setting max_request_output_tokens, {flag('max_request_output_tokens')})",
                 "max_tokens")
 
-    async def check_constraint(self, spec: StructuredOutputsParams | None
+    async def check_constraint(self, spec: StructuredOutputsParams | None,
+                               field: str = "structured_outputs"
                                ) -> StructuredOutputsParams | None:
         """A constraint's size, then its grammar built in a thread (model/grammar.py, no
-        tokenizer needed): a bad schema, regex or EBNF is a 400 before anything is queued."""
+        tokenizer needed): a bad schema, regex or EBNF is a 400 before anything is queued.
+        `field`: the request field the constraint came from, which the 400 names (the grammar's
+        errors name SamplingParams' `structured_outputs.<kind>`)."""
         if spec is None:
             return None
+        given = {"structured_outputs": f"structured_outputs {spec.kind}",
+                 "tools": "tools' parameter schema"}.get(field, field)
         if spec.size > self.max_structured_output_chars:
             raise bad_request(
-                f"the structured_outputs {spec.kind} is {spec.size} characters, more than the "
+                f"the {given} is {spec.size} characters, more than the "
                 f"{self.max_structured_output_chars} this server accepts (the limit is the "
                 f"setting max_structured_output_chars, {flag('max_structured_output_chars')})",
-                "structured_outputs")
+                field)
         try:
             await asyncio.to_thread(build_grammar, spec)
         except ValueError as exc:
-            raise bad_request(str(exc), "structured_outputs") from None
+            message = str(exc)
+            if field != "structured_outputs":
+                message = message.replace(f"structured_outputs.{spec.kind}", field)
+            raise bad_request(message, field) from None
         return spec
 
     def _check_common(self, body: dict) -> None:

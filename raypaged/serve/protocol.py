@@ -77,6 +77,12 @@ class _Sampling(BaseModel):
             raise bad_request("stream_options can only be set when stream is true",
                               "stream_options")
 
+    def constraint_field(self) -> str:
+        """The field constraint() comes from, as the client named it (for its 400s)."""
+        if self.structured_outputs is None and self.response_format is not None:
+            return "response_format.json_schema.schema"
+        return "structured_outputs"
+
     def constraint(self) -> StructuredOutputsParams | None:
         """The one constraint asked for, from structured_outputs or response_format."""
         so, rf = self.structured_outputs, self.response_format

@@ -210,7 +210,7 @@ def test_a_constrained_stream_whose_worker_dies_continues_with_valid_json(engine
     ("/v1/chat/completions", chat(structured_outputs={"regex": "a("}), "structured_outputs",
      "parenthesis is not closed"),
     ("/v1/chat/completions", chat(structured_outputs={"json": {"type": "foo"}}),
-     "structured_outputs", 'Unsupported type "foo"'),
+     "structured_outputs", 'structured_outputs.json cannot be compiled: Unsupported type "foo"'),
     ("/v1/completions", {"model": "fake-model", "prompt": "x",
                          "structured_outputs": {"grammar": "root ::= x"}},
      "structured_outputs", 'Rule "x" is not defined'),
@@ -225,6 +225,12 @@ def test_a_constrained_stream_whose_worker_dies_continues_with_valid_json(engine
      "structured_outputs", "not both"),
     ("/v1/chat/completions", chat(response_format={"type": "json_schema"}),
      "response_format.json_schema", "needs json_schema.schema"),
+    ("/v1/chat/completions", chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "p", "schema": {"type": "foo"}}}), "response_format.json_schema.schema",
+     'response_format.json_schema.schema cannot be compiled: Unsupported type "foo"'),
+    ("/v1/chat/completions", chat(tools=[{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "foo"}}}], tool_choice="required"), "tools",
+     'tools cannot be compiled: Unsupported type "foo"'),
     ("/v1/chat/completions", chat(logit_bias={str(i): 1.0 for i in range(301)}), "logit_bias",
      "max_logit_bias"),
     ("/v1/chat/completions", chat(logit_bias={"99999999": 1.0}), "logit_bias", "token ids in"),
@@ -237,7 +243,7 @@ def test_a_constrained_stream_whose_worker_dies_continues_with_valid_json(engine
                                   response_format={"type": "json_object"}), "tool_choice",
      "constrains the output itself"),
 ], ids=["bad_regex", "bad_schema", "bad_grammar", "too_large", "two_kinds", "unknown_key",
-        "both_fields", "schema_missing", "bias_too_many", "bias_bad_id", "unknown_tool",
+        "both_fields", "schema_missing", "format_bad_schema", "tool_bad_schema", "bias_too_many", "bias_bad_id", "unknown_tool",
         "function_not_an_object", "required_without_tools", "tools_and_format"])
 def test_bad_constraints_are_refused_with_400_naming_the_problem(engines, route, body, param,
                                                                   says):
