@@ -50,6 +50,14 @@ def serve_args_from(ns: argparse.Namespace) -> ServeArgs:
     return ServeArgs(**values)
 
 
+def startup_failure(serve_message: str) -> str:
+    """The one line a failed start prints: the last error of Serve's report (its traceback is in
+    Ray's logs above), e.g. the engine's own reason a worker could not start."""
+    from raypaged.serve.actors import last_error_line
+    line = last_error_line(serve_message)
+    return line.split(": ", 1)[1] if line.startswith("RuntimeError: ") else line
+
+
 def local_worker_resources(args: ServeArgs, num_cpus: int, num_gpus: int) -> ServeArgs:
     """Unset per-worker resources when this machine is the whole cluster: one GPU each when it
     has GPUs, else its CPUs shared evenly (at least one each)."""
@@ -145,7 +153,8 @@ def _serve(ns: argparse.Namespace) -> int:
         try:
             serve.run(build_app(args), name=args.app_name, route_prefix="/")
         except RuntimeError as exc:
-            print(f"raypaged: {exc}\n{deployment_failure(args.app_name)}", file=sys.stderr)
+            why = startup_failure(f"{exc}\n{deployment_failure(args.app_name)}")
+            print(f"raypaged: could not start: {why}", file=sys.stderr)
             return 1
         url = f"http://{ns.host}:{ns.port}"
         print(f"raypaged: serving at {url}  (OpenAI API: {url}/v1, metrics: {url}/metrics)",

@@ -64,3 +64,19 @@ def test_a_local_cluster_gets_a_slower_serve_control_loop_unless_the_user_set_on
     assert mine == {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1",
                     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
                     "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "30"}
+
+
+def test_a_failed_deployment_is_reported_as_its_last_error_line_not_the_traceback():
+    from raypaged.serve.cli import startup_failure
+    serve_message = (
+        "Deploying application raypaged failed: Failed to update the deployments "
+        "['OpenAIRouter'].\nThe deployment failed to start 3 times in a row. Error:\n"
+        "RuntimeError: Traceback (most recent call last):\n"
+        '  File "raypaged/serve/ray_fleet.py", line 57, in start\n'
+        "    raise RuntimeError(f\"every worker failed to start: {causes}\")\n"
+        "RuntimeError: every worker failed to start: safetensors._safetensors_rust."
+        "SafetensorError: Error while deserializing header: header too large\n")
+    line = startup_failure(serve_message)
+    assert "\n" not in line
+    assert line == ("every worker failed to start: safetensors._safetensors_rust."
+                    "SafetensorError: Error while deserializing header: header too large")
