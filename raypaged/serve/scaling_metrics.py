@@ -44,13 +44,15 @@ def scaling_families(scaling: dict, model_name: str):
                  "worker's tokens per second, measured while it was saturated.",
                  scaling["capacity_tokens_per_s"])
     yield decisions
-    for name, key, doc in (
+    for name, key, doc, count_doc in (
             ("autoscaler_drain_seconds", "drains", "Seconds from a worker's drain to its leaving "
-             "the fleet."),
+             "the fleet, summed over drains.", "Drained workers that left the fleet."),
             ("autoscaler_cold_start_seconds", "cold_starts", "Seconds from a new worker's "
-             "spawn to its first answer (model load included).")):
+             "spawn to its first answer (model load included), summed over cold starts.",
+             "New workers that gave their first answer (cold starts).")):
         yield single(CounterMetricFamily, name, doc, scaling[key]["seconds_sum"])
-        yield single(CounterMetricFamily, name.replace("_seconds", "s"), doc + " (count)",
+        # the count alone: its help says what it counts, not the seconds of the sum above
+        yield single(CounterMetricFamily, name.replace("_seconds", "s"), count_doc,
                      scaling[key]["count"])
     yield single(CounterMetricFamily, "autoscaler_drain_streams_moved", "Streams a draining "
                  "worker still ran at its drain deadline, continued elsewhere.",
