@@ -8,7 +8,8 @@ Imports are lazy: `raypaged batch --help` starts neither torch nor ray.
 from __future__ import annotations
 
 _LAZY = {"run_batch": "raypaged.batch.api", "BatchOptions": "raypaged.batch.options",
-         "BatchSummary": "raypaged.batch.progress"}  # name -> its module, imported on first use
+         "BatchSummary": "raypaged.batch.progress",
+         "OutputWriteFailed": "raypaged.batch.output"}  # name -> its module, imported on first use
 __all__ = list(_LAZY)
 
 

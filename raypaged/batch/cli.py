@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -49,7 +50,7 @@ def run_batch_cli(ns: argparse.Namespace) -> int:
     from raypaged.batch.job import BatchJob
     from raypaged.batch.output import OutputWriteFailed
 
-    summary_json = ns.summary_json and _writable(Path(ns.summary_json))
+    summary_json = ns.summary_json and _writable(Path(ns.summary_json), ns.input, ns.output)
     job = BatchJob(ns.input, ns.output, from_namespace(EngineArgs, ns),
                    from_namespace(BatchOptions, ns))
     try:
@@ -70,8 +71,11 @@ def run_batch_cli(ns: argparse.Namespace) -> int:
         return OUTPUT_FAILED
     print(summary.report(), flush=True)
     if summary_json:
-        try:
-            summary_json.write_text(json.dumps(summary.to_json(), indent=1))
+        try:  # whole or not at all: a new file renamed over the old summary
+            target = Path(os.path.realpath(summary_json))  # a link stays a link
+            part = target.with_name(target.name + ".part")
+            part.write_text(json.dumps(summary.to_json(), indent=1))
+            os.replace(part, target)
         except OSError as e:
             print(f"raypaged batch: cannot write the summary {summary_json}: {e.strerror}",
                   file=sys.stderr, flush=True)
@@ -84,14 +88,19 @@ def run_batch_cli(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _writable(path: Path) -> Path:
+def _writable(path: Path, *job_files: str) -> Path:
     """The summary's path, refused now (exit 2, naming it) rather than as a traceback once every
-    row is answered; its directory made if missing, as the output's is (OutputFile)."""
+    row is answered, or as the input or output overwritten by it; its directory made if
+    missing, as the output's is (OutputFile)."""
     from raypaged.batch.job import cannot_write
 
+    for other in job_files:
+        if path.exists() and Path(other).exists() and os.path.samefile(path, other):
+            raise ValueError(f"--summary-json {path} is the file {other}: writing the summary "
+                             "would destroy it; give another path")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        existed = path.exists()
+        existed = os.path.lexists(path)  # a link to a missing file is the user's: kept
         open(path, "a").close()
     except OSError as e:
         raise cannot_write("--summary-json", path, e) from None

@@ -19,6 +19,7 @@ inputs. Memory grows with the input by 4-12 bytes a row at most (compact.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -30,7 +31,7 @@ from typing import BinaryIO, Iterator
 from raypaged.batch.engines import EnginePool, fleet_args
 from raypaged.batch.grouping import PrefixKeys, group_by_prefix
 from raypaged.batch.options import BatchOptions
-from raypaged.batch.output import OutputFile, error_line, success_line
+from raypaged.batch.output import OutputFile, OutputWriteFailed, error_line, success_line
 from raypaged.batch.progress import BatchSummary, Progress
 from raypaged.batch.rows import COMPLETIONS_URL, Row, read_rows
 from raypaged.config import EngineArgs
@@ -99,8 +100,12 @@ class BatchJob:
                 summary = progress.finish(startup_s)
             finally:
                 await self.pool.stop()
-        finally:
-            out.close()
+        except BaseException:
+            # the error on its way out says more than a failed last fsync of the output
+            with contextlib.suppress(OutputWriteFailed):
+                out.close()
+            raise
+        out.close()
         self._check_same_input()
         return summary
 
@@ -204,6 +209,6 @@ class BatchJob:
 def cannot_write(what: str, path: Path, e: OSError) -> ValueError:
     """The refusal of a path the job cannot write (`e`: what creating it raised)."""
     why = (f"{e.filename} is not a directory" if isinstance(e, FileExistsError)
-           else f"{e.strerror} ({e.filename})")
+           else e.strerror + (f" ({e.filename})" if e.filename else ""))
     return ValueError(f"{what} {path} cannot be written: {why}: give a path in a writable "
                       "directory")

@@ -136,7 +136,8 @@ class OutputFile:
             if not self.broken:
                 self.sync()
         finally:
-            # after a failed write, closing flushes its leftover bytes again: it fails again
+            # after a failed write, closing flushes the bytes the buffer kept: they fail again,
+            # or, if room was made, complete the torn line (either way it stays the last)
             with contextlib.suppress(OSError):
                 self._file.close()
             self._lock.close()  # releases the flock

@@ -210,4 +210,35 @@ def test_a_summary_json_that_cannot_be_written_is_refused_before_the_job_runs(
     assert capsys.readouterr().err.strip() == (
         f"error: --summary-json {tmp_path} cannot be written: Is a directory ({tmp_path}): give "
         "a path in a writable directory")
+    assert main([*argv, str(inp)]) == 2  # the input: the summary would overwrite it
+    assert capsys.readouterr().err.strip() == (
+        f"error: --summary-json {inp} is the file {inp}: writing the summary would destroy it; "
+        "give another path")
     assert not (tmp_path / "out.jsonl").exists()
+    kept = tmp_path / "old_summary.json"
+    kept.write_text("{}")
+    monkeypatch.setattr(api, "run_job", lambda job, on_ray: 1 / 0)  # checked, then ran
+    with pytest.raises(ZeroDivisionError):
+        main([*argv, str(kept)])
+    assert kept.read_text() == "{}"
+
+
+def test_after_a_failed_write_the_output_takes_no_line_even_once_there_is_room(tmp_path,
+                                                                              monkeypatch):
+    # a whole line after the torn one would leave the torn one mid-file, and the next run
+    # would refuse the whole output as not written by raypaged
+    real_open, room = open, [30]
+    monkeypatch.setattr(output_module, "open", lambda path, mode="r", *a: FullDisk(
+        real_open(path, mode, *a), room[0]) if mode == "ab" else real_open(path, mode, *a),
+        raising=False)
+    out = output_module.OutputFile(tmp_path / "out.jsonl")
+    with pytest.raises(output_module.OutputWriteFailed, match="No space left on device"):
+        out.write({"id": "batch_req_1_" + "0" * 16, "custom_id": "a"})
+    out._file.room = 10 ** 6  # room made
+    with pytest.raises(output_module.OutputWriteFailed, match="failed an earlier write"):
+        out.write({"id": "batch_req_2_" + "0" * 16, "custom_id": "b"})
+    out.close()
+    assert len((tmp_path / "out.jsonl").read_bytes()) == 30  # the torn part only
+    again = output_module.OutputFile(tmp_path / "out.jsonl")  # the re-run cuts it
+    assert (again.cut_bytes, again.answered.count) == (30, 0)
+    again.close()
