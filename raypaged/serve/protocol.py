@@ -8,9 +8,10 @@ is a number). Bounds live in SamplingParams, so the offline API refuses the same
 """
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
+                      model_validator)
 
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.structured_outputs import StructuredOutputsParams
@@ -70,6 +71,17 @@ class _Sampling(BaseModel):
     logit_bias: dict[str, StrictFloat] | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
+
+    # Fields OpenAI's schema (and vLLM's) makes nullable but that have a non-null default here:
+    # null means the default, as it does there.
+    NULL_IS_DEFAULT: ClassVar[frozenset[str]] = frozenset({"n"})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data):
+        if isinstance(data, dict) and any(data.get(k, 0) is None for k in cls.NULL_IS_DEFAULT):
+            return {k: v for k, v in data.items() if not (v is None and k in cls.NULL_IS_DEFAULT)}
+        return data
 
     def check_common(self) -> None:
         """What RequestLimits, run on the body before, leaves (it bounds n and logprobs)."""
@@ -131,6 +143,8 @@ class CompletionRequest(_Sampling):
     suffix: StrictStr | None = None
     best_of: StrictInt | None = None
 
+    NULL_IS_DEFAULT: ClassVar[frozenset[str]] = frozenset({"n", "echo"})
+
     def check(self) -> None:
         self.check_common()
         if self.echo:
@@ -191,6 +205,8 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: StrictStr | dict | None = None
     parallel_tool_calls: StrictBool = True  # False: at most one call (enforced for "required")
     add_generation_prompt: StrictBool = True
+
+    NULL_IS_DEFAULT: ClassVar[frozenset[str]] = frozenset({"n", "logprobs", "parallel_tool_calls"})
 
     def check(self) -> None:
         self.check_common()
