@@ -84,7 +84,9 @@ class OutputProcessor:
                 stop_reason = f"the request failed in the detokenizer: {type(exc).__name__}: {exc}"
                 if d.finish_reason is None:
                     aborts.append((d.request_id, ERROR))
-            if seq.detok.stop_reason is not None and finish in (None, "length"):
+            # a stop string found in this delta's text names the stop, as in vLLM, also when
+            # core ended the sample on a stop token whose kept text completed it
+            if seq.detok.stop_reason is not None and finish in (None, "length", "stop"):
                 if finish is None:  # still running in core: end this sample only
                     aborts.append((d.request_id, "stop"))
                 finish, stop_reason = "stop", seq.detok.stop_reason

@@ -74,3 +74,26 @@ class _Bytes:
 
     def decode(self, ids, skip_special_tokens=True):
         return bytes(ids).decode(errors="replace")
+
+
+def test_stop_string_in_the_stop_tokens_own_text_is_the_stop_reason_as_in_vllm():
+    """include_stop_str_in_output keeps the text of the stop token that ended the sample; when
+    that text completes a stop string, the stop string is the stop_reason (vLLM's output
+    processor sets it over the token id), and the text ends with it. Before, the text was cut
+    at the stop string while stop_reason still named the token id."""
+    from raypaged.core.contracts import RequestDelta
+    from raypaged.core.sampling_params import SamplingParams
+    from raypaged.output_processor import OutputProcessor
+
+    tok = _Bytes()
+    ids = tok.encode("ab!")
+    for include, text, reason in ((True, "ab!", "!"), (False, "ab", ord("!"))):
+        params = SamplingParams(stop="!", stop_token_ids=[ord("!")], max_tokens=8,
+                                include_stop_str_in_output=include)
+        proc = OutputProcessor(tok)
+        proc.add("r", [], params, 0, proc.detokenizer([], params))
+        outs = [o for i, t in enumerate(ids) for o in proc.process(
+            [RequestDelta("r", (t,), "stop" if i == len(ids) - 1 else None,
+                          stop_reason=t if i == len(ids) - 1 else None)])[0]]
+        assert "".join(o.new_text for o in outs) == text
+        assert (outs[-1].finish_reason, outs[-1].stop_reason) == ("stop", reason), include
