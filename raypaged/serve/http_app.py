@@ -136,7 +136,8 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
     async def http_error(request: Request, exc: StarletteHTTPException):
         message = {404: f"no route {request.url.path}",
                    405: f"method {request.method} is not allowed on {request.url.path}"}
-        return APIError(exc.status_code, message.get(exc.status_code, str(exc.detail))).response()
+        return APIError(exc.status_code, message.get(exc.status_code, str(exc.detail)),
+                        headers=exc.headers).response()  # a 405's Allow: what the route takes
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):

@@ -119,11 +119,13 @@ def test_a_completion_of_several_prompts_has_one_id_streamed_or_not():
     assert len(streamed) == 1 and re.fullmatch(r"cmpl-[0-9a-f]{32}", streamed.pop())
 
 
-def test_a_model_is_retrieved_by_its_id_as_the_openai_sdk_asks_an_unknown_one_is_404():
+def test_a_model_is_retrieved_by_its_id_an_unknown_one_is_404_a_wrong_method_405_with_allow():
     async def ask(client):
         listed = (await client.get("/v1/models")).json()["data"][0]
         one = await client.get(f"/v1/models/{listed['id']}")
         unknown = await client.get("/v1/models/org/other-model")  # a slash in the id
+        wrong = await client.get("/v1/completions")  # a 405 says what the route takes
+        assert (wrong.status_code, wrong.headers.get("allow")) == (405, "POST")
         return listed, one, unknown
     (listed, one, unknown), _ = run(LocalFleet(), ask)
     assert one.status_code == 200 and one.json() == listed
