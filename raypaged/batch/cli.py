@@ -95,7 +95,8 @@ def _writable(path: Path, *job_files: str) -> Path:
     from raypaged.batch.job import cannot_write
 
     for other in job_files:
-        if path.exists() and Path(other).exists() and os.path.samefile(path, other):
+        if os.path.realpath(path) == os.path.realpath(other) or (  # an output not there yet
+                path.exists() and Path(other).exists() and os.path.samefile(path, other)):
             raise ValueError(f"--summary-json {path} is the file {other}: writing the summary "
                              "would destroy it; give another path")
     try:

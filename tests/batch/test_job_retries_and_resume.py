@@ -214,7 +214,12 @@ def test_a_summary_json_that_cannot_be_written_is_refused_before_the_job_runs(
     assert capsys.readouterr().err.strip() == (
         f"error: --summary-json {inp} is the file {inp}: writing the summary would destroy it; "
         "give another path")
-    assert not (tmp_path / "out.jsonl").exists()
+    out = tmp_path / "out.jsonl"
+    assert main([*argv, str(out)]) == 2  # the output, not written yet: it would be replaced
+    assert capsys.readouterr().err.strip() == (
+        f"error: --summary-json {out} is the file {out}: writing the summary would destroy it; "
+        "give another path")
+    assert not out.exists()
     kept = tmp_path / "old_summary.json"
     kept.write_text("{}")
     monkeypatch.setattr(api, "run_job", lambda job, on_ray: 1 / 0)  # checked, then ran
