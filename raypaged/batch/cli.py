@@ -92,11 +92,10 @@ def _writable(path: Path, *job_files: str) -> Path:
     """The summary's path, refused now (exit 2, naming it) rather than as a traceback once every
     row is answered, or as the input or output overwritten by it; its directory made if
     missing, as the output's is (OutputFile)."""
-    from raypaged.batch.job import cannot_write
+    from raypaged.batch.job import cannot_write, same_file
 
     for other in job_files:
-        if os.path.realpath(path) == os.path.realpath(other) or (  # an output not there yet
-                path.exists() and Path(other).exists() and os.path.samefile(path, other)):
+        if same_file(path, Path(other)):  # an output not written yet too
             raise ValueError(f"--summary-json {path} is the file {other}: writing the summary "
                              "would destroy it; give another path")
     try:

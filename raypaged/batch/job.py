@@ -68,8 +68,7 @@ class BatchJob:
             self.input_path.open("rb").close()
         except OSError as e:
             raise ValueError(f"input file {self.input_path} cannot be read: {e.strerror}") from None
-        # samefile compares device and inode: the same file by a symlink or a hard link too
-        if self.output_path.exists() and os.path.samefile(self.input_path, self.output_path):
+        if same_file(self.input_path, self.output_path):
             raise ValueError(f"the output {self.output_path} is the input file "
                              f"{self.input_path}: writing it would destroy the input; give "
                              "another output path")
@@ -204,6 +203,13 @@ class BatchJob:
                 return None
             await asyncio.sleep(delay)
             delay = min(2 * delay, MAX_RETRY_DELAY_S)
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """The same path (one that may not exist yet), or, by device and inode, the same file by
+    a symlink or a hard link."""
+    return os.path.realpath(a) == os.path.realpath(b) or (
+        a.exists() and b.exists() and os.path.samefile(a, b))
 
 
 def cannot_write(what: str, path: Path, e: OSError) -> ValueError:

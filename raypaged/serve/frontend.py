@@ -166,9 +166,8 @@ class OpenAIFrontend:
             left = sum(self.info.max_model_len - len(tokens) for tokens in prompts)
             self.limits.check_total(left * req.n, len(prompts), req.n,
                                     "what is left of max_model_len, as max_tokens is unset")
-        constraint = await (self.limits.check_constraint(constraint, "tools") if constraint
-                            else self.limits.check_constraint(req.constraint(),
-                                                              req.constraint_field()))
+        field = "tools" if constraint else req.constraint_field()  # what a 400 names
+        constraint = await self.limits.check_constraint(constraint or req.constraint(), field)
         params = self._params(req, max_tokens, logprobs, constraint)
         if self.shedder is not None:  # last check before any work reaches a worker
             self.shedder.check(sum(len(tokens) for tokens in prompts))
