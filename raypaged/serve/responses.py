@@ -12,6 +12,7 @@ import anyio
 from starlette.responses import StreamingResponse
 
 from raypaged.outputs import SequenceOutput
+from raypaged.serve.token_bytes import token_bytes
 
 # On every reply where a worker was chosen: the one(s) that finished the request (after a
 # failover, the last), or that refused it.
@@ -41,6 +42,7 @@ class Shapes:
     def __init__(self, tokenizer):
         self.token_text = functools.lru_cache(maxsize=65536)(
             lambda token_id: tokenizer.decode([token_id]))
+        self.token_bytes = token_bytes(tokenizer)
 
     def completion_choice(self, want_logprobs: bool, index: int, c: Choice,
                           whole: bool = False) -> dict:
@@ -69,8 +71,8 @@ class Shapes:
 
     def _chat_logprobs(self, c: Choice) -> list[dict]:
         def entry(token_id: int, logprob: float) -> dict:
-            text = self.token_text(token_id)
-            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+            return {"token": self.token_text(token_id), "logprob": logprob,
+                    "bytes": list(self.token_bytes(token_id))}
         return [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
                 for lp in c.logprobs]
 
