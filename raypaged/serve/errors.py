@@ -46,11 +46,30 @@ def too_long(max_model_len: int, prompt: str, param: str = "prompt") -> APIError
 
 
 def from_validation_error(exc: ValidationError) -> APIError:
-    """The first problem pydantic found, named by its JSON path."""
-    err = exc.errors(include_url=False)[0]
-    path = ".".join(str(p) for p in err.get("loc", ()))
-    message = err.get("msg", "invalid request")
+    """The first problem pydantic found, named by its JSON path.
+
+    A field of several shapes (`prompt`, `stop`, `content`) fails once per shape, each with the
+    shape's name in its `loc` (`str`, `list[TextPart]`): the client wrote no such names, so
+    they leave the path, and of that field's failures the ones that got deepest into the body
+    say what is wrong (an image part: its `type`, not "content should be a string"); failures
+    at the same place are joined (`prompt: [1.5]`: a string, or an integer, or a list)."""
+    errors = [(_json_path(e.get("loc", ())), e.get("msg", "invalid request"))
+              for e in exc.errors(include_url=False)]
+    field = errors[0][0][:1]
+    errors = [e for e in errors if e[0][:1] == field]
+    path = max(errors, key=lambda e: len(e[0]))[0]
+    first, *more = dict.fromkeys(msg for p, msg in errors if p == path)
+    message = ", or ".join([first, *(m.removeprefix("Input should be ") for m in more)])
+    path = ".".join(map(str, path))
     return bad_request(f"{path}: {message}" if path else message, param=path or None)
+
+
+def _json_path(loc: tuple) -> tuple:
+    """pydantic's `loc` without the names it gives a union's shapes (`str`, `list[int]`)."""
+    return tuple(p for p in loc if not (isinstance(p, str) and (p in _SHAPES or "[" in p)))
+
+
+_SHAPES = {"str", "int", "float", "bool", "dict", "list", "none"}
 
 
 def from_value_error(exc: ValueError) -> APIError:
