@@ -60,13 +60,21 @@ def startup_failure(serve_message: str) -> str:
 
 def local_worker_resources(args: ServeArgs, num_cpus: int, num_gpus: int) -> ServeArgs:
     """Unset per-worker resources when this machine is the whole cluster: one GPU each when it
-    has GPUs, else its CPUs shared evenly (at least one each)."""
+    has GPUs, else its CPUs shared evenly (whole CPUs each while there are enough). Workers
+    that would not fit are refused here: on a cluster of one machine they would wait for
+    resources that never come, the fleet short of them for good."""
     gpus = args.gpus_per_worker
     if gpus is None:
         gpus = 1.0 if num_gpus >= 1 else 0.0
     cpus = args.cpus_per_worker
     if cpus is None:
-        cpus = 1.0 if gpus else max(1.0, float(num_cpus // args.workers))
+        cpus = 1.0 if gpus else float(num_cpus // args.workers or num_cpus / args.workers)
+    for each, have, flag, kind in ((cpus, num_cpus, "--cpus-per-worker", "CPUs"),
+                                   (gpus, num_gpus, "--gpus-per-worker", "GPUs")):
+        if args.workers * each > have + 1e-9:
+            raise ValueError(f"--workers {args.workers} x {flag} {each:g} needs "
+                             f"{args.workers * each:g} {kind}, and this machine has {have} "
+                             f"(--num-cpus sets the CPUs Ray may use): lower one of them")
     return args.model_copy(update={"cpus_per_worker": cpus, "gpus_per_worker": gpus})
 
 

@@ -32,7 +32,23 @@ def test_a_local_cluster_shares_its_cpus_or_gives_each_worker_a_gpu():
             local_worker_resources(two, num_cpus=8, num_gpus=0).gpus_per_worker) == (4.0, 0.0)
     on_gpus = local_worker_resources(two, num_cpus=8, num_gpus=2)
     assert (on_gpus.cpus_per_worker, on_gpus.gpus_per_worker) == (1.0, 1.0)
-    assert local_worker_resources(ServeArgs(workers=3), num_cpus=2, num_gpus=0).cpus_per_worker == 1.0
+    # more workers than CPUs: all of them start, sharing (one of 3 stayed pending for good)
+    assert local_worker_resources(ServeArgs(workers=3), num_cpus=2, num_gpus=0).cpus_per_worker \
+        == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("args,num_gpus,words", [
+    (ServeArgs(workers=3, cpus_per_worker=1), 0, ["--workers 3", "--cpus-per-worker 1", "3 CPUs",
+                                                  "has 2"]),
+    (ServeArgs(workers=3, cpus_per_worker=0.5), 2, ["--workers 3", "--gpus-per-worker 1",
+                                                    "3 GPUs", "has 2"]),
+    (ServeArgs(workers=2, gpus_per_worker=0.5, cpus_per_worker=2), 1, ["--cpus-per-worker 2",
+                                                                       "4 CPUs"]),
+])
+def test_a_local_cluster_refuses_workers_it_cannot_start_and_names_the_flags(args, num_gpus, words):
+    with pytest.raises(ValueError) as info:
+        local_worker_resources(args, num_cpus=2, num_gpus=num_gpus)
+    assert all(w in str(info.value) for w in words), str(info.value)
 
 
 def test_a_local_cluster_keeps_what_was_set():
