@@ -21,12 +21,14 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import logging
 import os
 import platform
 from pathlib import Path
 
 import torch
 
+logger = logging.getLogger(__name__)
 SOURCES = [Path(__file__).with_name("cpu_paged_decode.cpp"),
            Path(__file__).with_name("cpu_paged_prefill.cpp")]
 # Mirrors the limits at the top of cpu_paged_decode.cpp.
@@ -94,8 +96,12 @@ def load():
     build_dir = Path(get_default_build_root()) / name
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
-        with exclusive_flock(build_dir / "raypaged.flock"):
+        with exclusive_flock(build_dir / "raypaged.flock", f"waiting for another process "
+                             f"building or loading the C++ attention kernels in {build_dir}"):
             (build_dir / "lock").unlink(missing_ok=True)
+            if not (build_dir / f"{name}.so").exists():
+                logger.warning("building the C++ attention kernels for this CPU in %s (once "
+                               "per machine; a few minutes)", build_dir)
             return load_extension(
                 name=name, sources=[str(s) for s in SOURCES], build_directory=str(build_dir),
                 extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
@@ -106,12 +112,18 @@ def load():
 
 
 @contextlib.contextmanager
-def exclusive_flock(path: Path):
+def exclusive_flock(path: Path, waiting: str = ""):
     """An exclusive flock on `path` (created if missing) for the block: waits while another process
-    holds it (here: builds or loads); the OS drops it when its holder dies."""
+    holds it (here: builds or loads), saying so first (`waiting`: what it waits for), as that
+    can take minutes; the OS drops the lock when its holder dies."""
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting:
+                logger.warning("%s", waiting)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)

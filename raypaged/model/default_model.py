@@ -69,7 +69,8 @@ def default_model_dir() -> Path:
         return target
     gguf_path = default_gguf_path()
     root.mkdir(parents=True, exist_ok=True)
-    with exclusive_flock(root / f"{CACHE_NAME}.lock"):
+    with exclusive_flock(root / f"{CACHE_NAME}.lock", "waiting for another process converting "
+                         f"the default model into {target}"):
         if _complete(target):  # another process converted while we waited for the lock
             return target
         # Holding the lock, any temporary folder is a leftover of an interrupted conversion.
