@@ -61,9 +61,7 @@ def startup_failure(serve_message: str) -> str:
 def local_worker_resources(args: ServeArgs, num_cpus: int, num_gpus: int) -> ServeArgs:
     """Unset per-worker resources when this machine is the whole cluster: one GPU each when it
     has GPUs, else its CPUs shared evenly (at least one each)."""
-    gpus = args.gpus_per_worker
-    if gpus is None:
-        gpus = 1.0 if num_gpus >= 1 else 0.0
+    gpus = float(num_gpus >= 1) if args.gpus_per_worker is None else args.gpus_per_worker
     cpus = args.cpus_per_worker
     if cpus is None:
         cpus = 1.0 if gpus else max(1.0, float(num_cpus // args.workers))

@@ -33,8 +33,7 @@ from raypaged.serve.sse_stream import sse_events
 from raypaged.serve.protocol import ChatCompletionRequest, CompletionRequest
 from raypaged.serve.tool_calls import MAX_TOOL_CALLS, ToolCallChoices, with_tools
 from raypaged.serve.ttft_shed import TTFTShedder
-from raypaged.serve.responses import (WORKER_HEADER, Choice, Shapes, sse_response, usage,
-                                      workers_header)
+from raypaged.serve.responses import Choice, Shapes, sse_response, usage, workers_header
 
 
 @dataclass(frozen=True)
@@ -185,14 +184,13 @@ class OpenAIFrontend:
                                 bool(opts and opts.include_usage),
                                 bool(opts and opts.continuous_usage_stats), deadline,
                                 self._timed_out)
-            return sse_response(events, {WORKER_HEADER: workers_header(gens)})
+            return sse_response(events, workers_header(gens))
         choices = await self._collect(gens, params.n)
-        header = {WORKER_HEADER: workers_header(gens)}  # after a failover: who finished it
         body = {"id": response_id, "object": route.object, "created": int(time.time()),
                 "model": self.info.name,
                 "choices": [chunk(i, c, whole=True) for i, c in enumerate(choices)],
                 "usage": usage(gens)}
-        return JSONResponse(body, headers=header)
+        return JSONResponse(body, headers=workers_header(gens))  # after a failover: who finished
 
     # -- validation and tokenization --------------------------------------------------------
     def _parse(self, model, body):
@@ -275,8 +273,7 @@ class OpenAIFrontend:
                            tokens, params, cache_salt, arrival) for i, tokens in enumerate(prompts)]
         try:
             results = await asyncio.gather(*(g.start() for g in gens), return_exceptions=True)
-            errors = [r for r in results if isinstance(r, BaseException)]
-            if errors:
+            if errors := [r for r in results if isinstance(r, BaseException)]:
                 raise errors[0]
         except BaseException:  # one failed, or cancelled (the deadline, a client gone):
             await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)  # leave all

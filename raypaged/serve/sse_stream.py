@@ -93,13 +93,12 @@ async def merged(gens: list[Generation], n: int, deadline: float | None
                  ) -> AsyncIterator[list[SequenceOutput]]:
     """The batches of several generations as they arrive, generation i's sample j as i * n + j."""
     queue: asyncio.Queue = asyncio.Queue()
-    done = object()
 
     async def pump(i: int, g: Generation) -> None:
         try:
             async for batch in g.stream(deadline):
                 await queue.put((i, batch))
-            await queue.put((i, done))
+            await queue.put((i, None))  # this generation is done
         except Exception as exc:  # noqa: BLE001 - re-raised by the reader
             await queue.put((i, exc))
 
@@ -108,7 +107,7 @@ async def merged(gens: list[Generation], n: int, deadline: float | None
         remaining = len(gens)
         while remaining:
             i, item = await queue.get()
-            if item is done:
+            if item is None:
                 remaining -= 1
             elif isinstance(item, BaseException):
                 raise item
