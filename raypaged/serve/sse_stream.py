@@ -34,9 +34,8 @@ class Frame:
     dict with the marker as its text, split where the marker's JSON string stands."""
 
     def __init__(self, head: dict, chunk: Callable):
-        c = Choice()
-        c.text.append(_MARK)
-        self.prefix, mark, self.suffix = sse_data({**head, "choices": [chunk(0, c)]}).partition(
+        choice = chunk(0, Choice(text=[_MARK]))
+        self.prefix, mark, self.suffix = sse_data({**head, "choices": [choice]}).partition(
             json.dumps(_MARK))
         assert mark and _MARK not in self.suffix, "the text must appear once in a chunk"
 
