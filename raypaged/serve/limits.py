@@ -51,10 +51,8 @@ class RequestLimits(ServeOptions):
                         if isinstance(m, dict) and isinstance(m.get("content"), list))
             self._at_most(parts, "messages", "content parts in one request", "max_content_parts")
         self._check_logprobs(body.get("top_logprobs"), "top_logprobs")
-        max_tokens = body.get("max_completion_tokens")
-        if max_tokens is None:
-            max_tokens = body.get("max_tokens")
-        self.check_output_tokens(body, 1, max_tokens)
+        given = body.get("max_completion_tokens")
+        self.check_output_tokens(body, 1, body.get("max_tokens") if given is None else given)
 
     def check_output_tokens(self, body: dict, prompts: int, max_tokens) -> None:
         """prompts x n x max_tokens, when max_tokens is given (the frontend checks again with
