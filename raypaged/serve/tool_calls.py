@@ -27,17 +27,17 @@ _NO_PARAMETERS = {"type": "object", "properties": {}}
 MAX_TOOL_CALLS = ServeOptions.max_tool_calls  # the setting's default
 
 
-def tool_mode(tools: list[dict] | None, tool_choice) -> tuple[str, str | None]:
-    """("none" | "auto" | "required" | "named", the named function) after checking both fields."""
-    names = [t["function"]["name"] for t in tools or ()]
+def tool_mode(names: list[str], tool_choice) -> tuple[str, str | None]:
+    """("none" | "auto" | "required" | "named", the named function) after checking tool_choice
+    against the names of the request's tools."""
     if tool_choice is None:
-        return ("auto" if tools else "none"), None
+        return ("auto" if names else "none"), None
     if isinstance(tool_choice, str):
         if tool_choice not in ("none", "auto", "required"):
             raise bad_request(f"tool_choice must be 'none', 'auto', 'required' or "
                               f'{{"type": "function", "function": {{"name": ...}}}}, got '
                               f"{tool_choice!r}", "tool_choice")
-        if tool_choice != "none" and not tools:
+        if tool_choice != "none" and not names:
             raise bad_request(f"tool_choice {tool_choice!r} needs tools", "tool_choice")
         return tool_choice, None
     function = tool_choice.get("function")  # tool_choice: a dict (the request model types it)
@@ -56,7 +56,8 @@ def with_tools(req, chunk, parser: str, max_calls: int):
     ToolCallChoices unless tool_choice is "none"; the constraint a forced tool_choice decodes
     under, or None)."""
     tools = req.tool_dicts()
-    mode, name = tool_mode(tools, req.tool_choice)
+    names = [t["function"]["name"] for t in tools or ()]
+    mode, name = tool_mode(names, req.tool_choice)
     forced = tool_constraint(tools, mode, name, req.parallel_tool_calls, max_calls)
     if forced is not None and req.constraint() is not None:
         raise bad_request(f"tool_choice {req.tool_choice!r} constrains the output itself: "
@@ -65,7 +66,6 @@ def with_tools(req, chunk, parser: str, max_calls: int):
         return chunk, forced
     if mode == "auto" and PARSERS[parser].keeps_special_tokens:
         req.skip_special_tokens = False
-    names = [t["function"]["name"] for t in tools]
     return ToolCallChoices(chunk, mode, name, parser, names), forced
 
 
