@@ -20,9 +20,6 @@ def check_api_key(key: str | None, source: str) -> None:
 
 
 def resolve_api_key(configured: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
-    if configured is not None:
-        check_api_key(configured, "api_key")
-        return configured
-    key = environ.get(ENV)
-    check_api_key(key, ENV)
+    source, key = ("api_key", configured) if configured is not None else (ENV, environ.get(ENV))
+    check_api_key(key, source)
     return key

@@ -26,7 +26,7 @@ from raypaged.serve.config import SNAPSHOT_INTERVAL_S, ServeArgs, ServeOptions
 from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
 from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.http_app import build_http_app
-from raypaged.serve.ingress import clients_known
+from raypaged.serve.ingress import behind_haproxy, haproxy_forwards_client
 from raypaged.serve.limits import RequestLimits
 from raypaged.serve.metrics import RequestMetrics, merge, render
 from raypaged.serve.replica_bind import bind_replica_grpc_to_node_ip
@@ -68,7 +68,7 @@ class OpenAIRouter:
         self.info = ModelInfo.of(stats, tokenizer, self.config.served_model_name)
         # behind an HAProxy that does not forward the client's address every request comes
         # from its address: one client for all, whose cap would be everyone's (client_gate.py)
-        clients = clients_known()
+        clients = not behind_haproxy() or haproxy_forwards_client()
         if not clients:
             logger.warning("HAProxy ingress without the client's address: every request comes "
                            "from HAProxy's, so max_requests_per_client and fair_admission are off")

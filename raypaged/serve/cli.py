@@ -63,9 +63,7 @@ def local_worker_resources(args: ServeArgs, num_cpus: int, num_gpus: int) -> Ser
     has GPUs, else its CPUs shared evenly (whole CPUs each while there are enough). Workers
     that would not fit are refused here: on a cluster of one machine they would wait for
     resources that never come, the fleet short of them for good."""
-    gpus = args.gpus_per_worker
-    if gpus is None:
-        gpus = 1.0 if num_gpus >= 1 else 0.0
+    gpus = float(num_gpus >= 1) if args.gpus_per_worker is None else args.gpus_per_worker
     cpus = args.cpus_per_worker
     if cpus is None:
         cpus = 1.0 if gpus else float(num_cpus // args.workers or num_cpus / args.workers)

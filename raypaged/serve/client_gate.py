@@ -81,9 +81,12 @@ class ClientGate:
                        code="rate_limit_exceeded", retry_after=1)
 
     def blocks(self, num_prompt_tokens: int, max_tokens: int | None, n: int) -> int:
-        """KV blocks a request of n samples may hold (fair_admission.blocks_needed)."""
+        """KV blocks a request of n samples may hold (fair_admission.blocks_needed); one
+        without max_tokens counts at the mean output length seen, at least a block (before any
+        request has finished, as core/admission.py does)."""
+        open_output = max(self.output_lengths.expected(0) or 0, self._block_size)
         return blocks_needed(num_prompt_tokens, max_tokens, n, self._block_size,
-                             self._max_model_len, self.open_output())
+                             self._max_model_len, open_output)
 
     async def enter(self, client: str, num_prompt_tokens: int, max_tokens: int | None,
                     n: int) -> Ticket:
@@ -104,11 +107,6 @@ class ClientGate:
         finally:
             self.held_tokens -= num_prompt_tokens
         return ticket
-
-    def open_output(self) -> int:
-        """The output a request without max_tokens is counted at: the mean length seen, at
-        least a block (before any request has finished, as core/admission.py does)."""
-        return max(self.output_lengths.expected(0) or 0, self._block_size)
 
     def finished(self, output_lengths: list[int]) -> None:
         """A request's samples ended by themselves (not aborted): their lengths."""

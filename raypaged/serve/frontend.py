@@ -33,8 +33,7 @@ from raypaged.serve.sse_stream import sse_events
 from raypaged.serve.protocol import ChatCompletionRequest, CompletionRequest
 from raypaged.serve.tool_calls import MAX_TOOL_CALLS, ToolCallChoices, with_tools
 from raypaged.serve.ttft_shed import TTFTShedder
-from raypaged.serve.responses import (WORKER_HEADER, Choice, Shapes, sse_response, usage,
-                                      workers_header)
+from raypaged.serve.responses import Choice, Shapes, sse_response, usage, workers_header
 
 
 @dataclass(frozen=True)
@@ -139,8 +138,7 @@ class OpenAIFrontend:
         req: CompletionRequest = self._parse(CompletionRequest, body)
         texts = req.prompts()
         for text in texts:  # all of them before tokenizing any
-            if isinstance(text, str):
-                self._refuse_unfittable(text, "prompt")
+            self._refuse_unfittable(text, "prompt")
         prompts = [await self._prompt_tokens(p) for p in texts]
         chunk = functools.partial(self.shapes.completion_choice, req.logprobs is not None)
         return await self._respond(COMPLETIONS, req, prompts, req.max_tokens, req.logprobs,
@@ -168,7 +166,11 @@ class OpenAIFrontend:
                                     "what is left of max_model_len, as max_tokens is unset")
         field = "tools" if constraint else req.constraint_field()  # what a 400 names
         constraint = await self.limits.check_constraint(constraint or req.constraint(), field)
-        params = self._params(req, max_tokens, logprobs, constraint)
+        try:
+            params = req.sampling_params(max_tokens, logprobs, constraint)
+            params.check_token_ids(self.info.vocab_size)  # the engine checks again
+        except ValueError as exc:
+            raise from_value_error(exc) from None
         if self.shedder is not None:  # last check before any work reaches a worker
             self.shedder.check(sum(len(tokens) for tokens in prompts))
         # one id for the response; each prompt's generation is "<id>-<i>" (as vLLM names them)
@@ -185,14 +187,13 @@ class OpenAIFrontend:
                                 bool(opts and opts.include_usage),
                                 bool(opts and opts.continuous_usage_stats), deadline,
                                 self._timed_out)
-            return sse_response(events, {WORKER_HEADER: workers_header(gens)})
+            return sse_response(events, workers_header(gens))
         choices = await self._collect(gens, params.n)
-        header = {WORKER_HEADER: workers_header(gens)}  # after a failover: who finished it
         body = {"id": response_id, "object": route.object, "created": int(time.time()),
                 "model": self.info.name,
                 "choices": [chunk(i, c, whole=True) for i, c in enumerate(choices)],
                 "usage": usage(gens)}
-        return JSONResponse(body, headers=header)
+        return JSONResponse(body, headers=workers_header(gens))  # after a failover: who finished
 
     # -- validation and tokenization --------------------------------------------------------
     def _parse(self, model, body):
@@ -237,10 +238,10 @@ class OpenAIFrontend:
             raise bad_request("the conversation renders to an empty prompt", "messages")
         return tokens
 
-    def _refuse_unfittable(self, text: str, param: str) -> None:
+    def _refuse_unfittable(self, text: str | list[int], param: str) -> None:
         """A text of more bytes than max_model_len tokens can cover is refused before it is
-        tokenized (why: prompt_bound)."""
-        if self.max_token_bytes is None:
+        tokenized (why: prompt_bound); token ids pass."""
+        if self.max_token_bytes is None or not isinstance(text, str):
             return
         size = len(text) if text.isascii() else len(text.encode(errors="surrogatepass"))
         fewest = -(-size // self.max_token_bytes)  # isascii() above is O(1), encode() is not
@@ -259,15 +260,6 @@ class OpenAIFrontend:
                 f"{len(tokens) + max_tokens} ({len(tokens)} in the prompt, {max_tokens} "
                 f"max_tokens): lower max_tokens to at most {limit - len(tokens)}", "max_tokens")
 
-    def _params(self, req, max_tokens: int | None, logprobs: int | None,
-                constraint=None) -> SamplingParams:
-        try:
-            params = req.sampling_params(max_tokens, logprobs, constraint)
-            params.check_token_ids(self.info.vocab_size)  # the engine checks again
-            return params
-        except ValueError as exc:
-            raise from_value_error(exc) from None
-
     # -- running -----------------------------------------------------------------------------
     async def _start(self, base: str, prompts: list[list[int]], params: SamplingParams,
                      cache_salt: str | None, arrival: float) -> list[Generation]:
@@ -275,8 +267,7 @@ class OpenAIFrontend:
                            tokens, params, cache_salt, arrival) for i, tokens in enumerate(prompts)]
         try:
             results = await asyncio.gather(*(g.start() for g in gens), return_exceptions=True)
-            errors = [r for r in results if isinstance(r, BaseException)]
-            if errors:
+            if errors := [r for r in results if isinstance(r, BaseException)]:
                 raise errors[0]
         except BaseException:  # one failed, or cancelled (the deadline, a client gone):
             await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)  # leave all

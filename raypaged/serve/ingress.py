@@ -43,12 +43,6 @@ def haproxy_forwards_client() -> bool:
     return behind_haproxy() and os.environ.get(FORWARDS_CLIENT) == "1"
 
 
-def clients_known() -> bool:
-    """Whether a request's client can be told apart here: through Serve's Python proxy, or
-    through an HAProxy that forwards the client's address."""
-    return not behind_haproxy() or haproxy_forwards_client()
-
-
 class IngressUnavailable(RuntimeError):
     """The ingress asked for cannot run here; the message names the fix."""
 

@@ -33,8 +33,7 @@ class RequestLimits(ServeOptions):
         prompt = body.get("prompt")
         several = isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str))
         prompts = prompt if several else [prompt]
-        _at_most(len(prompts), self.max_prompts_per_request, "prompt", "prompts in one request",
-                 "max_prompts_per_request")
+        self._at_most(len(prompts), "prompt", "prompts in one request", "max_prompts_per_request")
         for i, p in enumerate(prompts):  # a token list too long to fit: before validating it
             if isinstance(p, list) and len(p) >= max_model_len:
                 where = f"prompt.{i}" if several else "prompt"
@@ -46,18 +45,14 @@ class RequestLimits(ServeOptions):
         self._check_common(body)
         messages = body.get("messages")
         if isinstance(messages, list):
-            _at_most(len(messages), self.max_messages, "messages", "messages in one request",
-                     "max_messages")
+            self._at_most(len(messages), "messages", "messages in one request", "max_messages")
             # validating each part is pydantic's work on the event loop (docs/limits.md)
             parts = sum(len(m["content"]) for m in messages
                         if isinstance(m, dict) and isinstance(m.get("content"), list))
-            _at_most(parts, self.max_content_parts, "messages", "content parts in one request",
-                     "max_content_parts")
+            self._at_most(parts, "messages", "content parts in one request", "max_content_parts")
         self._check_logprobs(body.get("top_logprobs"), "top_logprobs")
-        max_tokens = body.get("max_completion_tokens")
-        if max_tokens is None:
-            max_tokens = body.get("max_tokens")
-        self.check_output_tokens(body, 1, max_tokens)
+        given = body.get("max_completion_tokens")
+        self.check_output_tokens(body, 1, body.get("max_tokens") if given is None else given)
 
     def check_output_tokens(self, body: dict, prompts: int, max_tokens) -> None:
         """prompts x n x max_tokens, when max_tokens is given (the frontend checks again with
@@ -72,9 +67,8 @@ class RequestLimits(ServeOptions):
             raise bad_request(
                 f"this request may generate {total} tokens ({prompts} prompt(s) x n {n} x "
                 f"{per_sample}), more than the {self.max_request_output_tokens} one request may "
-                f"ask of this server: lower max_tokens or n, or split the request (the limit is "
-                f"the setting max_request_output_tokens, {flag('max_request_output_tokens')})",
-                "max_tokens")
+                f"ask of this server: lower max_tokens or n, or split the request "
+                f"{_limit('max_request_output_tokens')}", "max_tokens")
 
     async def check_constraint(self, spec: StructuredOutputsParams | None,
                                field: str = "structured_outputs"
@@ -88,11 +82,9 @@ class RequestLimits(ServeOptions):
         given = {"structured_outputs": f"structured_outputs {spec.kind}",
                  "tools": "tools' parameter schema"}.get(field, field)
         if spec.size > self.max_structured_output_chars:
-            raise bad_request(
-                f"the {given} is {spec.size} characters, more than the "
-                f"{self.max_structured_output_chars} this server accepts (the limit is the "
-                f"setting max_structured_output_chars, {flag('max_structured_output_chars')})",
-                field)
+            raise bad_request(f"the {given} is {spec.size} characters, more than the "
+                              f"{self.max_structured_output_chars} this server accepts "
+                              f"{_limit('max_structured_output_chars')}", field)
         try:
             await asyncio.to_thread(build_grammar, spec)
         except ValueError as exc:
@@ -105,35 +97,36 @@ class RequestLimits(ServeOptions):
     def _check_common(self, body: dict) -> None:
         n = body.get("n")
         if is_int(n) and not 1 <= n <= self.max_n:
-            raise bad_request(f"n must be between 1 and {self.max_n}, got {n} (the limit is the "
-                              f"setting max_n, {flag('max_n')})", "n")
+            raise bad_request(f"n must be between 1 and {self.max_n}, got {n} {_limit('max_n')}",
+                              "n")
         stop = body.get("stop")
         if isinstance(stop, list):
-            _at_most(len(stop), self.max_stop_strings, "stop", "stop strings",
-                     "max_stop_strings")
+            self._at_most(len(stop), "stop", "stop strings", "max_stop_strings")
         for s in ([stop] if isinstance(stop, str) else stop if isinstance(stop, list) else ()):
             if isinstance(s, str) and len(s) > self.max_stop_string_chars:
                 raise bad_request(
                     f"a stop string of {len(s)} characters is longer than the "
-                    f"{self.max_stop_string_chars} this server accepts (the limit is the setting "
-                    f"max_stop_string_chars, {flag('max_stop_string_chars')})", "stop")
+                    f"{self.max_stop_string_chars} this server accepts "
+                    f"{_limit('max_stop_string_chars')}", "stop")
         ids = body.get("stop_token_ids")
         if isinstance(ids, list):
-            _at_most(len(ids), self.max_stop_token_ids, "stop_token_ids", "stop_token_ids",
-                     "max_stop_token_ids")
+            self._at_most(len(ids), "stop_token_ids", "stop_token_ids", "max_stop_token_ids")
         bias = body.get("logit_bias")
         if isinstance(bias, dict):
-            _at_most(len(bias), self.max_logit_bias, "logit_bias", "logit_bias entries",
-                     "max_logit_bias")
+            self._at_most(len(bias), "logit_bias", "logit_bias entries", "max_logit_bias")
 
     def _check_logprobs(self, value, param: str) -> None:
         if is_int(value) and not 0 <= value <= self.max_logprobs:
             raise bad_request(f"{param} must be between 0 and {self.max_logprobs}, got {value} "
-                              f"(the limit is the setting max_logprobs, {flag('max_logprobs')})",
-                              param)
+                              f"{_limit('max_logprobs')}", param)
+
+    def _at_most(self, count: int, param: str, what: str, setting: str) -> None:
+        """At most the setting's number of entries in `param`."""
+        if count > (limit := getattr(self, setting)):
+            raise bad_request(f"{param} has {count} entries: at most {limit} {what} are "
+                              f"accepted {_limit(setting)}", param)
 
 
-def _at_most(count: int, limit: int, param: str, what: str, setting: str) -> None:
-    if count > limit:
-        raise bad_request(f"{param} has {count} entries: at most {limit} {what} are accepted "
-                          f"(the limit is the setting {setting}, {flag(setting)})", param)
+def _limit(setting: str) -> str:
+    """What a 400 says of the setting that bounds it."""
+    return f"(the limit is the setting {setting}, {flag(setting)})"

@@ -52,13 +52,12 @@ class Shapes:
 
     def chat_choice(self, want_logprobs: bool, index: int, c: Choice, whole: bool = False) -> dict:
         text = "".join(c.text)
-        logprobs = {"content": self._chat_logprobs(c)} if want_logprobs else None
         if whole:
-            return {"index": index, "message": {"role": "assistant", "content": text},
-                    "logprobs": logprobs, "finish_reason": c.finish_reason,
-                    "stop_reason": c.stop_reason}
-        delta = {"content": text} if text or c.finish_reason is None else {}
-        return {"index": index, "delta": delta, "logprobs": logprobs,
+            part = {"message": {"role": "assistant", "content": text}}
+        else:
+            part = {"delta": {"content": text} if text or c.finish_reason is None else {}}
+        return {"index": index, **part,
+                "logprobs": {"content": self._chat_logprobs(c)} if want_logprobs else None,
                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
 
     def _completion_logprobs(self, c: Choice) -> dict:
@@ -85,8 +84,8 @@ def usage(gens) -> dict:
             "prompt_tokens_details": {"cached_tokens": sum(g.num_cached_tokens for g in gens)}}
 
 
-def workers_header(gens) -> str:
-    return ",".join(dict.fromkeys(g.worker_id for g in gens))
+def workers_header(gens) -> dict:
+    return {WORKER_HEADER: ",".join(dict.fromkeys(g.worker_id for g in gens))}
 
 
 # Characters that json.dumps(ensure_ascii=False) leaves as they are and str.splitlines() ends a

@@ -34,9 +34,8 @@ class Frame:
     dict with the marker as its text, split where the marker's JSON string stands."""
 
     def __init__(self, head: dict, chunk: Callable):
-        c = Choice()
-        c.text.append(_MARK)
-        self.prefix, mark, self.suffix = sse_data({**head, "choices": [chunk(0, c)]}).partition(
+        choice = chunk(0, Choice(text=[_MARK]))
+        self.prefix, mark, self.suffix = sse_data({**head, "choices": [choice]}).partition(
             json.dumps(_MARK))
         assert mark and _MARK not in self.suffix, "the text must appear once in a chunk"
 
@@ -93,13 +92,12 @@ async def merged(gens: list[Generation], n: int, deadline: float | None
                  ) -> AsyncIterator[list[SequenceOutput]]:
     """The batches of several generations as they arrive, generation i's sample j as i * n + j."""
     queue: asyncio.Queue = asyncio.Queue()
-    done = object()
 
     async def pump(i: int, g: Generation) -> None:
         try:
             async for batch in g.stream(deadline):
                 await queue.put((i, batch))
-            await queue.put((i, done))
+            await queue.put((i, None))  # this generation is done
         except Exception as exc:  # noqa: BLE001 - re-raised by the reader
             await queue.put((i, exc))
 
@@ -108,7 +106,7 @@ async def merged(gens: list[Generation], n: int, deadline: float | None
         remaining = len(gens)
         while remaining:
             i, item = await queue.get()
-            if item is done:
+            if item is None:
                 remaining -= 1
             elif isinstance(item, BaseException):
                 raise item

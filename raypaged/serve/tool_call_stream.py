@@ -26,9 +26,12 @@ def call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
+def call(name: str, args: str, new_id=call_id) -> dict:
+    return {"id": new_id(), "type": "function", "function": {"name": name, "arguments": args}}
+
+
 def header(index: int, name: str, new_id=call_id) -> dict:
-    return {"index": index, "id": new_id(), "type": "function",
-            "function": {"name": name, "arguments": ""}}
+    return {"index": index, **call(name, "", new_id)}
 
 
 def arguments(index: int, text: str) -> dict:

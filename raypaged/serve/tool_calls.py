@@ -14,29 +14,30 @@ accumulates deltas (the OpenAI SDK) gets the message the non-streamed answer has
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 
 from raypaged.core.structured_outputs import StructuredOutputsParams
 from raypaged.serve.config import ServeOptions
 from raypaged.serve.errors import bad_request
 from raypaged.serve.responses import Choice
-from raypaged.serve.tool_call_stream import CallListScanner, arguments, call_id, header
+from raypaged.serve.tool_call_stream import CallListScanner, arguments, call, call_id, header
 from raypaged.serve.tool_parsers import PARSERS, parse_whole
 
 _NO_PARAMETERS = {"type": "object", "properties": {}}
 MAX_TOOL_CALLS = ServeOptions.max_tool_calls  # the setting's default
 
 
-def tool_mode(tools: list[dict] | None, tool_choice) -> tuple[str, str | None]:
-    """("none" | "auto" | "required" | "named", the named function) after checking both fields."""
-    names = [t["function"]["name"] for t in tools or ()]
+def tool_mode(names: list[str], tool_choice) -> tuple[str, str | None]:
+    """("none" | "auto" | "required" | "named", the named function) after checking tool_choice
+    against the names of the request's tools."""
     if tool_choice is None:
-        return ("auto" if tools else "none"), None
+        return ("auto" if names else "none"), None
     if isinstance(tool_choice, str):
         if tool_choice not in ("none", "auto", "required"):
             raise bad_request(f"tool_choice must be 'none', 'auto', 'required' or "
                               f'{{"type": "function", "function": {{"name": ...}}}}, got '
                               f"{tool_choice!r}", "tool_choice")
-        if tool_choice != "none" and not tools:
+        if tool_choice != "none" and not names:
             raise bad_request(f"tool_choice {tool_choice!r} needs tools", "tool_choice")
         return tool_choice, None
     function = tool_choice.get("function")  # tool_choice: a dict (the request model types it)
@@ -55,7 +56,8 @@ def with_tools(req, chunk, parser: str, max_calls: int):
     ToolCallChoices unless tool_choice is "none"; the constraint a forced tool_choice decodes
     under, or None)."""
     tools = req.tool_dicts()
-    mode, name = tool_mode(tools, req.tool_choice)
+    names = [t["function"]["name"] for t in tools or ()]
+    mode, name = tool_mode(names, req.tool_choice)
     forced = tool_constraint(tools, mode, name, req.parallel_tool_calls, max_calls)
     if forced is not None and req.constraint() is not None:
         raise bad_request(f"tool_choice {req.tool_choice!r} constrains the output itself: "
@@ -64,7 +66,6 @@ def with_tools(req, chunk, parser: str, max_calls: int):
         return chunk, forced
     if mode == "auto" and PARSERS[parser].keeps_special_tokens:
         req.skip_special_tokens = False
-    names = [t["function"]["name"] for t in tools]
     return ToolCallChoices(chunk, mode, name, parser, names), forced
 
 
@@ -127,15 +128,11 @@ def parse_calls(text: str, mode: str, name: str | None, new_id=call_id) -> list[
     except ValueError:  # cut short by max_tokens: it stays text
         return None
     if mode == "named":
-        return [_call(name, text, new_id)]
+        return [call(name, text, new_id)]
     # the arguments as the model wrote them, as the stream sends them (not re-dumped)
     scanner = CallListScanner()
     scanner.feed(text)
-    return [_call(n, a, new_id) for n, a in scanner.calls]
-
-
-def _call(name: str, args: str, new_id=call_id) -> dict:
-    return {"id": new_id(), "type": "function", "function": {"name": name, "arguments": args}}
+    return [call(n, a, new_id) for n, a in scanner.calls]
 
 
 class ToolCallChoices:
@@ -151,8 +148,9 @@ class ToolCallChoices:
         # its call ids, in every mode: Mistral's templates refuse any but 9 letters and digits
         # when the calls come back in the conversation
         self.new_id = PARSERS[parser].new_id
-        self._auto: dict[int, object] = {}              # stream (auto), per choice
-        self._scanners: dict[int, CallListScanner] = {}  # stream (required), per choice
+        # per choice: its stream (auto), its scanner (required)
+        self._auto = defaultdict(lambda: PARSERS[parser](tool_names))
+        self._scanners = defaultdict(lambda: CallListScanner(new_id=self.new_id))
         self._texts: dict[int, str] = {}    # stream (required, named): the text so far
 
     def __call__(self, index: int, c: Choice, whole: bool = False) -> dict:
@@ -161,7 +159,7 @@ class ToolCallChoices:
             text = "".join(c.text)
             if self.mode == "auto":
                 content, found = parse_whole(self.parser, text, self.tool_names)
-                calls = None if found is None else [_call(n, a, self.new_id) for n, a in found]
+                calls = None if found is None else [call(n, a, self.new_id) for n, a in found]
             else:
                 content, calls = None, parse_calls(text, self.mode, self.name, self.new_id)
             # auto: calls cut short (finish_reason "length") are calls, as the stream sent them
@@ -176,9 +174,7 @@ class ToolCallChoices:
 
     def _streamed_auto(self, index: int, c: Choice) -> dict:
         """Content until the calls begin, then the calls piece by piece."""
-        stream = self._auto.get(index)
-        if stream is None:
-            stream = self._auto[index] = PARSERS[self.parser](self.tool_names)
+        stream = self._auto[index]
         content, deltas = stream.feed("".join(c.text))
         finish = c.finish_reason
         if finish is not None:
@@ -205,10 +201,7 @@ class ToolCallChoices:
                 deltas = [header(0, self.name, self.new_id)]
                 deltas[0]["function"]["arguments"] = piece
         else:
-            scanner = self._scanners.get(index)
-            if scanner is None:
-                scanner = self._scanners[index] = CallListScanner(new_id=self.new_id)
-            deltas = scanner.feed(piece)
+            deltas = self._scanners[index].feed(piece)
         finish = c.finish_reason
         if finish == "stop" and parse_calls(text, self.mode, self.name) is not None:
             finish = "tool_calls"
