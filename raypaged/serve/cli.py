@@ -11,6 +11,7 @@ import argparse
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 
@@ -103,12 +104,30 @@ def local_cluster_env(environ: dict) -> None:
         environ.setdefault(name, value)
 
 
+def port_taken(host: str, port: int) -> str | None:
+    """Why nothing could listen on host:port (the OS's reason), or None. Checked before a local
+    cluster starts: the ingress would find out only after it, in a traceback."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        # as servers bind: a port in TIME_WAIT is free to them
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
 def run_serve(ns: argparse.Namespace) -> int:
     ingress_dir = None
     try:  # Ray and Ray Serve read these when imported: set them first
         if ns.address:
             refuse_when_joining(ns.ingress)
         else:
+            taken = port_taken(ns.host, ns.port)
+            if taken:
+                print(f"raypaged: cannot listen on {ns.host}:{ns.port}: {taken} (another server "
+                      "there? stop it, or pick a free port with --port)", file=sys.stderr)
+                return 2
             local_cluster_env(os.environ)
             ingress_dir = new_run_dir()
             ingress = ns.ingress

@@ -3,6 +3,7 @@ cannot work is refused before any Ray cluster starts."""
 from __future__ import annotations
 
 import argparse
+import socket
 import subprocess
 import sys
 
@@ -80,3 +81,16 @@ def test_a_failed_deployment_is_reported_as_its_last_error_line_not_the_tracebac
     assert "\n" not in line
     assert line == ("every worker failed to start: safetensors._safetensors_rust."
                     "SafetensorError: Error while deserializing header: header too large")
+
+
+def test_a_port_another_server_holds_is_refused_in_one_line_before_ray_starts():
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        run = subprocess.run(
+            [sys.executable, "-c", "import sys; from raypaged.cli import main; sys.exit(main())",
+             "serve", "--port", str(port)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr == (f"raypaged: cannot listen on 127.0.0.1:{port}: Address already in use "
+                          "(another server there? stop it, or pick a free port with --port)\n")
