@@ -32,10 +32,11 @@ def token_bytes(tokenizer) -> Callable[[int], bytes]:
     byte_level = type(decoder).__name__ == "ByteLevel"
     added = set(tokenizer.get_added_vocab().values()) if byte_level else set()
     table = _byte_of_char()
+    piece_of = getattr(tokenizer, "convert_ids_to_tokens", lambda token_id: "")
 
     @functools.lru_cache(maxsize=65536)
     def of(token_id: int) -> bytes:
-        piece = tokenizer.convert_ids_to_tokens(token_id)
+        piece = piece_of(token_id)
         if byte_level and token_id not in added and all(c in table for c in piece):
             return bytes(table[c] for c in piece)
         fallback = _BYTE_FALLBACK.fullmatch(piece or "")
