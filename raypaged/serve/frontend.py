@@ -30,7 +30,8 @@ from raypaged.serve.generation import Generation, gather_or_cancel
 from raypaged.serve.limits import RequestLimits
 from raypaged.serve.prompt_bound import max_token_bytes
 from raypaged.serve.sse_stream import sse_events
-from raypaged.serve.protocol import ChatCompletionRequest, CompletionRequest
+from raypaged.serve.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                     TokenizeChatRequest, TokenizeRequest)
 from raypaged.serve.tool_calls import MAX_TOOL_CALLS, ToolCallChoices, with_tools
 from raypaged.serve.ttft_shed import TTFTShedder
 from raypaged.serve.responses import Choice, Shapes, sse_response, usage, workers_header
@@ -82,7 +83,10 @@ class OpenAIFrontend:
         # http_app has body_parser run a large body's in a child process)
         self.body_checks = {CompletionRequest: functools.partial(
             self.limits.check_completion, max_model_len=info.max_model_len),
-            ChatCompletionRequest: self.limits.check_chat}
+            ChatCompletionRequest: self.limits.check_chat,
+            TokenizeChatRequest: self.limits.check_chat, TokenizeRequest: lambda body: None,
+            DetokenizeRequest: functools.partial(self.limits.check_detokenize,
+                                                 max_model_len=info.max_model_len)}
         self.request_timeout_s = request_timeout_s  # None: no deadline
         self.max_token_bytes = max_token_bytes(tokenizer)  # None: no bound, tokenize everything
         # tool_choice "auto": the model family's call format, from its chat template unless set
@@ -101,6 +105,28 @@ class OpenAIFrontend:
         return {"id": self.info.name, "object": "model", "created": self.info.created,
                 "owned_by": "raypaged", "root": self.info.name, "parent": None,
                 "max_model_len": self.info.max_model_len}
+
+    async def tokenize(self, body) -> JSONResponse:
+        """vLLM's POST /tokenize: the token ids a completion of `prompt`, or a chat completion
+        of `messages` (with its `tools`, `add_generation_prompt`), would be given."""
+        if isinstance(body, dict) and "messages" in body:
+            req = self._parse(TokenizeChatRequest, body)
+            tokens = await self._chat_tokens(req)
+        else:
+            req = self._parse(TokenizeRequest, body)
+            self._refuse_unfittable(req.prompt, "prompt")
+            tokens = await asyncio.to_thread(self.tokenizer.encode, req.prompt,
+                                             add_special_tokens=req.add_special_tokens)
+        strs = self.tokenizer.convert_ids_to_tokens(tokens) if req.return_token_strs else None
+        return JSONResponse({"count": len(tokens), "max_model_len": self.info.max_model_len,
+                             "tokens": tokens, "token_strs": strs})
+
+    async def detokenize(self, body) -> JSONResponse:
+        """vLLM's POST /detokenize: the text of `tokens`."""
+        req = self._parse(DetokenizeRequest, body)
+        self._check_ids(req.tokens, "tokens")
+        return JSONResponse({"prompt": await asyncio.to_thread(self.tokenizer.decode,
+                                                               req.tokens)})
 
     def _no_model(self, name: str) -> APIError:
         return APIError(404, f"The model `{name}` does not exist; this server serves "
@@ -216,13 +242,16 @@ class OpenAIFrontend:
             tokens = await asyncio.to_thread(self.tokenizer.encode, prompt)
         else:
             tokens = prompt
-            bad = [t for t in tokens if not 0 <= t < self.info.vocab_size]
-            if bad:
-                raise bad_request(f"prompt token id {bad[0]} is out of range: token ids must be "
-                                  f"in [0, {self.info.vocab_size})", "prompt")
+            self._check_ids(tokens, "prompt")
         if not tokens:
             raise bad_request("the prompt is empty: give at least one token", "prompt")
         return list(tokens)
+
+    def _check_ids(self, tokens: list[int], param: str) -> None:
+        bad = [t for t in tokens if not 0 <= t < self.info.vocab_size]
+        if bad:
+            raise bad_request(f"{param} token id {bad[0]} is out of range: token ids must be "
+                              f"in [0, {self.info.vocab_size})", param)
 
     async def _chat_tokens(self, req: ChatCompletionRequest) -> list[int]:
         try:

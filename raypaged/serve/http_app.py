@@ -24,7 +24,7 @@ from raypaged.serve.frontend import OpenAIFrontend
 from raypaged.serve.body_parser import BodyParsers, model_fields
 from raypaged.serve.json_body import check_content_type
 from raypaged.serve.metrics import RequestMetrics
-from raypaged.serve.protocol import ChatCompletionRequest, CompletionRequest
+from raypaged.serve.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,8 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
     # (body_parser.py: a refused body's value never reaches this process)
     prechecks = {route: (frontend.body_checks[model], model_fields(model))
                  for route, model in ((frontend.completions, CompletionRequest),
-                                      (frontend.chat_completions, ChatCompletionRequest))}
+                                      (frontend.chat_completions, ChatCompletionRequest),
+                                      (frontend.detokenize, DetokenizeRequest))}
 
     def authorize(request: Request) -> None:
         if api_key is None:
@@ -99,6 +100,14 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await answer(request, frontend.chat_completions)
+
+    @app.post("/tokenize")  # vLLM's: a prompt's or a conversation's token ids
+    async def tokenize(request: Request):
+        return await answer(request, frontend.tokenize)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        return await answer(request, frontend.detokenize)
 
     def keyed_json(request: Request, view) -> Response:
         """A read-only JSON route behind the API key."""

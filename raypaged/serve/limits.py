@@ -41,6 +41,15 @@ class RequestLimits(ServeOptions):
         self._check_logprobs(body.get("logprobs"), "logprobs")
         self.check_output_tokens(body, len(prompts), body.get("max_tokens", 16))
 
+    @staticmethod
+    def check_detokenize(body: dict, max_model_len: int) -> None:
+        """Before pydantic validates each id: at most a sequence's worth of them."""
+        tokens = body.get("tokens")
+        if isinstance(tokens, list) and len(tokens) > max_model_len:
+            raise bad_request(f"tokens has {len(tokens)} ids, more than a sequence can hold "
+                              f"(max_model_len {max_model_len}): detokenize at most "
+                              f"{max_model_len} at once", "tokens")
+
     def check_chat(self, body: dict) -> None:
         self._check_common(body)
         messages = body.get("messages")

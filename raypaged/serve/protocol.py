@@ -232,3 +232,28 @@ class ChatCompletionRequest(_Sampling):
         return [{"role": m.role, "content": m.text(),
                  **{k: v for k in ("name", "tool_calls", "tool_call_id") if (v := getattr(m, k))}}
                 for m in self.messages]
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's POST /tokenize of a prompt (a body with `messages` is a TokenizeChatRequest)."""
+    model: StrictStr | None = None
+    prompt: StrictStr
+    add_special_tokens: StrictBool = True
+    return_token_strs: StrictBool = False
+
+    def check(self) -> None:
+        """Types only: the prompt is bounded as a completion's is (the frontend)."""
+
+
+class TokenizeChatRequest(ChatCompletionRequest):
+    """vLLM's POST /tokenize of a conversation: the prompt its chat completion would have."""
+    return_token_strs: StrictBool = False
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's POST /detokenize: the text of token ids."""
+    model: StrictStr | None = None
+    tokens: list[StrictInt]
+
+    def check(self) -> None:
+        """Types only: the ids' range and count are the frontend's and RequestLimits'."""

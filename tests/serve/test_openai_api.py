@@ -137,3 +137,39 @@ def test_wrong_key_is_refused(app, model_name):
     bad = openai.OpenAI(base_url=f"{app.url}/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.completions.create(model=model_name, prompt="Hi", max_tokens=1)
+
+
+def test_tokenize_counts_what_a_completion_and_a_chat_would_be_given(app, client, model_name):
+    """vLLM's /tokenize and /detokenize: the counts agree with the usage the same prompt and
+    conversation are billed, and the ids decode back to the prompt."""
+    def post(path, body):
+        return httpx.post(f"{app.url}{path}", json=body, headers=app.headers, timeout=60)
+
+    prompt = "naïve café, 日本語"
+    got = post("/tokenize", {"model": model_name, "prompt": prompt, "return_token_strs": True})
+    assert got.status_code == 200, got.text
+    body = got.json()
+    billed = client.completions.create(model=model_name, prompt=prompt, max_tokens=1).usage
+    assert body["count"] == len(body["tokens"]) == billed.prompt_tokens
+    assert body["max_model_len"] == 1024 and len(body["token_strs"]) == body["count"]
+    assert post("/detokenize", {"tokens": body["tokens"]}).json() == {"prompt": prompt}
+
+    chat = post("/tokenize", {"model": model_name, "messages": QUESTION}).json()
+    billed = client.chat.completions.create(model=model_name, messages=QUESTION,
+                                            max_tokens=1).usage
+    assert chat["count"] == billed.prompt_tokens and chat["token_strs"] is None
+    without = post("/tokenize", {"messages": QUESTION, "add_generation_prompt": False}).json()
+    assert without["tokens"] == chat["tokens"][:without["count"]] < chat["tokens"]
+
+
+def test_tokenize_refuses_what_a_request_would_be_refused_naming_the_field(app):
+    def error(path, body, headers=app.headers):
+        r = httpx.post(f"{app.url}{path}", json=body, headers=headers, timeout=60)
+        return r.status_code, r.json()["error"]["param"]
+
+    assert error("/detokenize", {"tokens": [1, 49152]}) == (400, "tokens")
+    assert error("/detokenize", {"tokens": [1] * 1025}) == (400, "tokens")
+    assert error("/tokenize", {"prompt": 5}) == (400, "prompt")
+    assert error("/tokenize", {"messages": []}) == (400, "messages")
+    assert error("/tokenize", {"prompt": "hi", "model": "other"}) == (404, "model")
+    assert error("/tokenize", {"prompt": "hi"}, headers={})[0] == 401
