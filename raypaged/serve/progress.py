@@ -31,10 +31,6 @@ class Progress:
         self._last_token_at: float | None = None
 
     @property
-    def finish_reasons(self) -> dict[int, str]:
-        return {i: s.finish_reason for i, s in enumerate(self.samples) if s.finish_reason}
-
-    @property
     def done(self) -> bool:
         return all(s.finish_reason is not None for s in self.samples)
 
@@ -72,4 +68,4 @@ class Progress:
                       (self._last_token_at - self._first_token_at) / (per_seq - 1))
         m.inc("prompt_tokens", value=num_prompt_tokens)
         m.inc("generation_tokens", value=self.num_output_tokens)
-        m.inc("request_success", self.finish_reasons.get(0, "abort"))
+        m.inc("request_success", self.samples[0].finish_reason or "abort")
