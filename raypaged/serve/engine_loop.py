@@ -65,13 +65,12 @@ class EngineLoop:
     def call(self, fn: Callable[[Any], Any]) -> asyncio.Future:
         """Run fn(engine) on the step thread between steps; the future gets its result."""
         fut = self._loop.create_future()
-        self._inbox.append((fn, fut))
-        self._wake.set()
+        self.call_nowait(fn, fut)
         return fut
 
-    def call_nowait(self, fn: Callable[[Any], Any]) -> None:
+    def call_nowait(self, fn: Callable[[Any], Any], fut: asyncio.Future | None = None) -> None:
         """Like call, for commands nobody waits for (aborts from finally blocks)."""
-        self._inbox.append((fn, None))
+        self._inbox.append((fn, fut))
         self._wake.set()
 
     def stop(self) -> None:

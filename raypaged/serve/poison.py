@@ -67,10 +67,7 @@ class PoisonMemory:
     def refused(self, key: bytes, now: float | None = None) -> str | None:
         """Why the request is refused, or None."""
         now = time.monotonic() if now is None else now
-        while self._until:  # expired entries first: insertion order is expiry order
-            oldest = next(iter(self._until.values()))
-            if oldest[0] > now:
-                break
+        # expired entries first: insertion order is expiry order
+        while self._until and next(iter(self._until.values()))[0] <= now:
             self._until.popitem(last=False)
-        entry = self._until.get(key)
-        return entry[1] if entry is not None else None
+        return self._until.get(key, (None, None))[1]

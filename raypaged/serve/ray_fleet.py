@@ -143,8 +143,6 @@ class RayFleetClient:
 def with_handles(snapshot: FleetSnapshot, ours: FleetSnapshot) -> FleetSnapshot | None:
     """`snapshot` with the worker handles the controller left out (ours is of the same epoch:
     we hold them) put back from `ours`; None if one is not there after all."""
-    if all(v.handle is not None for v in snapshot.workers):
-        return snapshot
     have = {v.worker_id: v.handle for v in ours.workers}
     if any(v.handle is None and have.get(v.worker_id) is None for v in snapshot.workers):
         return None
