@@ -180,10 +180,9 @@ class WorkerFactory:
         """One worker (a new index unless given); created or, if running, adopted."""
         if index is None:
             index, self._next = self._next, self._next + 1
-        named = {}
-        if self.detached:
-            named = dict(name=worker_name(self.fleet.app_name, index, self.spec),
-                         namespace=WORKER_NAMESPACE, lifetime="detached", get_if_exists=True)
+        named = dict(name=worker_name(self.fleet.app_name, index, self.spec),
+                     namespace=WORKER_NAMESPACE, lifetime="detached",
+                     get_if_exists=True) if self.detached else {}
         handle = WorkerActor.options(**self.options, **named).remote(
             self.engine, f"worker-{index}", self.fleet.max_queued_requests,
             self.fleet.app_name if self.detached else None)

@@ -85,11 +85,10 @@ class Generation:
         # kept for ever would shrink the fleet's room for everyone
         self._ticket, self._unclosed = ticket, weakref.finalize(self, self.d.gate.leave_later,
                                                                 ticket)
-        if self.d.poison:  # costs a hash of the prompt only while something is remembered
-            reason = self.d.poison.refused(self._fingerprint())
-            if reason is not None:
-                self.d.metrics.inc("suspected_poison_requests", "refused_again")
-                raise self._error(400, reason, code="suspected_poison_request")
+        # costs a hash of the prompt only while something is remembered
+        if self.d.poison and (reason := self.d.poison.refused(self._fingerprint())) is not None:
+            self.d.metrics.inc("suspected_poison_requests", "refused_again")
+            raise self._error(400, reason, code="suspected_poison_request")
         await self._open(tuple(range(self.params.n)), None)
 
     async def _open(self, indexes: tuple[int, ...], continuation: Continuation | None) -> None:
