@@ -110,5 +110,4 @@ class Dispatcher:
             view = snap.worker(worker_id)
             return (view is None or view.stats is None
                     or self.blocks[worker_id] + blocks <= view.stats.budget.num_blocks)
-        room = [w for w in order if has_room(w)]
-        return room + [w for w in order if w not in room] if len(room) < len(order) else order
+        return sorted(order, key=lambda w: not has_room(w))  # stable: the same order otherwise

@@ -54,8 +54,7 @@ class PoisonMemory:
         changed = False
         for key, reason, left in entries:
             until = now + left
-            known = self._until.get(key)
-            if left > 0 and (known is None or known[0] < until):
+            if left > 0 and self._until.get(key, (float("-inf"),))[0] < until:
                 self._until[key] = (until, reason)
                 changed = True
         if changed:  # keep insertion order = expiry order (refused() relies on it)
