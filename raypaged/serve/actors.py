@@ -101,8 +101,7 @@ async def probe_worker(handle, cache_since: int) -> WorkerStats:
 async def live_nodes() -> set[str]:
     """The ids of the cluster's live nodes, as the GCS sees them (ray.nodes() is a blocking
     call: off the controller's event loop)."""
-    nodes = await asyncio.to_thread(ray.nodes)
-    return {n["NodeID"] for n in nodes if n["Alive"]}
+    return {n["NodeID"] for n in await asyncio.to_thread(ray.nodes) if n["Alive"]}
 
 
 def last_error_line(text: str) -> str:
