@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import ctypes
 import ctypes.util
 import logging
@@ -39,11 +40,9 @@ def name_native_thread(name: bytes) -> None:
     """Linux only, at most 15 bytes; elsewhere, or without libc, nothing."""
     if not sys.platform.startswith("linux"):
         return
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
         libc.prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # 15: PR_SET_NAME
-    except (OSError, AttributeError):
-        pass
 
 
 class EngineLoop:

@@ -72,11 +72,10 @@ class RayFleetClient:
             ours = self._snapshot
             snapshot = await self._controller.snapshot.remote(
                 (ours.epoch, ours.version) if ours.epoch else None)
-            if snapshot is None:  # ours is the controller's latest; so are our cache views
-                return
-            if snapshot.version == 0 and ours.workers:
-                # A new controller that has not polled its workers yet knows less than we do
-                # (every worker "starting"): keep ours until it has.
+            # None: ours is the controller's latest; so are our cache views. Version 0: a new
+            # controller that has not polled its workers yet knows less than we do (every
+            # worker "starting"): keep ours until it has.
+            if snapshot is None or (snapshot.version == 0 and ours.workers):
                 return
             snapshot = (with_handles(snapshot, ours)
                         or await self._controller.snapshot.remote(None))  # (not expected)
