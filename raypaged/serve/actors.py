@@ -101,8 +101,7 @@ async def probe_worker(handle, cache_since: int) -> WorkerStats:
 async def live_nodes() -> set[str]:
     """The ids of the cluster's live nodes, as the GCS sees them (ray.nodes() is a blocking
     call: off the controller's event loop)."""
-    nodes = await asyncio.to_thread(ray.nodes)
-    return {n["NodeID"] for n in nodes if n["Alive"]}
+    return {n["NodeID"] for n in await asyncio.to_thread(ray.nodes) if n["Alive"]}
 
 
 def last_error_line(text: str) -> str:
@@ -180,10 +179,9 @@ class WorkerFactory:
         """One worker (a new index unless given); created or, if running, adopted."""
         if index is None:
             index, self._next = self._next, self._next + 1
-        named = {}
-        if self.detached:
-            named = dict(name=worker_name(self.fleet.app_name, index, self.spec),
-                         namespace=WORKER_NAMESPACE, lifetime="detached", get_if_exists=True)
+        named = dict(name=worker_name(self.fleet.app_name, index, self.spec),
+                     namespace=WORKER_NAMESPACE, lifetime="detached",
+                     get_if_exists=True) if self.detached else {}
         handle = WorkerActor.options(**self.options, **named).remote(
             self.engine, f"worker-{index}", self.fleet.max_queued_requests,
             self.fleet.app_name if self.detached else None)

@@ -18,6 +18,7 @@ exit leave no worker behind, whoever deleted the application and however its con
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -54,10 +55,8 @@ def named_workers(app_name: str) -> list[str]:
 
 def kill_workers(names: list[str]) -> None:
     for name in names:
-        try:
+        with contextlib.suppress(ValueError):  # gone meanwhile
             ray.kill(ray.get_actor(name, namespace=WORKER_NAMESPACE), no_restart=True)
-        except ValueError:  # gone meanwhile
-            pass
 
 
 def application_gone(app_name: str) -> bool | None:

@@ -37,7 +37,6 @@ class Dispatcher:
         self.suspect_s = suspect_s
         self.poison = PoisonMemory()  # requests refused as suspected poison (generation.py)
         self._snapshot_version = -1  # none yet (versions count from 0)
-        self._ours_at_snapshot: dict[str, int] = {}
         self._loads = FleetLoads((), ())
 
     def candidates(self, exclude: set[str]) -> tuple[FleetSnapshot, FleetLoads]:
@@ -55,26 +54,19 @@ class Dispatcher:
         snap = self.fleet.snapshot()
         if snap.version != self._snapshot_version:
             self._snapshot_version = snap.version
-            self._ours_at_snapshot = dict(self.inflight)
-            self._loads = self._loads_of(snap)
+            ready = sorted(snap.ready(), key=lambda w: w.worker_id)
+            # max(0, load - ours) + ours: the others' part of its load, plus ours
+            self._loads = FleetLoads(
+                [w.worker_id for w in ready],
+                [max(w.load, self.inflight[w.worker_id]) for w in ready],
+                [w.stats.engine.num_queued_tokens for w in ready],
+                [snap.caches.get(w.worker_id) for w in ready])
         now = time.monotonic()
         if self._suspect_until:  # drop the ones whose time is up, or back as a new process
             self._suspect_until = {w: (t, inc) for w, (t, inc) in self._suspect_until.items()
                                    if t >= now and not snap.renewed(w, inc)}
-        skip = list(self._suspect_until)
-        if exclude or skip:
-            return snap, self._loads.excluding([*exclude, *skip])
-        return snap, self._loads
-
-    def _loads_of(self, snap: FleetSnapshot) -> FleetLoads:
-        ready = sorted(snap.ready(), key=lambda w: w.worker_id)
-        ours = self._ours_at_snapshot
-        return FleetLoads(
-            [w.worker_id for w in ready],
-            [max(0, w.load - ours.get(w.worker_id, 0)) + self.inflight[w.worker_id]
-             for w in ready],
-            [w.stats.engine.num_queued_tokens for w in ready],
-            [snap.caches.get(w.worker_id) for w in ready])
+        skip = [*exclude, *self._suspect_until]
+        return snap, (self._loads.excluding(skip) if skip else self._loads)
 
     def rank(self, tokens: list[int], cache_salt: str | None, exclude: set[str], blocks: int,
              count: bool) -> tuple[FleetSnapshot, list[str], tuple]:
@@ -118,5 +110,4 @@ class Dispatcher:
             view = snap.worker(worker_id)
             return (view is None or view.stats is None
                     or self.blocks[worker_id] + blocks <= view.stats.budget.num_blocks)
-        room = [w for w in order if has_room(w)]
-        return room + [w for w in order if w not in room] if len(room) < len(order) else order
+        return sorted(order, key=lambda w: not has_room(w))  # stable: the same order otherwise

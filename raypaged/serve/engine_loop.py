@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import ctypes
 import ctypes.util
 import logging
@@ -39,11 +40,9 @@ def name_native_thread(name: bytes) -> None:
     """Linux only, at most 15 bytes; elsewhere, or without libc, nothing."""
     if not sys.platform.startswith("linux"):
         return
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
         libc.prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # 15: PR_SET_NAME
-    except (OSError, AttributeError):
-        pass
 
 
 class EngineLoop:
@@ -65,13 +64,12 @@ class EngineLoop:
     def call(self, fn: Callable[[Any], Any]) -> asyncio.Future:
         """Run fn(engine) on the step thread between steps; the future gets its result."""
         fut = self._loop.create_future()
-        self._inbox.append((fn, fut))
-        self._wake.set()
+        self.call_nowait(fn, fut)
         return fut
 
-    def call_nowait(self, fn: Callable[[Any], Any]) -> None:
+    def call_nowait(self, fn: Callable[[Any], Any], fut: asyncio.Future | None = None) -> None:
         """Like call, for commands nobody waits for (aborts from finally blocks)."""
-        self._inbox.append((fn, None))
+        self._inbox.append((fn, fut))
         self._wake.set()
 
     def stop(self) -> None:

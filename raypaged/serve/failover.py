@@ -63,22 +63,19 @@ class LostWorkers:
         self.d.mark_suspect(worker_id, leg.incarnation)
         if died_serving and (worker_id, leg.incarnation) not in self._died_serving:
             self._died_serving.append((worker_id, leg.incarnation))
-            if len(self._died_serving) > RETRIES_AFTER_DEATH:
-                self._refuse_as_poison()
+            if len(self._died_serving) > RETRIES_AFTER_DEATH:  # refused as suspected poison
+                workers = " and ".join(w for w, _ in self._died_serving)
+                reason = (f"workers {workers} each died or stopped answering while serving this"
+                          " request: refused as a suspected poison request and not retried "
+                          f"again (the same request is refused for {REMEMBER_S:.0f} s)")
+                self.d.poison.remember(self._fingerprint(), reason)
+                self.d.metrics.inc("suspected_poison_requests", "refused")
+                raise self._error(400, reason, code="suspected_poison_request")
         self._count += 1
         if self._count > MAX_FAILOVERS:
             raise self._error(503, f"{self._count} workers failed while serving this "
                               "request", code="worker_unavailable", retry_after=1)
         self.d.metrics.inc("request_retries")
-
-    def _refuse_as_poison(self) -> None:
-        workers = " and ".join(w for w, _ in self._died_serving)
-        reason = (f"workers {workers} each died or stopped answering while serving this "
-                  "request: refused as a suspected poison request and not retried again (the "
-                  f"same request is refused for {REMEMBER_S:.0f} s)")
-        self.d.poison.remember(self._fingerprint(), reason)
-        self.d.metrics.inc("suspected_poison_requests", "refused")
-        raise self._error(400, reason, code="suspected_poison_request")
 
 
 async def wait_for_spare(d: Dispatcher, lost: Leg, deadline: float | None) -> None:

@@ -56,6 +56,7 @@ class Generation:
         self.progress = Progress(params.n, arrival, dispatcher.metrics)
         self._legs: list[Leg] = []
         self._opens = 0                 # legs opened (the first and every failover)
+        self._fingerprint = functools.partial(fingerprint, token_ids, params, cache_salt)
         self._lost = LostWorkers(dispatcher, self._fingerprint, self._error)
         self._deadline: float | None = None  # the stream's, on the loop's clock (monotonic)
         self._queue: asyncio.Queue = asyncio.Queue()  # (leg, outputs | WorkerUnavailable)
@@ -84,15 +85,11 @@ class Generation:
         # kept for ever would shrink the fleet's room for everyone
         self._ticket, self._unclosed = ticket, weakref.finalize(self, self.d.gate.leave_later,
                                                                 ticket)
-        if self.d.poison:  # costs a hash of the prompt only while something is remembered
-            reason = self.d.poison.refused(self._fingerprint())
-            if reason is not None:
-                self.d.metrics.inc("suspected_poison_requests", "refused_again")
-                raise self._error(400, reason, code="suspected_poison_request")
+        # costs a hash of the prompt only while something is remembered
+        if self.d.poison and (reason := self.d.poison.refused(self._fingerprint())) is not None:
+            self.d.metrics.inc("suspected_poison_requests", "refused_again")
+            raise self._error(400, reason, code="suspected_poison_request")
         await self._open(tuple(range(self.params.n)), None)
-
-    def _fingerprint(self) -> bytes:
-        return fingerprint(self.token_ids, self.params, self.cache_salt)
 
     async def _open(self, indexes: tuple[int, ...], continuation: Continuation | None) -> None:
         """Open a leg on the best worker that takes it; its first outputs go to _pending."""
@@ -113,12 +110,11 @@ class Generation:
             for worker_id in order:
                 view = snap.worker(worker_id)
                 leg = Leg(worker_id, view.stats.incarnation if view.stats else None, indexes,
-                          continuation is not None)
+                          continuation is not None, blocks=blocks)
                 try:
-                    rejected = await self._submit(leg, view, params, continuation, blocks,
-                                                  hashes)
+                    rejected = await self._submit(leg, view, params, continuation, hashes)
                 except WorkerUnavailable as lost:  # a worker can die of it before it replies
-                    await self._worker_lost(leg, lost.reached and self._in_fleet(worker_id))
+                    await self._worker_lost(leg, lost.reached)
                     break  # rank again without it
                 if rejected is None:
                     return
@@ -135,14 +131,12 @@ class Generation:
                           retry_after=1)
 
     async def _submit(self, leg: Leg, view: WorkerView, params: SamplingParams,
-                      continuation: Continuation | None, blocks: int,
-                      block_hashes=()) -> Rejected | None:
+                      continuation: Continuation | None, block_hashes=()) -> Rejected | None:
         self._opens += 1
         leg.request_id = (self.request_id if self._opens == 1
                           else f"{self.request_id}-{self._opens - 1}")
         self.worker_id = leg.worker_id
         self.d.opened(leg.worker_id)
-        leg.blocks = blocks
         self.d.placed(leg.worker_id, leg.blocks)
         self._legs.append(leg)
         try:
@@ -218,17 +212,16 @@ class Generation:
             self._close_leg(leg)
         if self._ticket is not None and not self._closed:
             self._closed = True
-            if self.progress.done and "abort" not in self.progress.finish_reasons.values():
+            if all(s.finish_reason not in (None, "abort") for s in self.progress.samples):
                 self.d.gate.finished([len(s.token_ids) for s in self.progress.samples])
         if self._unclosed is not None:
             _leave_gate(self.d.gate, self._unclosed, self._ticket)
 
     # -- failover (failover.py) ---------------------------------------------------------------
-    def _in_fleet(self, worker_id: str) -> bool:
-        """Lost, but not by draining (a drained worker leaves the snapshot)."""
-        return self.d.fleet.snapshot().worker(worker_id) is not None
-
-    async def _worker_lost(self, leg: Leg, died_serving: bool) -> None:
+    async def _worker_lost(self, leg: Leg, reached: bool = True) -> None:
+        """`reached`: the request may have got to the worker; it died serving it unless it was
+        lost by draining (a drained worker leaves the snapshot)."""
+        died_serving = reached and self.d.fleet.snapshot().worker(leg.worker_id) is not None
         self._lost.add(leg, died_serving)
         if died_serving:
             await wait_for_spare(self.d, leg, self._deadline)
@@ -240,7 +233,7 @@ class Generation:
         timeout = asyncio.timeout_at(self._deadline)  # None: a whole request's cancels this
         try:
             async with timeout:
-                await self._worker_lost(leg, self._in_fleet(leg.worker_id))
+                await self._worker_lost(leg)
                 samples = self.progress.samples
                 if not leg.resumed and not any(samples[i].token_ids for i in leg.indexes):
                     await self._open(leg.indexes, None)  # nothing of it seen: the same again

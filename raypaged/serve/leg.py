@@ -42,7 +42,7 @@ class Leg:
             return False
         self.closed = True
         if self.link is not None:
-            (self.link.finished if finished else self.link.leave)(self.request_id)
+            self.link.leave(self.request_id, cancel=not finished)
         return True
 
     def is_lost(self, snap: FleetSnapshot) -> bool:

@@ -54,8 +54,7 @@ class PoisonMemory:
         changed = False
         for key, reason, left in entries:
             until = now + left
-            known = self._until.get(key)
-            if left > 0 and (known is None or known[0] < until):
+            if left > 0 and self._until.get(key, (float("-inf"),))[0] < until:
                 self._until[key] = (until, reason)
                 changed = True
         if changed:  # keep insertion order = expiry order (refused() relies on it)
@@ -67,10 +66,7 @@ class PoisonMemory:
     def refused(self, key: bytes, now: float | None = None) -> str | None:
         """Why the request is refused, or None."""
         now = time.monotonic() if now is None else now
-        while self._until:  # expired entries first: insertion order is expiry order
-            oldest = next(iter(self._until.values()))
-            if oldest[0] > now:
-                break
+        # expired entries first: insertion order is expiry order
+        while self._until and next(iter(self._until.values()))[0] <= now:
             self._until.popitem(last=False)
-        entry = self._until.get(key)
-        return entry[1] if entry is not None else None
+        return self._until.get(key, (None, None))[1]

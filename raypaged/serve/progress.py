@@ -28,11 +28,6 @@ class Progress:
         self.num_cached_tokens = 0
         self.num_output_tokens = 0
         self._first_token_at: float | None = None
-        self._last_token_at: float | None = None
-
-    @property
-    def finish_reasons(self) -> dict[int, str]:
-        return {i: s.finish_reason for i, s in enumerate(self.samples) if s.finish_reason}
 
     @property
     def done(self) -> bool:
@@ -57,7 +52,6 @@ class Progress:
                 if self._first_token_at is None:
                     self._first_token_at = now
                     self.metrics.observe("time_to_first_token_seconds", now - self.arrival)
-                self._last_token_at = now
             sample.text_chars += len(out.new_text)
             if out.finish_reason is not None:
                 sample.finish_reason = out.finish_reason
@@ -67,9 +61,9 @@ class Progress:
         m, n = self.metrics, len(self.samples)
         m.observe("e2e_request_latency_seconds", time.monotonic() - self.arrival)
         if self._first_token_at is not None and self.num_output_tokens > n:
-            per_seq = self.num_output_tokens / n
+            last = max(s.last_token_at or 0.0 for s in self.samples)  # the latest token's
             m.observe("time_per_output_token_seconds",
-                      (self._last_token_at - self._first_token_at) / (per_seq - 1))
+                      (last - self._first_token_at) / (self.num_output_tokens / n - 1))
         m.inc("prompt_tokens", value=num_prompt_tokens)
         m.inc("generation_tokens", value=self.num_output_tokens)
-        m.inc("request_success", self.finish_reasons.get(0, "abort"))
+        m.inc("request_success", self.samples[0].finish_reason or "abort")

@@ -39,8 +39,6 @@ class QueueBound:
                              self.max_model_len)
 
     def queued(self) -> int:
-        if not self.count:
-            return 0
         return self.count - min(self.count, self.count * self.num_blocks // max(self.blocks, 1))
 
     def full(self) -> bool:

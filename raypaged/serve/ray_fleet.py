@@ -72,11 +72,10 @@ class RayFleetClient:
             ours = self._snapshot
             snapshot = await self._controller.snapshot.remote(
                 (ours.epoch, ours.version) if ours.epoch else None)
-            if snapshot is None:  # ours is the controller's latest; so are our cache views
-                return
-            if snapshot.version == 0 and ours.workers:
-                # A new controller that has not polled its workers yet knows less than we do
-                # (every worker "starting"): keep ours until it has.
+            # None: ours is the controller's latest; so are our cache views. Version 0: a new
+            # controller that has not polled its workers yet knows less than we do (every
+            # worker "starting"): keep ours until it has.
+            if snapshot is None or (snapshot.version == 0 and ours.workers):
                 return
             snapshot = (with_handles(snapshot, ours)
                         or await self._controller.snapshot.remote(None))  # (not expected)
@@ -143,8 +142,6 @@ class RayFleetClient:
 def with_handles(snapshot: FleetSnapshot, ours: FleetSnapshot) -> FleetSnapshot | None:
     """`snapshot` with the worker handles the controller left out (ours is of the same epoch:
     we hold them) put back from `ours`; None if one is not there after all."""
-    if all(v.handle is not None for v in snapshot.workers):
-        return snapshot
     have = {v.worker_id: v.handle for v in ours.workers}
     if any(v.handle is None and have.get(v.worker_id) is None for v in snapshot.workers):
         return None

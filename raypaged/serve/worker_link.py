@@ -49,17 +49,14 @@ class WorkerLink:
             self.leave(request_id)
             raise
         if rejected is not None:
-            self._sinks.pop(request_id, None)
+            self.leave(request_id, cancel=False)
         return rejected
 
-    def leave(self, request_id: str) -> None:
-        """Stop reading the request; the worker cancels it (frees its blocks)."""
-        if self._sinks.pop(request_id, None) is not None and self.dead is None:
+    def leave(self, request_id: str, cancel: bool = True) -> None:
+        """Stop reading the request; the worker cancels it (frees its blocks). `cancel` False:
+        every sample ended (or it was refused), the worker has forgotten it already."""
+        if self._sinks.pop(request_id, None) is not None and cancel and self.dead is None:
             self._cancel(request_id)
-
-    def finished(self, request_id: str) -> None:
-        """Every sample ended: the worker has forgotten it already."""
-        self._sinks.pop(request_id, None)
 
     def close(self) -> None:
         self._pump.cancel()
