@@ -6,10 +6,13 @@ from __future__ import annotations
 
 
 def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
-                tools: list[dict] | None = None) -> str:
-    """The conversation through the tokenizer's chat template, as text."""
+                tools: list[dict] | None = None, continue_final_message: bool = False) -> str:
+    """The conversation through the tokenizer's chat template, as text; with
+    `continue_final_message` the final message is left open (transformers cuts the template's
+    end-of-turn after its content), for the model to go on with."""
+    extra = {"continue_final_message": True} if continue_final_message else {}
     return tokenizer.apply_chat_template(messages, tokenize=False, tools=tools,
-                                         add_generation_prompt=add_generation_prompt)
+                                         add_generation_prompt=add_generation_prompt, **extra)
 
 
 def encode_chat(tokenizer, text: str) -> list[int]:

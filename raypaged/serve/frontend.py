@@ -256,7 +256,8 @@ class OpenAIFrontend:
     async def _chat_tokens(self, req: ChatCompletionRequest) -> list[int]:
         try:
             text = await asyncio.to_thread(render_chat, self.tokenizer, req.conversation(),
-                                           req.add_generation_prompt, req.tool_dicts())
+                                           req.add_generation_prompt, req.tool_dicts(),
+                                           req.continue_final_message)
         except Exception as exc:  # noqa: BLE001 - a template that rejects this conversation
             raise bad_request(f"the chat template rejected these messages: {exc}",
                               "messages") from None

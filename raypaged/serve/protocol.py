@@ -205,6 +205,8 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: StrictStr | dict | None = None
     parallel_tool_calls: StrictBool = True  # False: at most one call (enforced for "required")
     add_generation_prompt: StrictBool = True
+    # vLLM's: the final message left open for the model to go on with (an assistant prefill)
+    continue_final_message: StrictBool = False
 
     NULL_IS_DEFAULT: ClassVar[frozenset[str]] = frozenset({"n", "logprobs", "parallel_tool_calls"})
 
@@ -216,6 +218,10 @@ class ChatCompletionRequest(_Sampling):
             if m.role in ("user", "system", "developer") and m.content is None:
                 raise bad_request(f"messages.{i}.content is required for role {m.role!r}",
                                   f"messages.{i}.content")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise bad_request("continue_final_message goes on with the final message, and "
+                              "add_generation_prompt starts a new one: set add_generation_prompt "
+                              "to false", "continue_final_message")
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
 

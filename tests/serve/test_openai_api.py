@@ -173,3 +173,24 @@ def test_tokenize_refuses_what_a_request_would_be_refused_naming_the_field(app):
     assert error("/tokenize", {"messages": []}) == (400, "messages")
     assert error("/tokenize", {"prompt": "hi", "model": "other"}) == (404, "model")
     assert error("/tokenize", {"prompt": "hi"}, headers={})[0] == 401
+
+
+def test_continue_final_message_goes_on_with_the_assistants_prefill(app, client, model_name):
+    """vLLM's continue_final_message: the final message is left open (no end of turn), so the
+    model continues it; with add_generation_prompt also true it is a 400 naming the field."""
+    prefill = [*QUESTION, {"role": "assistant", "content": "The capital of France is"}]
+    shown = httpx.post(f"{app.url}/tokenize", headers=app.headers, timeout=60, json={
+        "messages": prefill, "add_generation_prompt": False, "continue_final_message": True})
+    tokens = shown.json()["tokens"]
+    closed = httpx.post(f"{app.url}/tokenize", headers=app.headers, timeout=60, json={
+        "messages": prefill, "add_generation_prompt": False}).json()["tokens"]
+    assert closed[:len(tokens)] == tokens and len(closed) > len(tokens)  # the end of turn, cut
+    got = client.chat.completions.create(
+        model=model_name, messages=prefill, max_tokens=3, temperature=0,
+        extra_body={"add_generation_prompt": False, "continue_final_message": True})
+    assert got.usage.prompt_tokens == len(tokens)
+    assert "Paris" in got.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=model_name, messages=prefill, max_tokens=3,
+                                       extra_body={"continue_final_message": True})
+    assert refused.value.body["param"] == "continue_final_message"
