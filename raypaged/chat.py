@@ -6,11 +6,15 @@ from __future__ import annotations
 
 
 def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
-                tools: list[dict] | None = None, continue_final_message: bool = False) -> str:
+                tools: list[dict] | None = None, continue_final_message: bool = False,
+                template_kwargs: dict | None = None) -> str:
     """The conversation through the tokenizer's chat template, as text; with
     `continue_final_message` the final message is left open (transformers cuts the template's
-    end-of-turn after its content), for the model to go on with."""
-    extra = {"continue_final_message": True} if continue_final_message else {}
+    end-of-turn after its content), for the model to go on with; `template_kwargs`: more
+    variables the template reads (e.g. `enable_thinking`)."""
+    extra = dict(template_kwargs or {})
+    if continue_final_message:
+        extra["continue_final_message"] = True
     return tokenizer.apply_chat_template(messages, tokenize=False, tools=tools,
                                          add_generation_prompt=add_generation_prompt, **extra)
 

@@ -257,7 +257,7 @@ class OpenAIFrontend:
         try:
             text = await asyncio.to_thread(render_chat, self.tokenizer, req.conversation(),
                                            req.add_generation_prompt, req.tool_dicts(),
-                                           req.continue_final_message)
+                                           req.continue_final_message, req.chat_template_kwargs)
         except Exception as exc:  # noqa: BLE001 - a template that rejects this conversation
             raise bad_request(f"the chat template rejected these messages: {exc}",
                               "messages") from None

@@ -8,6 +8,7 @@ is a number). Bounds live in SamplingParams, so the offline API refuses the same
 """
 from __future__ import annotations
 
+import json
 from typing import ClassVar, Literal, Union
 
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
@@ -75,6 +76,26 @@ class _Sampling(BaseModel):
     # Fields OpenAI's schema (and vLLM's) makes nullable but that have a non-null default here:
     # null means the default, as it does there.
     NULL_IS_DEFAULT: ClassVar[frozenset[str]] = frozenset({"n"})
+
+    # vLLM request fields not implemented here, each with the value that asks for nothing (null
+    # too): any other value is a 400 naming it, so nobody silently gets other output than asked
+    # for. Fields nobody here knows are ignored, as vLLM ignores them.
+    UNIMPLEMENTED: ClassVar[dict] = {
+        "use_beam_search": False, "length_penalty": 1.0, "truncate_prompt_tokens": None,
+        "prompt_logprobs": None, "allowed_token_ids": None, "bad_words": [], "priority": 0,
+        "logprob_token_ids": None, "return_token_ids": False, "return_tokens_as_token_ids": False,
+        "spaces_between_special_tokens": True, "watermarking": False,
+        "thinking_token_budget": None}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unimplemented(cls, data):
+        if isinstance(data, dict):
+            for name, neutral in cls.UNIMPLEMENTED.items():
+                if data.get(name) not in (None, neutral):
+                    raise bad_request(f"{name} is not supported by this server: leave it out "
+                                      f"(or set it to {json.dumps(neutral)})", name)
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -207,8 +228,11 @@ class ChatCompletionRequest(_Sampling):
     add_generation_prompt: StrictBool = True
     # vLLM's: the final message left open for the model to go on with (an assistant prefill)
     continue_final_message: StrictBool = False
+    chat_template_kwargs: dict | None = None  # vLLM's: more variables for the chat template
 
     NULL_IS_DEFAULT: ClassVar[frozenset[str]] = frozenset({"n", "logprobs", "parallel_tool_calls"})
+    UNIMPLEMENTED: ClassVar[dict] = {**_Sampling.UNIMPLEMENTED, "echo": False, "documents": None,
+                                     "chat_template": None}
 
     def check(self) -> None:
         self.check_common()
@@ -222,6 +246,10 @@ class ChatCompletionRequest(_Sampling):
             raise bad_request("continue_final_message goes on with the final message, and "
                               "add_generation_prompt starts a new one: set add_generation_prompt "
                               "to false", "continue_final_message")
+        taken = set(self.chat_template_kwargs or ()) & TEMPLATE_ARGUMENTS
+        if taken:
+            raise bad_request(f"chat_template_kwargs may not set {sorted(taken)[0]!r}, which the "
+                              "request's own fields decide", "chat_template_kwargs")
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
 
@@ -238,6 +266,13 @@ class ChatCompletionRequest(_Sampling):
         return [{"role": m.role, "content": m.text(),
                  **{k: v for k in ("name", "tool_calls", "tool_call_id") if (v := getattr(m, k))}}
                 for m in self.messages]
+
+
+# apply_chat_template's own arguments: set from the request's fields, never by the template's
+TEMPLATE_ARGUMENTS = frozenset({"conversation", "messages", "tools", "documents", "chat_template",
+                                "add_generation_prompt", "continue_final_message", "tokenize",
+                                "padding", "truncation", "max_length", "return_tensors",
+                                "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
 
 
 class TokenizeRequest(BaseModel):

@@ -38,6 +38,9 @@ BAD = {
     "stream": ['"yes please"', "1", "[]"],
     "cache_salt": ["7", '""', '"\\ud800"', "[]"],
     "user": ["5", '"\\udfff"', "{}"],
+    # vLLM's fields not implemented here, set to ask for something
+    "use_beam_search": ["true"], "prompt_logprobs": ["1"], "bad_words": ['["x"]'],
+    "allowed_token_ids": ["[1]"], "priority": ["1"], "truncate_prompt_tokens": ["5"],
     "logit_bias": ['{"5": 101}', '{"5": "NaN"}', '{"x": 1}', '{"49152": 1}', "[5]"],
     "structured_outputs": ['{"regex": "a("}', '{"json": {"type": "foo"}}', '{"regexp": "a"}',
                            '{"regex": "a", "choice": ["b"]}', "{}", '"json"'],
@@ -64,6 +67,9 @@ BAD_CHAT_ONLY = {
     "tools": ['[{"type": "function"}]', '[{"type": "retrieval", "function": {"name": "f"}}]'],
     "tool_choice": ['"required"', '"always"', '{"type": "function", "function": {"name": "f"}}'],
     "add_generation_prompt": ['"yes"'],
+    "echo": ["true"], "chat_template": ['"{{ messages }}"'],
+    "chat_template_kwargs": ['{"tokenize": true}', '{"add_generation_prompt": false}', "5"],
+    "continue_final_message": ["true", '"yes"'],     # true: with add_generation_prompt (default)
 }
 
 

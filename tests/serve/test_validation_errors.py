@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from raypaged.serve.errors import from_validation_error
+from raypaged.serve.errors import APIError, from_validation_error
 from raypaged.serve.protocol import ChatCompletionRequest, CompletionRequest
 
 
@@ -52,3 +52,30 @@ def test_a_plain_field_keeps_its_single_error():
     assert message == "stop: Input should be a valid string, or a valid list"
     status, param, message = error_of(CompletionRequest, {"prompt": "hi", "temperature": "hot"})
     assert (status, param) == (400, "temperature")
+
+
+def test_vllm_fields_not_implemented_are_refused_unless_they_ask_for_nothing():
+    neutral = {"use_beam_search": False, "bad_words": [], "priority": 0, "length_penalty": 1,
+               "prompt_logprobs": None, "echo": False, "chat_template": None}
+    ChatCompletionRequest.model_validate({**chat("hi"), **neutral})
+    for field, value in (("use_beam_search", True), ("bad_words", ["x"]), ("priority", 2),
+                         ("echo", True), ("chat_template", "{{ messages }}")):
+        with pytest.raises(APIError) as refused:
+            ChatCompletionRequest.model_validate({**chat("hi"), field: value})
+        assert (refused.value.status, refused.value.param) == (400, field)
+        assert refused.value.message.startswith(f"{field} is not supported by this server")
+
+
+def test_chat_template_kwargs_reach_the_template_but_not_its_own_arguments(default_model_dir):
+    from transformers import AutoTokenizer
+
+    from raypaged.chat import render_chat
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
+    tokenizer.chat_template = "{{ greeting }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    messages = [{"role": "user", "content": "hi"}]
+    assert render_chat(tokenizer, messages, template_kwargs={"greeting": "yo: "}) == "yo: hi"
+    request = ChatCompletionRequest.model_validate(
+        {**chat("hi"), "chat_template_kwargs": {"tokenize": True}})
+    with pytest.raises(APIError) as refused:
+        request.check()
+    assert refused.value.param == "chat_template_kwargs"
