@@ -68,6 +68,14 @@ def _bounds_text(m: dict, kind: type) -> str:
     return "an integer" if kind is int else "a number"
 
 
+def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def validate(obj) -> None:
     """Check every setting of a settings dataclass instance; the error names it and the fix."""
     cls = type(obj)
@@ -82,13 +90,8 @@ def validate(obj) -> None:
             if value not in m["choices"]:
                 raise ValueError(f"{f.name} must be one of {list(m['choices'])}, got {value!r}")
             continue
-        if kind is int:
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        elif kind is float:
-            ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-                  and math.isfinite(value))
-        else:  # bool, str
-            ok = isinstance(value, kind)
+        ok = (is_int(value) if kind is int else is_finite(value) if kind is float
+              else isinstance(value, kind))  # bool, str
         if ok and kind in (int, float):
             ok = ((m["ge"] is None or value >= m["ge"]) and (m["gt"] is None or value > m["gt"])
                   and (m["le"] is None or value <= m["le"]))

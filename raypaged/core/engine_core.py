@@ -173,15 +173,13 @@ class EngineCore:
         return self.scheduler.kv.pool.summary
 
     def stats(self) -> EngineStats:
-        return EngineStats(memory=self.scheduler.kv.memory_stats(),
-                           num_running=len(self.scheduler.running),
-                           num_waiting=self.scheduler.num_waiting,
-                           num_blocked=self.scheduler.num_blocked,
-                           num_queued_tokens=self.scheduler.num_queued_tokens,
-                           num_prefill_tokens=self.scheduler.num_prefill_tokens,
-                           num_preemptions=self.scheduler.num_preemptions,
-                           num_finished=self.scheduler.num_finished, num_steps=self.num_steps,
-                           preemption=self.scheduler.preemption.stats())
+        s = self.scheduler
+        return EngineStats(memory=s.kv.memory_stats(), num_running=len(s.running),
+                           num_waiting=s.num_waiting, num_blocked=s.num_blocked,
+                           num_queued_tokens=s.num_queued_tokens,
+                           num_prefill_tokens=s.num_prefill_tokens,
+                           num_preemptions=s.num_preemptions, num_finished=s.num_finished,
+                           num_steps=self.num_steps, preemption=s.preemption.stats())
 
 
 def _check_continuation(c: Continuation, sampling: SamplingParams, max_tokens: int) -> None:
