@@ -179,7 +179,4 @@ class CacheView:
 
     def cached_prefix_blocks(self, keys: Sequence[int]) -> int:
         """How many of the leading blocks (given by their keys, in order) this cache holds."""
-        for i, key in enumerate(keys):
-            if key not in self.keys:
-                return i
-        return len(keys)
+        return next((i for i, key in enumerate(keys) if key not in self.keys), len(keys))

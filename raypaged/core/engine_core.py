@@ -150,11 +150,9 @@ class EngineCore:
 
     def _users(self, batch: ScheduledBatch) -> set[str]:
         """The requests whose samples the batch holds (a sample's parent, or itself)."""
-        users = set()
-        for sr in batch.requests:
-            req = self.scheduler.requests.get(sr.request_id)  # None: aborted during the step
-            users.add(req and req.parent_id or sr.request_id)
-        return users
+        get = self.scheduler.requests.get  # None: aborted during the step
+        return {getattr(get(sr.request_id), "parent_id", None) or sr.request_id
+                for sr in batch.requests}
 
     def abort(self, request_id: str, reason: str = "abort", with_samples: bool = True,
               stop_reason: str | None = None) -> list[RequestDelta]:
