@@ -141,9 +141,8 @@ class EngineCore:
             raise exc
         logger.warning("a step failed; failing only the request(s) that fail alone: %s",
                        culprits, exc_info=exc)
-        deltas = []
-        for request_id, why in culprits.items():
-            deltas += self.fail(request_id, f"the request failed in the engine: {why}")
+        deltas = [d for request_id, why in culprits.items()
+                  for d in self.fail(request_id, f"the request failed in the engine: {why}")]
         self.num_steps += 1
         # update() skips the requests aborted above, as it does for any abort during a step.
         return deltas + self.scheduler.update(batch, StepResult(sampled, logprobs))
