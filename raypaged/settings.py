@@ -113,12 +113,11 @@ def add_cli_args(parser: argparse.ArgumentParser, cls) -> None:
             continue
         if m["group"] not in groups:
             groups[m["group"]] = parser.add_argument_group(m["group"])
-        g = groups[m["group"]]
         kind, _ = _base_type(cls, f)
         help_text = m["help"] + ("" if f.default is None else " (default: %(default)s)")
         how = (dict(action=argparse.BooleanOptionalAction) if kind is bool
                else dict(type=kind, choices=m["choices"]))
-        g.add_argument(flag(f.name), default=f.default, help=help_text, **how)
+        groups[m["group"]].add_argument(flag(f.name), default=f.default, help=help_text, **how)
 
 
 def from_namespace(cls, ns: argparse.Namespace):

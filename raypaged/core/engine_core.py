@@ -66,10 +66,6 @@ class EngineCore:
         s = self.scheduler
         return bool(s.held) and len(s.held) == len(s.requests) and self._running is None
 
-    def fail(self, request_id: str, why: str) -> list[RequestDelta]:
-        """Finish the request and its samples with finish_reason "error", `why` as the reason."""
-        return self.abort(request_id, ERROR, stop_reason=why)
-
     def step(self) -> list[RequestDelta]:
         if self.executor is not None:
             return self._step_overlapped()
@@ -141,8 +137,8 @@ class EngineCore:
             raise exc
         logger.warning("a step failed; failing only the request(s) that fail alone: %s",
                        culprits, exc_info=exc)
-        deltas = [d for request_id, why in culprits.items()
-                  for d in self.fail(request_id, f"the request failed in the engine: {why}")]
+        deltas = [d for request_id, why in culprits.items() for d in self.abort(
+            request_id, ERROR, stop_reason=f"the request failed in the engine: {why}")]
         self.num_steps += 1
         # update() skips the requests aborted above, as it does for any abort during a step.
         return deltas + self.scheduler.update(batch, StepResult(sampled, logprobs))
@@ -155,7 +151,8 @@ class EngineCore:
 
     def abort(self, request_id: str, reason: str = "abort", with_samples: bool = True,
               stop_reason: str | None = None) -> list[RequestDelta]:
-        """Finish the request (and its forked samples) in any state, freeing their blocks."""
+        """Finish the request (and its forked samples) in any state, freeing their blocks; a
+        request that failed finishes with reason ERROR and `stop_reason` saying why."""
         return [RequestDelta(r.request_id, (), finish_reason=reason, stop_reason=stop_reason,
                              parent_id=r.parent_id, sample_index=r.sample_index,
                              num_cached_tokens=r.num_cached_tokens)
