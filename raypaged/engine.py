@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 from raypaged.config import EngineArgs, KVPlan
 from raypaged.core.contracts import Continuation, EngineStats, RequestDelta
-from raypaged.core.engine_core import EngineCore
+from raypaged.core.engine_core import ERROR, EngineCore
 from raypaged.settings import flag
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.output_processor import OutputProcessor
@@ -159,7 +159,7 @@ class Engine:
             if why is None:
                 self.core.release(request_id)
             else:
-                failed += self.core.fail(request_id, why)
+                failed += self.core.abort(request_id, ERROR, stop_reason=why)
         return failed
 
     def _emit(self, deltas: list[RequestDelta]) -> list[SequenceOutput]:

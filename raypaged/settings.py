@@ -68,6 +68,14 @@ def _bounds_text(m: dict, kind: type) -> str:
     return "an integer" if kind is int else "a number"
 
 
+def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def validate(obj) -> None:
     """Check every setting of a settings dataclass instance; the error names it and the fix."""
     cls = type(obj)
@@ -82,13 +90,8 @@ def validate(obj) -> None:
             if value not in m["choices"]:
                 raise ValueError(f"{f.name} must be one of {list(m['choices'])}, got {value!r}")
             continue
-        if kind is int:
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        elif kind is float:
-            ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-                  and math.isfinite(value))
-        else:  # bool, str
-            ok = isinstance(value, kind)
+        ok = (is_int(value) if kind is int else is_finite(value) if kind is float
+              else isinstance(value, kind))  # bool, str
         if ok and kind in (int, float):
             ok = ((m["ge"] is None or value >= m["ge"]) and (m["gt"] is None or value > m["gt"])
                   and (m["le"] is None or value <= m["le"]))
@@ -110,12 +113,11 @@ def add_cli_args(parser: argparse.ArgumentParser, cls) -> None:
             continue
         if m["group"] not in groups:
             groups[m["group"]] = parser.add_argument_group(m["group"])
-        g = groups[m["group"]]
         kind, _ = _base_type(cls, f)
         help_text = m["help"] + ("" if f.default is None else " (default: %(default)s)")
         how = (dict(action=argparse.BooleanOptionalAction) if kind is bool
                else dict(type=kind, choices=m["choices"]))
-        g.add_argument(flag(f.name), default=f.default, help=help_text, **how)
+        groups[m["group"]].add_argument(flag(f.name), default=f.default, help=help_text, **how)
 
 
 def from_namespace(cls, ns: argparse.Namespace):

@@ -89,12 +89,8 @@ class IndexedCacheView(CacheView):
         self.index, self.position, self.bit = index, position, 1 << position
 
     def apply(self, delta: SummaryDelta) -> None:
-        if delta.full:
-            new = set(delta.added)
-            removed, added = self.keys - new, new - self.keys
-        else:
-            added = set(delta.added)  # CacheView.apply removes, then adds: an added key stays
-            removed = self.keys.intersection(delta.removed) - added
-            added -= self.keys
-        self.index._change(self.bit, added, removed)
+        # _change removes, then adds (as CacheView.apply does: a key in both stays), and setting
+        # or clearing a bit that already is so changes nothing
+        removed = self.keys - set(delta.added) if delta.full else delta.removed
+        self.index._change(self.bit, delta.added, removed)
         super().apply(delta)

@@ -121,17 +121,10 @@ class CacheSummary:
         """Apply another summary's delta as changes of this one (the controller keeps a mirror
         of each worker's summary and serves routers their own deltas of it)."""
         depth = dict(zip(delta.added, delta.depths or ()))
-        with self._lock:
-            if delta.full:
-                new = set(delta.added)
-                for key in self.keys - new:
-                    self._change(key, False)
-                added = [k for k in delta.added if k not in self.keys]
-            else:
-                for key in delta.removed:
-                    self._change(key, False)
-                added = delta.added
-            for key in added:
+        with self._lock:  # _change skips what is already so: a full delta adds only the new
+            for key in self.keys - set(delta.added) if delta.full else delta.removed:
+                self._change(key, False)
+            for key in delta.added:
                 self._change(key, True, depth.get(key, 0))
 
     def _change(self, key: int, present: bool, depth: int = 0) -> None:
@@ -186,7 +179,4 @@ class CacheView:
 
     def cached_prefix_blocks(self, keys: Sequence[int]) -> int:
         """How many of the leading blocks (given by their keys, in order) this cache holds."""
-        for i, key in enumerate(keys):
-            if key not in self.keys:
-                return i
-        return len(keys)
+        return next((i for i, key in enumerate(keys) if key not in self.keys), len(keys))

@@ -66,10 +66,6 @@ class EngineCore:
         s = self.scheduler
         return bool(s.held) and len(s.held) == len(s.requests) and self._running is None
 
-    def fail(self, request_id: str, why: str) -> list[RequestDelta]:
-        """Finish the request and its samples with finish_reason "error", `why` as the reason."""
-        return self.abort(request_id, ERROR, stop_reason=why)
-
     def step(self) -> list[RequestDelta]:
         if self.executor is not None:
             return self._step_overlapped()
@@ -141,24 +137,22 @@ class EngineCore:
             raise exc
         logger.warning("a step failed; failing only the request(s) that fail alone: %s",
                        culprits, exc_info=exc)
-        deltas = []
-        for request_id, why in culprits.items():
-            deltas += self.fail(request_id, f"the request failed in the engine: {why}")
+        deltas = [d for request_id, why in culprits.items() for d in self.abort(
+            request_id, ERROR, stop_reason=f"the request failed in the engine: {why}")]
         self.num_steps += 1
         # update() skips the requests aborted above, as it does for any abort during a step.
         return deltas + self.scheduler.update(batch, StepResult(sampled, logprobs))
 
     def _users(self, batch: ScheduledBatch) -> set[str]:
         """The requests whose samples the batch holds (a sample's parent, or itself)."""
-        users = set()
-        for sr in batch.requests:
-            req = self.scheduler.requests.get(sr.request_id)  # None: aborted during the step
-            users.add(req and req.parent_id or sr.request_id)
-        return users
+        get = self.scheduler.requests.get  # None: aborted during the step
+        return {getattr(get(sr.request_id), "parent_id", None) or sr.request_id
+                for sr in batch.requests}
 
     def abort(self, request_id: str, reason: str = "abort", with_samples: bool = True,
               stop_reason: str | None = None) -> list[RequestDelta]:
-        """Finish the request (and its forked samples) in any state, freeing their blocks."""
+        """Finish the request (and its forked samples) in any state, freeing their blocks; a
+        request that failed finishes with reason ERROR and `stop_reason` saying why."""
         return [RequestDelta(r.request_id, (), finish_reason=reason, stop_reason=stop_reason,
                              parent_id=r.parent_id, sample_index=r.sample_index,
                              num_cached_tokens=r.num_cached_tokens)
@@ -173,15 +167,13 @@ class EngineCore:
         return self.scheduler.kv.pool.summary
 
     def stats(self) -> EngineStats:
-        return EngineStats(memory=self.scheduler.kv.memory_stats(),
-                           num_running=len(self.scheduler.running),
-                           num_waiting=self.scheduler.num_waiting,
-                           num_blocked=self.scheduler.num_blocked,
-                           num_queued_tokens=self.scheduler.num_queued_tokens,
-                           num_prefill_tokens=self.scheduler.num_prefill_tokens,
-                           num_preemptions=self.scheduler.num_preemptions,
-                           num_finished=self.scheduler.num_finished, num_steps=self.num_steps,
-                           preemption=self.scheduler.preemption.stats())
+        s = self.scheduler
+        return EngineStats(memory=s.kv.memory_stats(), num_running=len(s.running),
+                           num_waiting=s.num_waiting, num_blocked=s.num_blocked,
+                           num_queued_tokens=s.num_queued_tokens,
+                           num_prefill_tokens=s.num_prefill_tokens,
+                           num_preemptions=s.num_preemptions, num_finished=s.num_finished,
+                           num_steps=self.num_steps, preemption=s.preemption.stats())
 
 
 def _check_continuation(c: Continuation, sampling: SamplingParams, max_tokens: int) -> None:

@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import itertools
 from typing import Sequence
 
 from raypaged.core.block_pool import Block, BlockPool
@@ -40,13 +41,8 @@ class KVCacheManager:
         token must be computed to produce the logits of the next one."""
         request.update_block_hashes(self.block_size)
         max_blocks = (request.num_tokens - 1) // self.block_size
-        hits: list[Block] = []
-        for block_hash in request.block_hashes[:max_blocks]:
-            block = self.pool.lookup(block_hash)
-            if block is None:
-                break
-            hits.append(block)
-        return hits
+        found = map(self.pool.lookup, request.block_hashes[:max_blocks])
+        return list(itertools.takewhile(lambda block: block is not None, found))
 
     def allocate(self, request: Request, num_new_tokens: int, hits: Sequence[Block] = ()) -> bool:
         """Make room for `num_new_tokens` more tokens (after `hits`, on admission). All or

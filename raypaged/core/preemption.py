@@ -28,11 +28,8 @@ def choose_victim(candidates: Iterable[Request], protect_after: int) -> Request:
 def requeue_by_arrival(waiting: RequestQueue, req: Request) -> None:
     """Put a preempted request back before every waiting request that arrived after it."""
     key = (req.arrival, req.sample_index)
-    for i, other in enumerate(waiting):
-        if (other.arrival, other.sample_index) > key:
-            waiting.insert(i, req)
-            return
-    waiting.append(req)
+    later = (i for i, other in enumerate(waiting) if (other.arrival, other.sample_index) > key)
+    waiting.insert(next(later, len(waiting)), req)
 
 
 class PreemptionCounters:

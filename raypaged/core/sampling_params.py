@@ -1,11 +1,11 @@
 """Per-request sampling settings, validated once at construction (pure Python)."""
 from __future__ import annotations
 
-import math
 import operator
 from dataclasses import dataclass, field
 
 from raypaged.core.structured_outputs import StructuredOutputsParams
+from raypaged.settings import is_finite, is_int
 
 # Seeds and top-k travel into int64 tensors: larger values would overflow inside a step.
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
@@ -69,7 +69,7 @@ class SamplingParams:
     def _validate(self) -> None:
         # (field, whether its value is valid, what it must be), checked in this order. NaN
         # compares false both ways and inf passes every lower bound: floats are refused first.
-        rules = [(name, _finite, "a finite number") for name in (
+        rules = [(name, is_finite, "a finite number") for name in (
             "temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
             "repetition_penalty")] + [
             ("n", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
@@ -128,7 +128,7 @@ def _bias_pairs(bias) -> tuple[tuple[int, float], ...] | None:
             tid = int(t) if isinstance(t, str) and t.strip().isdigit() else operator.index(t)
         except TypeError:
             raise ValueError(f"logit_bias keys must be token ids, got {t!r}") from None
-        if not _finite(b) or not -100 <= b <= 100:
+        if not is_finite(b) or not -100 <= b <= 100:
             raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {b!r} for "
                              f"token {t}")
         if tid < 0:
@@ -136,10 +136,3 @@ def _bias_pairs(bias) -> tuple[tuple[int, float], ...] | None:
         pairs.append((tid, float(b)))
     return tuple(sorted(pairs))
 
-
-def is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

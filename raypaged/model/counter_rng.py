@@ -59,8 +59,7 @@ def uniforms(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     lo = (keys & _M32).unsqueeze(1)                        # [N, 1]
     hi = ((keys >> 32) & _M32).unsqueeze(1)                # [N, 1]
     x = _hashed_vocab(vocab, keys.device).unsqueeze(0) ^ lo  # [N, V] int64
-    x = _mix32(_mix32(x) ^ hi)
-    return unit_interval(x)
+    return unit_interval(_mix32(_mix32(x) ^ hi))
 
 
 def unit_interval(x: torch.Tensor) -> torch.Tensor:

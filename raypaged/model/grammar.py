@@ -56,17 +56,17 @@ def build_grammar(spec: StructuredOutputsParams):
             return xgr.Grammar.from_ebnf(f"root ::= {alts}")
         return xgr.Grammar.from_ebnf(spec.grammar)
     except (RuntimeError, ValueError, TypeError) as exc:
-        raise ValueError(f"structured_outputs.{kind} cannot be compiled: {_reason(exc)}") from None
+        raise _cannot_compile(kind, exc) from None
 
 
-def _reason(exc: Exception) -> str:
+def _cannot_compile(kind: str, exc: Exception) -> ValueError:
     # xgrammar prefixes "[time] /project/cpp/file.cc:83: "; the rest is the useful part
     text = str(exc).strip()
     if text.startswith("[") and ": " in text:
         text = text.split(": ", 1)[1]
         if text[:1] == "/" or ".cc:" in text.split(" ", 1)[0]:
             text = text.split(": ", 1)[-1]
-    return text
+    return ValueError(f"structured_outputs.{kind} cannot be compiled: {text}")
 
 
 class Compile:
@@ -141,12 +141,10 @@ class GrammarCache:
         try:
             compiler = self._compiler_once()
             entry.started = time.monotonic()
-            grammar = grammar or build_grammar(spec)
-            try:
-                compiled = compiler.compile_grammar(grammar)
+            try:  # build_grammar raises ValueError only
+                compiled = compiler.compile_grammar(grammar or build_grammar(spec))
             except RuntimeError as exc:
-                raise ValueError(f"structured_outputs.{spec.kind} cannot be compiled: "
-                                 f"{_reason(exc)}") from None
+                raise _cannot_compile(spec.kind, exc) from None
             entry.future.set_result(compiled)
         except BaseException as exc:  # noqa: BLE001 - the request waiting for it reports it
             entry.future.set_exception(exc)

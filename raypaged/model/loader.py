@@ -33,9 +33,8 @@ def resolve_dtype_name(dtype: str, device: torch.device | str) -> str:
     """The one "auto" rule: bf16 on a GPU; on a CPU bf16 where it has native bf16 matmuls, else
     fp32. Other names are checked and returned as they are."""
     if dtype == "auto":
-        if torch.device(device).type == "cuda" or cpu_has_native_bf16():
-            return "bfloat16"
-        return "float32"
+        bf16 = torch.device(device).type == "cuda" or cpu_has_native_bf16()
+        return "bfloat16" if bf16 else "float32"
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choices: {', '.join(DTYPE_CHOICES)}")
     return dtype

@@ -23,7 +23,7 @@ from raypaged.model.grammar import GrammarCache
 @dataclass
 class _State:
     matcher: object   # xgrammar.GrammarMatcher
-    accepted: int     # output tokens fed to it so far
+    accepted: int = 0  # output tokens fed to it so far
 
 
 class LogitMasks:
@@ -56,8 +56,7 @@ class LogitMasks:
             state = states.get(key) or self._states.get(key)
             out = r.output_token_ids
             if state is None or state.accepted > len(out):
-                state = _State(xgr.GrammarMatcher(self.grammars.get(r.params.structured_outputs)),
-                               0)
+                state = _State(xgr.GrammarMatcher(self.grammars.get(r.params.structured_outputs)))
                 self.num_replayed += len(out)
             for t in out[state.accepted:]:
                 if not state.matcher.accept_token(t):

@@ -168,8 +168,6 @@ def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
 
 
 def _token_ids(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, (list, tuple)):
-        return tuple(int(v) for v in value)
-    return (int(value),)
+    """None, one id, or a list of them."""
+    values = () if value is None else value if isinstance(value, (list, tuple)) else (value,)
+    return tuple(int(v) for v in values)

@@ -75,9 +75,8 @@ class TritonAttentionBackend:
             # kept alive: a CUDA graph captured with it still writes to its memory on replay.
             if ws is not None:
                 self._retired.append(ws)
-            ws = DecodeWorkspace.allocate(max(batch, self.max_num_seqs), num_heads, head_dim,
-                                          device)
-            self._workspace = ws
+            ws = self._workspace = DecodeWorkspace.allocate(max(batch, self.max_num_seqs),
+                                                            num_heads, head_dim, device)
         return ws
 
 
