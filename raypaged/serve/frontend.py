@@ -164,7 +164,7 @@ class OpenAIFrontend:
         req: CompletionRequest = self._parse(CompletionRequest, body)
         texts = req.prompts()
         for text in texts:  # all of them before tokenizing any
-            self._refuse_unfittable(text, "prompt")
+            self._refuse_unfittable(text, "prompt", req.truncate_prompt_tokens)
         prompts = [await self._prompt_tokens(p) for p in texts]
         chunk = functools.partial(self.shapes.completion_choice, req.logprobs is not None)
         return await self._respond(COMPLETIONS, req, prompts, req.max_tokens, req.logprobs,
@@ -184,6 +184,13 @@ class OpenAIFrontend:
                        logprobs: int | None, chunk: Callable, arrival: float,
                        deadline: float | None = None, constraint=None
                        ) -> JSONResponse | StreamingResponse:
+        if req.truncate_prompt_tokens is not None:  # each prompt's last k tokens (vLLM's)
+            k = req.truncate_prompt_tokens
+            if k > self.info.max_model_len:
+                raise bad_request(f"truncate_prompt_tokens {k} is more than max_model_len "
+                                  f"({self.info.max_model_len}): keep at most that many (-1)",
+                                  "truncate_prompt_tokens")
+            prompts = [tokens[-(self.info.max_model_len if k == -1 else k):] for tokens in prompts]
         for tokens in prompts:
             self._check_length(tokens, max_tokens)
         if not isinstance(max_tokens, int):  # unset: up to what is left of each context
@@ -262,16 +269,18 @@ class OpenAIFrontend:
             raise bad_request(f"the chat template rejected these messages: {exc}",
                               "messages") from None
         # the rendered text, not the contents: a template may trim or drop parts of them
-        self._refuse_unfittable(text, "messages")
+        self._refuse_unfittable(text, "messages", req.truncate_prompt_tokens)
         tokens = await asyncio.to_thread(encode_chat, self.tokenizer, text)
         if not tokens:
             raise bad_request("the conversation renders to an empty prompt", "messages")
         return tokens
 
-    def _refuse_unfittable(self, text: str | list[int], param: str) -> None:
+    def _refuse_unfittable(self, text: str | list[int], param: str,
+                           truncate: int | None = None) -> None:
         """A text of more bytes than max_model_len tokens can cover is refused before it is
-        tokenized (why: prompt_bound); token ids pass."""
-        if self.max_token_bytes is None or not isinstance(text, str):
+        tokenized (why: prompt_bound); token ids pass, and so does a text to be truncated (its
+        size is the body's, bounded by max_request_bytes)."""
+        if self.max_token_bytes is None or not isinstance(text, str) or truncate is not None:
             return
         size = len(text) if text.isascii() else len(text.encode(errors="surrogatepass"))
         fewest = -(-size // self.max_token_bytes)  # isascii() above is O(1), encode() is not

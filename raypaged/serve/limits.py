@@ -34,8 +34,9 @@ class RequestLimits(ServeOptions):
         several = isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str))
         prompts = prompt if several else [prompt]
         self._at_most(len(prompts), "prompt", "prompts in one request", "max_prompts_per_request")
+        truncated = body.get("truncate_prompt_tokens") is not None  # then it may be longer
         for i, p in enumerate(prompts):  # a token list too long to fit: before validating it
-            if isinstance(p, list) and len(p) >= max_model_len:
+            if isinstance(p, list) and len(p) >= max_model_len and not truncated:
                 where = f"prompt.{i}" if several else "prompt"
                 raise too_long(max_model_len, f"{where} is {len(p)} tokens")
         self._check_logprobs(body.get("logprobs"), "logprobs")

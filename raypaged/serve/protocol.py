@@ -72,6 +72,8 @@ class _Sampling(BaseModel):
     logit_bias: dict[str, StrictFloat] | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
+    # vLLM's: keep each prompt's last k tokens (-1: max_model_len of them)
+    truncate_prompt_tokens: StrictInt | None = None
 
     # Fields OpenAI's schema (and vLLM's) makes nullable but that have a non-null default here:
     # null means the default, as it does there.
@@ -81,7 +83,7 @@ class _Sampling(BaseModel):
     # too): any other value is a 400 naming it, so nobody silently gets other output than asked
     # for. Fields nobody here knows are ignored, as vLLM ignores them.
     UNIMPLEMENTED: ClassVar[dict] = {
-        "use_beam_search": False, "length_penalty": 1.0, "truncate_prompt_tokens": None,
+        "use_beam_search": False, "length_penalty": 1.0,
         "prompt_logprobs": None, "allowed_token_ids": None, "bad_words": [], "priority": 0,
         "logprob_token_ids": None, "return_token_ids": False, "return_tokens_as_token_ids": False,
         "spaces_between_special_tokens": True, "watermarking": False,
@@ -106,6 +108,10 @@ class _Sampling(BaseModel):
 
     def check_common(self) -> None:
         """What RequestLimits, run on the body before, leaves (it bounds n and logprobs)."""
+        k = self.truncate_prompt_tokens
+        if k is not None and k < 1 and k != -1:
+            raise bad_request(f"truncate_prompt_tokens must be -1 (keep max_model_len tokens) "
+                              f"or at least 1, got {k}", "truncate_prompt_tokens")
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options can only be set when stream is true",
                               "stream_options")

@@ -119,6 +119,38 @@ def test_a_completion_of_several_prompts_has_one_id_streamed_or_not():
     assert len(streamed) == 1 and re.fullmatch(r"cmpl-[0-9a-f]{32}", streamed.pop())
 
 
+def test_truncate_prompt_tokens_keeps_each_prompts_last_k_tokens_as_vllm_does():
+    """One token per byte here (max_model_len 256): a 600-byte prompt, and a chat, with
+    truncate_prompt_tokens k are served from their last k tokens; without it the prompt is a
+    400, and k past max_model_len (or 0) a 400 naming the field."""
+    long = "x" * 590 + "0123456789"
+
+    async def ask(client):
+        post = client.post
+        cut = await post("/v1/completions", json={**BODY, "prompt": [long, "short"],
+                                                  "truncate_prompt_tokens": 20})
+        ids = await post("/v1/completions", json={**BODY, "prompt": [65] * 299,
+                                                  "truncate_prompt_tokens": 7})
+        chat = await post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": long}], "max_tokens": 2,
+            "truncate_prompt_tokens": 30})
+        whole = await post("/v1/completions", json={**BODY, "prompt": long})
+        too_many = await post("/v1/completions", json={**BODY, "truncate_prompt_tokens": 257})
+        zero = await post("/v1/completions", json={**BODY, "truncate_prompt_tokens": 0})
+        return cut, ids, chat, whole, too_many, zero
+    (cut, ids, chat, whole, too_many, zero), _ = run(LocalFleet(), ask)
+    assert cut.status_code == 200, cut.text
+    assert cut.json()["usage"]["prompt_tokens"] == 20 + len("short")
+    assert ids.status_code == 200, ids.text
+    assert ids.json()["usage"]["prompt_tokens"] == 7
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["usage"]["prompt_tokens"] == 30
+    assert whole.status_code == 400 and whole.json()["error"]["param"] == "prompt"
+    for refused in (too_many, zero):
+        assert refused.status_code == 400
+        assert refused.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
 def test_a_model_is_retrieved_by_its_id_an_unknown_one_is_404_a_wrong_method_405_with_allow():
     async def ask(client):
         listed = (await client.get("/v1/models")).json()["data"][0]

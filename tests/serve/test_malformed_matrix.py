@@ -40,7 +40,7 @@ BAD = {
     "user": ["5", '"\\udfff"', "{}"],
     # vLLM's fields not implemented here, set to ask for something
     "use_beam_search": ["true"], "prompt_logprobs": ["1"], "bad_words": ['["x"]'],
-    "allowed_token_ids": ["[1]"], "priority": ["1"], "truncate_prompt_tokens": ["5"],
+    "allowed_token_ids": ["[1]"], "priority": ["1"], "truncate_prompt_tokens": ["0", "-2", '"5"', "1.5"],
     "logit_bias": ['{"5": 101}', '{"5": "NaN"}', '{"x": 1}', '{"49152": 1}', "[5]"],
     "structured_outputs": ['{"regex": "a("}', '{"json": {"type": "foo"}}', '{"regexp": "a"}',
                            '{"regex": "a", "choice": ["b"]}', "{}", '"json"'],
