@@ -47,11 +47,20 @@ class LLM:
 
     def chat(self, messages: Messages | Sequence[Messages],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
-        """Apply the tokenizer's chat template to one conversation or a list of them."""
+             use_tqdm: bool = True, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, tools: list[dict] | None = None,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """Apply the tokenizer's chat template to one conversation or a list of them (vLLM's
+        LLM.chat arguments: `continue_final_message` leaves the final message open, an
+        assistant prefill for the model to go on with)."""
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message goes on with the final message, and "
+                             "add_generation_prompt starts a new one: set add_generation_prompt "
+                             "to False")
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tok = self.engine.tokenizer
-        texts = [render_chat(tok, c, add_generation_prompt) for c in convs]
+        texts = [render_chat(tok, c, add_generation_prompt, tools, continue_final_message,
+                             chat_template_kwargs) for c in convs]
         prompts = [{"prompt": t, "prompt_token_ids": encode_chat(tok, t)} for t in texts]
         return self.generate(prompts, sampling_params, use_tqdm)
 

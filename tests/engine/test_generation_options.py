@@ -1,5 +1,7 @@
 """Sampling options through the whole engine on the real model: exact observable behaviour."""
 
+import pytest
+
 from raypaged import SamplingParams
 
 from engine_prompts import PROMPTS
@@ -111,3 +113,15 @@ def test_penalties_reduce_repetition(llm):
     penalised = greedy(llm, "Repeat after me: la la la la la la", max_tokens=24,
                        presence_penalty=2.0, frequency_penalty=2.0).token_ids
     assert len(set(penalised)) > len(set(plain))
+
+
+def test_chat_continues_a_final_assistant_message_as_vllms_llm_chat_does(llm):
+    prefill = [{"role": "user", "content": "What is the capital of France?"},
+               {"role": "assistant", "content": "The capital of France is"}]
+    greedy = SamplingParams(temperature=0, max_tokens=3)
+    out = llm.chat(prefill, greedy, use_tqdm=False, add_generation_prompt=False,
+                   continue_final_message=True)[0]
+    assert out.prompt.endswith("The capital of France is")  # no end of turn after it
+    assert "Paris" in out.outputs[0].text
+    with pytest.raises(ValueError, match="set add_generation_prompt to False"):
+        llm.chat(prefill, greedy, use_tqdm=False, continue_final_message=True)
