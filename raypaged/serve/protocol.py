@@ -83,9 +83,9 @@ class _Sampling(BaseModel):
     # too): any other value is a 400 naming it, so nobody silently gets other output than asked
     # for. Fields nobody here knows are ignored, as vLLM ignores them.
     UNIMPLEMENTED: ClassVar[dict] = {
-        "use_beam_search": False, "length_penalty": 1.0,
-        "prompt_logprobs": None, "allowed_token_ids": None, "bad_words": [], "priority": 0,
-        "logprob_token_ids": None, "return_token_ids": False, "return_tokens_as_token_ids": False,
+        "use_beam_search": False, "length_penalty": 1.0, "prompt_logprobs": None,
+        "allowed_token_ids": None, "bad_words": [], "priority": 0, "logprob_token_ids": None,
+        "return_token_ids": False, "return_tokens_as_token_ids": False,
         "spaces_between_special_tokens": True, "watermarking": False,
         "thinking_token_budget": None}
 
