@@ -12,11 +12,21 @@ def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = T
     `continue_final_message` the final message is left open (transformers cuts the template's
     end-of-turn after its content), for the model to go on with; `template_kwargs`: more
     variables the template reads (e.g. `enable_thinking`)."""
+    check_turn(add_generation_prompt, continue_final_message)
     extra = dict(template_kwargs or {})
     if continue_final_message:
         extra["continue_final_message"] = True
     return tokenizer.apply_chat_template(messages, tokenize=False, tools=tools,
                                          add_generation_prompt=add_generation_prompt, **extra)
+
+
+def check_turn(add_generation_prompt: bool, continue_final_message: bool) -> None:
+    """The two ways a rendered conversation may end, refused together (ValueError naming
+    `continue_final_message` first, for the server's 400)."""
+    if continue_final_message and add_generation_prompt:
+        raise ValueError("continue_final_message goes on with the final message, and "
+                         "add_generation_prompt starts a new one: set add_generation_prompt "
+                         "to false")
 
 
 def encode_chat(tokenizer, text: str) -> list[int]:

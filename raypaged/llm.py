@@ -53,10 +53,6 @@ class LLM:
         """Apply the tokenizer's chat template to one conversation or a list of them (vLLM's
         LLM.chat arguments: `continue_final_message` leaves the final message open, an
         assistant prefill for the model to go on with)."""
-        if continue_final_message and add_generation_prompt:
-            raise ValueError("continue_final_message goes on with the final message, and "
-                             "add_generation_prompt starts a new one: set add_generation_prompt "
-                             "to False")
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tok = self.engine.tokenizer
         texts = [render_chat(tok, c, add_generation_prompt, tools, continue_final_message,

@@ -14,6 +14,7 @@ from typing import ClassVar, Literal, Union
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
                       model_validator)
 
+from raypaged.chat import check_turn
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.structured_outputs import StructuredOutputsParams
 from raypaged.serve.errors import bad_request
@@ -248,10 +249,10 @@ class ChatCompletionRequest(_Sampling):
             if m.role in ("user", "system", "developer") and m.content is None:
                 raise bad_request(f"messages.{i}.content is required for role {m.role!r}",
                                   f"messages.{i}.content")
-        if self.continue_final_message and self.add_generation_prompt:
-            raise bad_request("continue_final_message goes on with the final message, and "
-                              "add_generation_prompt starts a new one: set add_generation_prompt "
-                              "to false", "continue_final_message")
+        try:
+            check_turn(self.add_generation_prompt, self.continue_final_message)
+        except ValueError as exc:
+            raise bad_request(str(exc), "continue_final_message") from None
         taken = set(self.chat_template_kwargs or ()) & TEMPLATE_ARGUMENTS
         if taken:
             raise bad_request(f"chat_template_kwargs may not set {sorted(taken)[0]!r}, which the "

@@ -123,5 +123,5 @@ def test_chat_continues_a_final_assistant_message_as_vllms_llm_chat_does(llm):
                    continue_final_message=True)[0]
     assert out.prompt.endswith("The capital of France is")  # no end of turn after it
     assert "Paris" in out.outputs[0].text
-    with pytest.raises(ValueError, match="set add_generation_prompt to False"):
+    with pytest.raises(ValueError, match="set add_generation_prompt to false"):
         llm.chat(prefill, greedy, use_tqdm=False, continue_final_message=True)
