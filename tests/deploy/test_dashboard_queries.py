@@ -4,6 +4,7 @@ through its HTTP API; the same queries through `promtool test rules` over the ex
 the chart's `helm test` script run against the same server."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -74,6 +75,33 @@ def test_every_dashboard_query_returns_data(stack):
     _, prom, _ = stack
     empty = [q for q in QUERIES if not query(prom, q)]
     assert empty == []
+
+
+def grouped(expr: str) -> list[tuple[tuple[str, ...], str]]:
+    """Each `<op> by (labels) (inner)` in a query: its labels and that aggregation alone."""
+    found = []
+    for m in re.finditer(r"\b(sum|avg|max|min|count) by \(([^)]*)\) \(", expr):
+        depth, end = 1, m.end()
+        while depth:
+            depth += {"(": 1, ")": -1}.get(expr[end], 0)
+            end += 1
+        found.append((tuple(label.strip() for label in m.group(2).split(",")), expr[m.start():end]))
+    return found
+
+
+def series_missing_labels(prom: str, expr: str) -> list[str]:
+    """'<aggregation>: <series>' for each series that lacks one of the labels it is grouped by:
+    a label the metric does not have still returns data, one series with the label empty."""
+    return [f"{inner}: {sample['metric']}" for labels, inner in grouped(expr)
+            for sample in query(prom, inner) if not all(sample["metric"].get(l) for l in labels)]
+
+
+def test_every_dashboard_grouping_names_a_label_the_metric_has(stack):
+    _, prom, _ = stack
+    assert sum(len(grouped(q)) for q in QUERIES) >= 10  # the dashboard's groupings are all seen
+    assert [m for q in QUERIES for m in series_missing_labels(prom, q)] == []
+    # The check fails a grouping by a label the metric does not carry (a typo of `state`).
+    assert series_missing_labels(prom, 'sum by (stat) (raypaged:kv_cache_blocks)') != []
 
 
 def test_counters_agree_with_what_was_sent(stack):
