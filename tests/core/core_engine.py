@@ -9,11 +9,7 @@ from fake_runner import FakeRunner
 
 def free_blocks(pool) -> list:
     """The pool's free queue, head (evicted first) to tail."""
-    blocks, node = [], pool.free_queue._head.next
-    while node is not pool.free_queue._tail:
-        blocks.append(node)
-        node = node.next
-    return blocks
+    return list(pool.free_queue.values())
 
 
 def make_engine(num_blocks=64, block_size=4, max_model_len=4096, max_num_seqs=256,
