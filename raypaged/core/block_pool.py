@@ -67,8 +67,10 @@ class BlockPool:
         for _ in range(n):
             block = self.free_queue.popitem(last=False)[1]
             if block.block_hash is not None:  # reclaiming a cached prefix: evict it
+                del self.cached[block.block_hash]  # register() cached it in this very block
+                self.summary.remove(block.block_hash)
+                block.block_hash = None
                 self._num_cached_free -= 1
-                self._unregister(block)
                 self.num_evictions += 1
             block.ref_count = 1
             out.append(block)
@@ -104,13 +106,6 @@ class BlockPool:
         self.cached[block_hash] = block
         self.summary.add(block_hash, depth)
         self._num_cached_free += block.ref_count == 0  # callers register blocks they hold; kept exact anyway
-
-    def _unregister(self, block: Block) -> None:
-        assert block.block_hash is not None
-        if self.cached.get(block.block_hash) is block:
-            del self.cached[block.block_hash]
-            self.summary.remove(block.block_hash)
-        block.block_hash = None
 
     def count_by_state(self) -> tuple[int, int, int]:
         """(used, cached-free, empty-free) block counts, O(1)."""
