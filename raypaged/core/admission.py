@@ -136,6 +136,6 @@ def has_headroom(running: list[Request], candidate: Request, kv: "KVCacheManager
     seqs += growth_of(candidate, 0, lengths, bs, policy.decode_reserve)
     used = pool.num_blocks - pool.num_free  # cached free blocks count as free: evictable
     limit = pool.num_blocks - int(policy.kv_watermark * pool.num_blocks)
-    if used + sum(max(0, -(-(g.now + g.remaining) // bs) - g.held) for g in seqs) <= limit:
-        return True  # fits even if nothing ever ends: no need to sort
-    return peak_blocks(seqs, used, bs) <= limit
+    # first: whether it fits even if nothing ever ends (no need to sort)
+    return (used + sum(max(0, -(-(g.now + g.remaining) // bs) - g.held) for g in seqs) <= limit
+            or peak_blocks(seqs, used, bs) <= limit)
