@@ -140,30 +140,24 @@ class EngineCore:
         return bool(s.held) and len(s.held) == len(s.requests) and self._running is None
 
     def step(self) -> list[RequestDelta]:
-        if self.executor is not None:
-            return self._step_overlapped()
         batch = self.scheduler.schedule()
-        if not batch.requests:
-            return []
-        try:
-            result = self.runner.execute(batch)
-        except Exception as exc:  # noqa: BLE001 - find who caused it; the rest go on
-            return self._step_isolating(batch, exc)
-        self.num_steps += 1
-        return self.scheduler.update(batch, result)
-
-    def _step_overlapped(self) -> list[RequestDelta]:
-        """Queue step N+1, then wait for step N and apply it: N+1 runs while we do."""
-        batch = self.scheduler.schedule()
-        queued = (batch, self.executor.submit(batch)) if batch.requests else None
-        running, self._running = self._running, queued
-        if running is None:
-            return []
-        batch, future = running
-        try:
-            result = future.result()
-        except Exception as exc:  # noqa: BLE001 - as in step(); the queued step was refused
-            return self._recover(batch, exc)
+        if self.executor is None:
+            if not batch.requests:
+                return []
+            try:
+                result = self.runner.execute(batch)
+            except Exception as exc:  # noqa: BLE001 - find who caused it; the rest go on
+                return self._step_isolating(batch, exc)
+        else:  # queue step N+1, then wait for step N and apply it: N+1 runs while we do
+            queued = (batch, self.executor.submit(batch)) if batch.requests else None
+            running, self._running = self._running, queued
+            if running is None:
+                return []
+            batch, future = running
+            try:
+                result = future.result()
+            except Exception as exc:  # noqa: BLE001 - as above; the queued step was refused
+                return self._recover(batch, exc)
         self.num_steps += 1
         return self.scheduler.update(batch, result)
 
@@ -206,7 +200,11 @@ class EngineCore:
                 continue
             sampled.update(one.sampled)
             logprobs.update(one.logprobs)
-        if len(culprits) == len(batch.requests) and len(self._users(batch)) > 1:
+        get = self.scheduler.requests.get  # None: aborted during the step
+        # the requests whose samples the batch holds (a sample's parent, or itself)
+        users = {getattr(get(sr.request_id), "parent_id", None) or sr.request_id
+                 for sr in batch.requests}
+        if len(culprits) == len(batch.requests) and len(users) > 1:
             raise exc
         logger.warning("a step failed; failing only the request(s) that fail alone: %s",
                        culprits, exc_info=exc)
@@ -215,12 +213,6 @@ class EngineCore:
         self.num_steps += 1
         # update() skips the requests aborted above, as it does for any abort during a step.
         return deltas + self.scheduler.update(batch, StepResult(sampled, logprobs))
-
-    def _users(self, batch: ScheduledBatch) -> set[str]:
-        """The requests whose samples the batch holds (a sample's parent, or itself)."""
-        get = self.scheduler.requests.get  # None: aborted during the step
-        return {getattr(get(sr.request_id), "parent_id", None) or sr.request_id
-                for sr in batch.requests}
 
     def abort(self, request_id: str, reason: str = "abort", with_samples: bool = True,
               stop_reason: str | None = None) -> list[RequestDelta]:

@@ -140,8 +140,7 @@ class PreemptionCounters:
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
-        self.computed_tokens = 0
-        self.recomputed_tokens = 0
+        self.computed_tokens = self.recomputed_tokens = 0
         self.preempted_seconds = 0.0
         self.per_request: list[int] = [0]  # [k]: finished sequences preempted k times
 
@@ -300,7 +299,6 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         chosen: list[tuple[Request, int]] = []
         preempted = False
-        scheduled: set[str] = set()
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -310,7 +308,7 @@ class Scheduler:
                 continue
             n = min(req.num_tokens + req.num_placeholders - req.num_computed_tokens, budget)
             while not self.kv.allocate(req, n):
-                j = self._victim(scheduled)
+                j = self._victim(chosen)
                 victim = self.running.pop(j)
                 i -= j < i
                 self._preempt(victim)
@@ -319,7 +317,6 @@ class Scheduler:
                     break
             else:
                 chosen.append((req, n))
-                scheduled.add(req.request_id)
                 budget -= n
                 i += 1
 
@@ -361,11 +358,12 @@ class Scheduler:
             self._scheduled_reqs[id(batch)] = [(req, req.num_preemptions) for req, _ in chosen]
         return batch
 
-    def _victim(self, scheduled: set[str]) -> int:
+    def _victim(self, chosen: list[tuple[Request, int]]) -> int:
         """Index in self.running of the request to preempt; never one this step has already
         scheduled (its share of the step is in the batch)."""
         if not self.policy.bounded:
             return len(self.running) - 1  # the newest; those already scheduled are older
+        scheduled = {req.request_id for req, _ in chosen}
         candidates = [r for r in self.running if r.request_id not in scheduled]
         return self.running.index(choose_victim(candidates, self.policy.protect_after_preemptions))
 
@@ -407,8 +405,7 @@ class Scheduler:
         self.kv.free(req)
         # recomputed from the start; a running step's sample for it is dropped
         self.num_queued_tokens += req.num_computed_tokens - req.num_placeholders
-        req.num_computed_tokens = 0
-        req.num_placeholders = 0
+        req.num_computed_tokens = req.num_placeholders = 0
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
         self.num_preemptions += 1
