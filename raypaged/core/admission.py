@@ -27,10 +27,10 @@ from collections import deque
 from typing import TYPE_CHECKING, Iterable, NamedTuple
 
 from raypaged.core.request import Request
-from raypaged.core.scheduling_policy import SchedulingPolicy
 
 if TYPE_CHECKING:
     from raypaged.core.kv_cache_manager import KVCacheManager
+    from raypaged.core.scheduler import SchedulingPolicy
 
 
 class Growth(NamedTuple):
@@ -49,11 +49,9 @@ def peak_blocks(seqs: Iterable[Growth], used_now: int, block_size: int) -> int:
     order = sorted(seqs, key=lambda g: -g.remaining)
     if not order:
         return used_now
-    # growth to the end of each sequence after index k (those that ended by T = d_k)
-    after = [0] * (len(order) + 1)
-    for k in range(len(order) - 1, -1, -1):
-        g = order[k]
-        after[k] = after[k + 1] + max(0, -(-(g.now + g.remaining) // bs) - g.held)
+    # after[k]: growth to the end of order[k:] (at T = d_k, order[k + 1:] have ended)
+    grow = [max(0, -(-(g.now + g.remaining) // bs) - g.held) for g in reversed(order)]
+    after = list(itertools.accumulate(grow))[::-1] + [0]
     # blocks(now + T) = q + qT + [r + rT >= 1] + [r + rT >= bs + 1]  for now = q*bs + r,
     # T = qT*bs + rT: summed over the alive from the sum of q and a histogram of r
     rem_hist = [0] * bs
@@ -138,6 +136,6 @@ def has_headroom(running: list[Request], candidate: Request, kv: "KVCacheManager
     seqs += growth_of(candidate, 0, lengths, bs, policy.decode_reserve)
     used = pool.num_blocks - pool.num_free  # cached free blocks count as free: evictable
     limit = pool.num_blocks - int(policy.kv_watermark * pool.num_blocks)
-    if used + sum(max(0, -(-(g.now + g.remaining) // bs) - g.held) for g in seqs) <= limit:
-        return True  # fits even if nothing ever ends: no need to sort
-    return peak_blocks(seqs, used, bs) <= limit
+    # first: whether it fits even if nothing ever ends (no need to sort)
+    return (used + sum(max(0, -(-(g.now + g.remaining) // bs) - g.held) for g in seqs) <= limit
+            or peak_blocks(seqs, used, bs) <= limit)

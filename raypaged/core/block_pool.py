@@ -5,10 +5,11 @@ eviction order:
 
     head (evicted first) <-> ... <-> tail (freed most recently)
 
-A prefix-cache hit on a free block takes it out of the middle in O(1) (intrusive doubly linked
-list); allocation pops the head, and if that block still holds a registered prefix, the prefix
-is evicted (its hash unregistered). Freed blocks are appended at the tail, a sequence's blocks in
-reverse order, so the tail of a sequence is evicted before its head (heads are shared more).
+A prefix-cache hit on a free block takes it out of the middle in O(1) (an OrderedDict keyed by
+block id: a doubly linked list with a map); allocation pops the head, and if that block still
+holds a registered prefix, the prefix is evicted (its hash unregistered). Freed blocks are
+appended at the tail, a sequence's blocks in reverse order, so the tail of a sequence is
+evicted before its head (heads are shared more).
 
 Block counts by state are counters kept by these transitions, never a walk of the pool: the
 engine publishes them after every step, and a pool can hold millions of cached blocks.
@@ -19,6 +20,7 @@ engine publishes them after every step, and a pool can hold millions of cached b
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Iterable
 
 from raypaged.core.block_hash import BlockHash
@@ -26,55 +28,23 @@ from raypaged.core.cache_summary import CacheSummary
 
 
 class Block:
-    __slots__ = ("block_id", "ref_count", "block_hash", "prev", "next")
+    __slots__ = ("block_id", "ref_count", "block_hash")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_count = 0
         self.block_hash: BlockHash | None = None  # set once the block is full and registered
-        self.prev: Block | None = None  # free-queue links; None when not in the queue
-        self.next: Block | None = None
 
     def __repr__(self) -> str:
         return f"Block({self.block_id}, ref={self.ref_count}, cached={self.block_hash is not None})"
-
-
-class FreeBlockQueue:
-    """Intrusive doubly linked list of blocks with sentinel head/tail."""
-
-    def __init__(self, blocks: Iterable[Block]) -> None:
-        self._head = Block(-1)
-        self._tail = Block(-1)
-        self._head.next, self._tail.prev = self._tail, self._head
-        self.size = 0
-        for block in blocks:
-            self.append(block)
-
-    def append(self, block: Block) -> None:
-        last = self._tail.prev
-        assert last is not None and block.prev is None and block.next is None
-        last.next, block.prev = block, last
-        block.next, self._tail.prev = self._tail, block
-        self.size += 1
-
-    def remove(self, block: Block) -> None:
-        prev, nxt = block.prev, block.next
-        assert prev is not None and nxt is not None, f"{block} is not in the free queue"
-        prev.next, nxt.prev = nxt, prev
-        block.prev = block.next = None
-        self.size -= 1
-
-    def popleft(self) -> Block:
-        first = self._head.next  # BlockPool.allocate checks the size first
-        self.remove(first)
-        return first
 
 
 class BlockPool:
     def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
         assert num_blocks >= 1, "the KV plan (config.py) refuses a budget without one sequence"
         self.blocks = [Block(i) for i in range(num_blocks)]
-        self.free_queue = FreeBlockQueue(self.blocks)
+        # block id -> block, head (evicted first) to tail
+        self.free_queue: OrderedDict[int, Block] = OrderedDict(enumerate(self.blocks))
         self.cached: dict[BlockHash, Block] = {}
         self.enable_caching = enable_caching
         self.num_evictions = 0
@@ -88,17 +58,19 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks that can be handed out now (empty or holding an evictable cached prefix)."""
-        return self.free_queue.size
+        return len(self.free_queue)
 
     def allocate(self, n: int) -> list[Block]:
-        if n > self.free_queue.size:
-            raise ValueError(f"asked for {n} blocks, {self.free_queue.size} free")
+        if n > self.num_free:
+            raise ValueError(f"asked for {n} blocks, {self.num_free} free")
         out = []
         for _ in range(n):
-            block = self.free_queue.popleft()
+            block = self.free_queue.popitem(last=False)[1]
             if block.block_hash is not None:  # reclaiming a cached prefix: evict it
+                del self.cached[block.block_hash]  # register() cached it in this very block
+                self.summary.remove(block.block_hash)
+                block.block_hash = None
                 self._num_cached_free -= 1
-                self._unregister(block)
                 self.num_evictions += 1
             block.ref_count = 1
             out.append(block)
@@ -111,7 +83,7 @@ class BlockPool:
         """Take a reference on cache hits / shared blocks, reviving free ones out of the queue."""
         for block in blocks:
             if block.ref_count == 0:
-                self.free_queue.remove(block)
+                del self.free_queue[block.block_id]
                 self._num_cached_free -= block.block_hash is not None
             block.ref_count += 1
 
@@ -121,7 +93,7 @@ class BlockPool:
             assert block.ref_count > 0, f"double free of {block}"
             block.ref_count -= 1
             if block.ref_count == 0:
-                self.free_queue.append(block)
+                self.free_queue[block.block_id] = block
                 self._num_cached_free += block.block_hash is not None
 
     def register(self, block: Block, block_hash: BlockHash, depth: int = 0) -> None:
@@ -135,14 +107,7 @@ class BlockPool:
         self.summary.add(block_hash, depth)
         self._num_cached_free += block.ref_count == 0  # callers register blocks they hold; kept exact anyway
 
-    def _unregister(self, block: Block) -> None:
-        assert block.block_hash is not None
-        if self.cached.get(block.block_hash) is block:
-            del self.cached[block.block_hash]
-            self.summary.remove(block.block_hash)
-        block.block_hash = None
-
     def count_by_state(self) -> tuple[int, int, int]:
         """(used, cached-free, empty-free) block counts, O(1)."""
-        free = self.free_queue.size
+        free = self.num_free
         return self.num_blocks - free, self._num_cached_free, free - self._num_cached_free

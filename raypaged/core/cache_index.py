@@ -69,17 +69,6 @@ class CacheIndex:
             groups.append((len(keys), first & ~dropped))
         return groups
 
-    def _change(self, bit: int, added, removed) -> None:
-        holders = self.holders
-        for key in removed:
-            left = holders.get(key, 0) & ~bit
-            if left:
-                holders[key] = left
-            else:
-                holders.pop(key, None)
-        for key in added:
-            holders[key] = holders.get(key, 0) | bit
-
 
 class IndexedCacheView(CacheView):
     """A CacheView that keeps its index's bitmasks in step with its keys."""
@@ -89,8 +78,15 @@ class IndexedCacheView(CacheView):
         self.index, self.position, self.bit = index, position, 1 << position
 
     def apply(self, delta: SummaryDelta) -> None:
-        # _change removes, then adds (as CacheView.apply does: a key in both stays), and setting
-        # or clearing a bit that already is so changes nothing
-        removed = self.keys - set(delta.added) if delta.full else delta.removed
-        self.index._change(self.bit, delta.added, removed)
+        # remove, then add (as CacheView.apply does: a key in both stays); setting or clearing a
+        # bit that already is so changes nothing
+        holders, bit = self.index.holders, self.bit
+        for key in self.keys - set(delta.added) if delta.full else delta.removed:
+            left = holders.get(key, 0) & ~bit
+            if left:
+                holders[key] = left
+            else:
+                holders.pop(key, None)
+        for key in delta.added:
+            holders[key] = holders.get(key, 0) | bit
         super().apply(delta)

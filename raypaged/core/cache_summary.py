@@ -22,9 +22,6 @@ from typing import Sequence
 
 from raypaged.core.block_hash import BlockHash, little_endian
 
-# Changes kept for readers to catch up with; one who fell further behind gets the whole set.
-DEFAULT_LOG_SIZE = 65536
-
 
 def block_key(block_hash: BlockHash) -> int:
     return int.from_bytes(block_hash[:8], "little")
@@ -99,9 +96,10 @@ def sampled_positions(keys: Sequence[int], every: int) -> list[int]:
 
 class CacheSummary:
     """The writer's side. Thread-safe: a worker's step thread writes while its event loop
-    answers the controller's polls."""
+    answers the controller's polls. `log_size`: the changes kept for readers to catch up with;
+    one who fell further behind gets the whole set."""
 
-    def __init__(self, log_size: int = DEFAULT_LOG_SIZE) -> None:
+    def __init__(self, log_size: int = 65536) -> None:
         self.keys: set[int] = set()
         self.depth: dict[int, int] = {}  # key -> its block's index in the prompt
         self.version = 0

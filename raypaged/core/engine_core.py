@@ -1,7 +1,7 @@
 """EngineCore: schedule -> run the model -> apply the sampled tokens. No torch, no ray.
 
 With `async_scheduling`, the model runs on a StepExecutor thread and step() schedules the next
-step before waiting for the running one (see step_executor.py): each call returns the outputs of
+step before waiting for the running one (see StepExecutor): each call returns the outputs of
 the step before, and the host's scheduling and output work overlap the model's. A sequence that
 ends (stop, length, abort) in step N may already sit in step N+1: its slot there is computed and
 dropped, never emitted. Tokens are the same either way.
@@ -9,8 +9,10 @@ dropped, never emitted. Tokens are the same either way.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
-from typing import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Mapping, Sequence
 
 from raypaged.core.block_hash import DIGEST_SIZE, BlockHash, hash_block_tokens
 from raypaged.core.cache_summary import CacheSummary
@@ -19,12 +21,83 @@ from raypaged.core.contracts import (Continuation, EngineStats, ModelRunner, Req
 from raypaged.core.request import Request
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.scheduler import Scheduler
-from raypaged.core.step_executor import StepExecutor, StepRefused, fill_placeholders
 
 logger = logging.getLogger(__name__)
 
 # finish_reason of a request that made a step fail; its RequestDelta.stop_reason says why.
 ERROR = "error"
+
+
+class StepRefused(Exception):
+    """A step queued behind a failed one: it did not run."""
+
+
+class StepExecutor:
+    """Runs the model steps on a thread of their own, in order, one at a time.
+
+    Overlapped scheduling (SGLang's overlap scheduler, vLLM v1's async scheduling): while step N
+    runs here, the engine thread schedules step N+1 and queues it; step N+1 may feed placeholders
+    for the tokens step N samples, and this thread fills them in from step N's result just before
+    running N+1, so the model never waits for core to apply step N:
+
+        engine thread:  schedule N+1 ─ submit ─ wait N ─ update N, outputs N │ schedule N+2 ─ ...
+        this thread:    ......... run N ........│ fill N+1 from N ─ run N+1 ..........│ ...
+
+    Steps run strictly one after another, so a block freed (by a stop, abort or preemption) while
+    step N+1 is queued is written by a later step only after N+1 has run. After a step fails,
+    every later step is refused (StepRefused, nothing run) until `resume()`: the engine re-runs the
+    failed step request by request on its own thread while this one is idle."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raypaged-steps")
+        # the sampled ids of the last step that ran (the one a queued step's placeholders need)
+        self.last: Mapping[str, tuple[int, ...]] = {}
+        self._failed = False
+
+    def submit(self, batch: ScheduledBatch) -> Future:
+        return self._pool.submit(self._run, batch)
+
+    def resume(self, last_sampled: Mapping[str, tuple[int, ...]]) -> None:
+        """After a failure (the thread is idle): accept steps again, as if the previous step
+        had sampled `last_sampled`."""
+        self._failed, self.last = False, last_sampled
+
+    def shutdown(self) -> None:
+        """Wait for the queued step (benchmarks between configurations)."""
+        self._pool.shutdown(wait=True)
+
+    def _run(self, batch: ScheduledBatch) -> StepResult:
+        if self._failed:
+            raise StepRefused("a step before this one failed")
+        try:
+            result = self.runner.execute(fill_placeholders(batch, self.last))
+        except BaseException:
+            self._failed = True
+            raise
+        self.last = result.sampled
+        return result
+
+
+def fill_placeholders(batch: ScheduledBatch, sampled: Mapping[str, tuple[int, ...]]
+                      ) -> ScheduledBatch:
+    """Each placeholder becomes the token the previous step sampled for that request. A request
+    whose previous step sampled nothing for it (it failed there) leaves the batch."""
+    if not any(r.num_placeholders for r in batch.requests):
+        return batch
+    requests = []
+    for r in batch.requests:
+        if r.num_placeholders:
+            tokens = sampled.get(r.request_id)
+            if tokens is None:
+                continue
+            assert len(tokens) == r.num_placeholders == 1, "forks never run with placeholders"
+            known = len(r.token_ids) - r.num_placeholders
+            r = dataclasses.replace(
+                r, token_ids=[*r.token_ids[:known], *tokens], num_placeholders=0,
+                output_token_ids=r.output_token_ids.extended(tuple(tokens)))
+        requests.append(r)
+    return dataclasses.replace(batch, requests=tuple(requests))
 
 
 class EngineCore:
@@ -51,7 +124,7 @@ class EngineCore:
         if continuation is not None:
             outputs, index = continuation.output_token_ids, continuation.sample_index
             _check_continuation(continuation, sampling, max_tokens)
-        hashes = _router_hashes(block_hashes, prompt_token_ids, outputs,
+        hashes = _router_hashes(block_hashes, [*prompt_token_ids, *outputs],
                                 self.scheduler.kv.block_size, cache_salt)
         self.scheduler.add(Request(request_id, prompt_token_ids, sampling, max_tokens,
                                    eos_token_id, cache_salt, sample_index=index,
@@ -67,30 +140,24 @@ class EngineCore:
         return bool(s.held) and len(s.held) == len(s.requests) and self._running is None
 
     def step(self) -> list[RequestDelta]:
-        if self.executor is not None:
-            return self._step_overlapped()
         batch = self.scheduler.schedule()
-        if not batch.requests:
-            return []
-        try:
-            result = self.runner.execute(batch)
-        except Exception as exc:  # noqa: BLE001 - find who caused it; the rest go on
-            return self._step_isolating(batch, exc)
-        self.num_steps += 1
-        return self.scheduler.update(batch, result)
-
-    def _step_overlapped(self) -> list[RequestDelta]:
-        """Queue step N+1, then wait for step N and apply it: N+1 runs while we do."""
-        batch = self.scheduler.schedule()
-        queued = (batch, self.executor.submit(batch)) if batch.requests else None
-        running, self._running = self._running, queued
-        if running is None:
-            return []
-        batch, future = running
-        try:
-            result = future.result()
-        except Exception as exc:  # noqa: BLE001 - as in step(); the queued step was refused
-            return self._recover(batch, exc)
+        if self.executor is None:
+            if not batch.requests:
+                return []
+            try:
+                result = self.runner.execute(batch)
+            except Exception as exc:  # noqa: BLE001 - find who caused it; the rest go on
+                return self._step_isolating(batch, exc)
+        else:  # queue step N+1, then wait for step N and apply it: N+1 runs while we do
+            queued = (batch, self.executor.submit(batch)) if batch.requests else None
+            running, self._running = self._running, queued
+            if running is None:
+                return []
+            batch, future = running
+            try:
+                result = future.result()
+            except Exception as exc:  # noqa: BLE001 - as above; the queued step was refused
+                return self._recover(batch, exc)
         self.num_steps += 1
         return self.scheduler.update(batch, result)
 
@@ -133,7 +200,11 @@ class EngineCore:
                 continue
             sampled.update(one.sampled)
             logprobs.update(one.logprobs)
-        if len(culprits) == len(batch.requests) and len(self._users(batch)) > 1:
+        get = self.scheduler.requests.get  # None: aborted during the step
+        # the requests whose samples the batch holds (a sample's parent, or itself)
+        users = {getattr(get(sr.request_id), "parent_id", None) or sr.request_id
+                 for sr in batch.requests}
+        if len(culprits) == len(batch.requests) and len(users) > 1:
             raise exc
         logger.warning("a step failed; failing only the request(s) that fail alone: %s",
                        culprits, exc_info=exc)
@@ -142,12 +213,6 @@ class EngineCore:
         self.num_steps += 1
         # update() skips the requests aborted above, as it does for any abort during a step.
         return deltas + self.scheduler.update(batch, StepResult(sampled, logprobs))
-
-    def _users(self, batch: ScheduledBatch) -> set[str]:
-        """The requests whose samples the batch holds (a sample's parent, or itself)."""
-        get = self.scheduler.requests.get  # None: aborted during the step
-        return {getattr(get(sr.request_id), "parent_id", None) or sr.request_id
-                for sr in batch.requests}
 
     def abort(self, request_id: str, reason: str = "abort", with_samples: bool = True,
               stop_reason: str | None = None) -> list[RequestDelta]:
@@ -186,30 +251,23 @@ def _check_continuation(c: Continuation, sampling: SamplingParams, max_tokens: i
                          f"max_tokens is {max_tokens}: nothing is left to generate")
 
 
-def _router_hashes(block_hashes: Sequence[BlockHash], prompt: Sequence[int],
-                   outputs: Sequence[int], block_size: int,
+def _router_hashes(block_hashes: Sequence[BlockHash], tokens: Sequence[int], block_size: int,
                    cache_salt: str | None) -> Sequence[BlockHash]:
-    """The router's hashes, if they can be this engine's; else none (the engine hashes the
-    prompt itself). A wrong hash would hand its block's KV to every request sharing the prefix,
-    so two BLAKE2b calls check them whatever the length: block 0's (another block size or salt
-    fails) and the last block's under the hash before it (other tokens fail). The chain is
-    deterministic, so the hashes between are trusted (tests/serve/test_router_block_hashes.py)."""
+    """The router's hashes of `tokens` (prompt + outputs), if they can be this engine's; else
+    none (the engine hashes the prompt itself). A wrong hash would hand its block's KV to every
+    request sharing the prefix, so two BLAKE2b calls check them whatever the length: block 0's
+    (another block size or salt fails) and the last block's under the hash before it (other
+    tokens fail). The chain is deterministic, so the hashes between are trusted
+    (tests/serve/test_router_block_hashes.py)."""
     if not isinstance(block_hashes, (list, tuple)) or not block_hashes:
         return ()
     n = len(block_hashes)
-    if (n > (len(prompt) + len(outputs)) // block_size
+    if (n > len(tokens) // block_size
             or any(type(h) is not bytes or len(h) != DIGEST_SIZE for h in block_hashes)):
         return ()
-    if hash_block_tokens(_block(prompt, outputs, 0, block_size), block_size,
-                         cache_salt) != [block_hashes[0]]:
+    if hash_block_tokens(tokens, block_size, cache_salt, max_blocks=1) != [block_hashes[0]]:
         return ()
-    if n > 1 and hash_block_tokens(_block(prompt, outputs, n - 1, block_size), block_size,
-                                   cache_salt, parent=block_hashes[-2]) != [block_hashes[-1]]:
+    if n > 1 and hash_block_tokens(tokens, block_size, cache_salt, max_blocks=n, start=n - 1,
+                                   parent=block_hashes[-2]) != [block_hashes[-1]]:
         return ()
     return block_hashes
-
-
-def _block(prompt: Sequence[int], outputs: Sequence[int], i: int, block_size: int) -> list[int]:
-    """Block i's tokens of prompt + outputs, without joining them."""
-    start, end, p = i * block_size, (i + 1) * block_size, len(prompt)
-    return [*prompt[start:end], *outputs[max(0, start - p):max(0, end - p)]]

@@ -59,17 +59,15 @@ class KVCacheManager:
             self.prefix_hits += len(hits) * self.block_size
         table = self.tables.setdefault(rid, [])
         ids = self.block_ids.setdefault(rid, [])
-        if hits:
+        if hits:  # taken out of the free queue before allocate() can evict them
             assert not table, "prefix hits only on admission"
             self.pool.touch(hits)
-            table.extend(hits)
-            ids.extend(b.block_id for b in hits)
             self._num_registered[rid] = len(hits)
             request.num_computed_tokens = len(hits) * self.block_size
-        if self._needs_cow(request):
+        if self._needs_cow(request):  # never after hits: they end on a block boundary
             self._copy_on_write(request)
             needed -= 1
-        new = self.pool.allocate(needed)
+        new = [*hits, *self.pool.allocate(needed)]
         table.extend(new)
         ids.extend(b.block_id for b in new)
         return True

@@ -64,9 +64,7 @@ class SamplingParams:
             raise ValueError("structured_outputs must be StructuredOutputsParams or a dict of its "
                              f"fields, got {type(self.structured_outputs).__name__}")
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
-        self._validate()
 
-    def _validate(self) -> None:
         # (field, whether its value is valid, what it must be), checked in this order. NaN
         # compares false both ways and inf passes every lower bound: floats are refused first.
         rules = [(name, is_finite, "a finite number") for name in (

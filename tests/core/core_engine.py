@@ -9,18 +9,14 @@ from fake_runner import FakeRunner
 
 def free_blocks(pool) -> list:
     """The pool's free queue, head (evicted first) to tail."""
-    blocks, node = [], pool.free_queue._head.next
-    while node is not pool.free_queue._tail:
-        blocks.append(node)
-        node = node.next
-    return blocks
+    return list(pool.free_queue.values())
 
 
 def make_engine(num_blocks=64, block_size=4, max_model_len=4096, max_num_seqs=256,
                 max_num_batched_tokens=2048, prefix=True, overlap=False, runner=None,
                 policy=None, clock=time.monotonic) -> EngineCore:
     """overlap: async scheduling (the runner runs on the engine's step executor thread);
-    policy: core.scheduling_policy.SchedulingPolicy (FIRST_RULES: admit what fits, preempt the
+    policy: core.scheduler.SchedulingPolicy (FIRST_RULES: admit what fits, preempt the
     newest, for tests that need preemptions to happen)."""
     sched = Scheduler(num_blocks, block_size, max_model_len, max_num_seqs,
                       max_num_batched_tokens, prefix, policy, clock)

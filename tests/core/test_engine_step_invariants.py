@@ -25,7 +25,7 @@ from raypaged.core.cache_summary import CacheView, block_key
 from raypaged.core.contracts import Continuation
 from raypaged.core.request import RequestStatus
 from raypaged.core.sampling_params import SamplingParams
-from raypaged.core.scheduling_policy import FIRST_RULES, FITS, SchedulingPolicy
+from raypaged.core.scheduler import FIRST_RULES, FITS, SchedulingPolicy
 
 from core_engine import free_blocks, make_engine
 from fake_runner import FakeRunner, next_token
@@ -103,7 +103,7 @@ def check_pool(eng, model: Model, num_blocks: int, kv_settled: bool) -> None:
     sched, kv = eng.scheduler, eng.scheduler.kv
     pool, bs = kv.pool, kv.block_size
     queue = [b.block_id for b in free_blocks(pool)]
-    assert len(queue) == len(set(queue)) == pool.free_queue.size
+    assert len(queue) == len(set(queue)) == len(pool.free_queue)
     in_queue = set(queue)
     refs = Counter(bid for table in kv.block_ids.values() for bid in table)
     for block in pool.blocks:

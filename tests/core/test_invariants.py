@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raypaged.core.sampling_params import SamplingParams
-from raypaged.core.scheduling_policy import FIRST_RULES, FITS, SchedulingPolicy
+from raypaged.core.scheduler import FIRST_RULES, FITS, SchedulingPolicy
 
 from core_engine import free_blocks, make_engine
 
@@ -37,7 +37,7 @@ def check_invariants(eng):
     # the O(1) counters agree with a full walk
     assert used == sum(1 for b in pool.blocks if b.ref_count > 0)
     assert cached == sum(1 for b in pool.blocks if b.ref_count == 0 and b.block_hash is not None)
-    assert len(in_queue) == pool.free_queue.size == pool.num_free
+    assert len(in_queue) == len(pool.free_queue) == pool.num_free
     for rid, table in kv.block_ids.items():
         assert len(table) == len(set(table)), f"{rid} holds a block twice"
         assert [b.block_id for b in kv.tables[rid]] == table
