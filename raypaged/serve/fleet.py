@@ -120,22 +120,14 @@ class FleetSnapshot:
                     queued_tokens=s.engine.num_queued_tokens,
                     drain_tokens_per_s=w.drain_tokens_per_s)
             workers.append(item)
+        from raypaged.serve.metrics import merge  # (metrics.py imports this module)
+        counters = merge(self.router_metrics.values())["counters"]  # every router replica's
         out = {"workers": workers, "total": self.totals(),
-               "suspected_poison_requests": _summed(self.router_metrics,
-                                                    "suspected_poison_requests"),
-               "shed_requests": _summed(self.router_metrics, "shed_requests")}
+               "suspected_poison_requests": counters["suspected_poison_requests"],
+               "shed_requests": counters["shed_requests"]}
         if self.scaling:
             out["scaling"] = self.scaling
         return out
-
-
-def _summed(router_metrics: dict, counter: str) -> dict:
-    """One request counter of every router replica (their pushed snapshots), by label."""
-    out: dict[str, float] = {}
-    for snap in router_metrics.values():
-        for label, value in snap.get("counters", {}).get(counter, {}).items():
-            out[label] = out.get(label, 0.0) + value
-    return out
 
 
 def _preemption_json(p) -> dict:
