@@ -22,11 +22,10 @@ from raypaged.config import EngineArgs
 from raypaged.serve.allocator import worker_env_vars
 from raypaged.serve.autoscaler import Autoscaler, policy_of, worker_index
 from raypaged.serve.config import POLL_INTERVAL_S, POLL_TIMEOUT_S, STEP_STALL_S, ServeOptions
-from raypaged.serve.controller import Controller, WorkerDown
+from raypaged.serve.controller import Controller, WorkerDown, next_start
 from raypaged.serve.detached_workers import (WORKER_NAMESPACE, fingerprint, kill_workers,
                                              named_workers, watch_application, worker_name)
 from raypaged.serve.fleet import DEAD, RESTARTING, UNRESPONSIVE
-from raypaged.serve.lifecycle import next_start
 from raypaged.serve.messages import Health, WorkerStats
 from raypaged.serve.worker import Worker
 
@@ -69,7 +68,7 @@ class WorkerActor(Worker):
 
 def back_off_restart() -> None:
     """A worker process restarted after a crash waits before loading the model again, longer
-    each crash in a row (lifecycle.py). What the last incarnation of this actor kept lives in
+    each crash in a row (controller.next_start). What the last incarnation of this actor kept lives in
     the GCS's key-value store under the actor's id, which stays the same across restarts."""
     from ray.experimental import internal_kv
 

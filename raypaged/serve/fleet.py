@@ -84,11 +84,10 @@ class FleetSnapshot:
         mem = ("blocks_used", "blocks_cached", "blocks_free", "prefix_queries", "prefix_hits",
                "evictions", "cow_copies")
         out.update({k: sum(getattr(s.engine.memory, k) for s in with_stats) for k in mem})
+        engine = ("num_running", "num_waiting", "num_preemptions")
+        out.update({k: sum(getattr(s.engine, k) for s in with_stats) for k in engine})
         out.update(
             bytes_per_token=with_stats[0].budget.bytes_per_token if with_stats else 0,
-            num_running=sum(s.engine.num_running for s in with_stats),
-            num_waiting=sum(s.engine.num_waiting for s in with_stats),
-            num_preemptions=sum(s.engine.num_preemptions for s in with_stats),
             preemption=_sum_preemption([s.engine.preemption for s in with_stats]),
             workers_ready=len(with_stats), workers_total=len(self.workers))
         out["kv_cache_usage"] = out["blocks_used"] / out["num_blocks"] if out["num_blocks"] else 0.0
@@ -121,22 +120,14 @@ class FleetSnapshot:
                     queued_tokens=s.engine.num_queued_tokens,
                     drain_tokens_per_s=w.drain_tokens_per_s)
             workers.append(item)
+        from raypaged.serve.metrics import merge  # (metrics.py imports this module)
+        counters = merge(self.router_metrics.values())["counters"]  # every router replica's
         out = {"workers": workers, "total": self.totals(),
-               "suspected_poison_requests": _summed(self.router_metrics,
-                                                    "suspected_poison_requests"),
-               "shed_requests": _summed(self.router_metrics, "shed_requests")}
+               "suspected_poison_requests": counters["suspected_poison_requests"],
+               "shed_requests": counters["shed_requests"]}
         if self.scaling:
             out["scaling"] = self.scaling
         return out
-
-
-def _summed(router_metrics: dict, counter: str) -> dict:
-    """One request counter of every router replica (their pushed snapshots), by label."""
-    out: dict[str, float] = {}
-    for snap in router_metrics.values():
-        for label, value in snap.get("counters", {}).get(counter, {}).items():
-            out[label] = out.get(label, 0.0) + value
-    return out
 
 
 def _preemption_json(p) -> dict:

@@ -151,11 +151,9 @@ class Router:
                                         start=len(hashes), parent=hashes[-1] if hashes else None)
         return hashes
 
-    def choose(self, prompt: PromptKeys,
-               workers: FleetLoads | Mapping[str, WorkerLoad]) -> tuple[Sequence[str], str]:
-        """`workers`: the ready workers as arrays kept across requests (what the Dispatcher and
-        the simulator hand over), or a dict of WorkerLoads (turned into one: O(W) Python)."""
-        loads = workers if isinstance(workers, FleetLoads) else FleetLoads.of(workers)
+    def choose(self, prompt: PromptKeys, loads: FleetLoads) -> tuple[Sequence[str], str]:
+        """`loads`: the ready workers as arrays kept across requests (what the Dispatcher and
+        the simulator hand over; rank() turns a dict of WorkerLoads into one)."""
         if not loads.count:
             return [], ""
         if self.config.routing == "round_robin":

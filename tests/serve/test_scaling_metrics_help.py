@@ -2,7 +2,7 @@
 described as seconds (no Ray)."""
 from __future__ import annotations
 
-from raypaged.serve.scaling_metrics import scaling_families
+from raypaged.serve.metrics import scaling_families
 
 SCALING = {"desired": 1, "serving": 1, "starting": 0, "draining": 0, "min_workers": 1,
            "max_workers": 2, "decisions_total": [], "predicted_wait_s": 0.0,

@@ -15,7 +15,7 @@ from local_fleet import (BEFORE_FIRST, DRAINED_MID_STREAM, FROZEN_MID_STREAM, MI
                          LocalFleet, client_for, local_app)
 from raypaged.serve.config import ServeOptions
 from raypaged.serve.fleet import READY, RESTARTING, UNRESPONSIVE
-from raypaged.serve.lifecycle import HEALTHY_S, next_start, overdue, restart_delay_s
+from raypaged.serve.controller import HEALTHY_S, next_start, overdue, restart_delay_s
 from raypaged.serve.poison import PoisonMemory
 from test_controller_membership import FakeWorker, ManualController
 
