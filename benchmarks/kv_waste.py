@@ -32,8 +32,8 @@ from raypaged.core.contracts import ScheduledBatch, StepResult  # noqa: E402
 from raypaged.core.engine_core import EngineCore  # noqa: E402
 from raypaged.core.sampling_params import SamplingParams  # noqa: E402
 from raypaged.core.scheduler import Scheduler  # noqa: E402
-from raypaged.core.scheduler import (BOUNDED, FIRST_RULES, FITS, HEADROOM,  # noqa: E402
-                                     NEWEST, SchedulingPolicy)
+from raypaged.core.scheduling_policy import (BOUNDED, FIRST_RULES, FITS, HEADROOM,  # noqa: E402
+                                             NEWEST, SchedulingPolicy)
 
 MAX_MODEL_LEN = 2048 + 1024
 

@@ -25,7 +25,7 @@ def absolute_model_path(path: str | None) -> str | None:
 ENGINE = "model and KV cache"
 SCHEDULER = "scheduler and execution"
 
-# Scheduling rules (raypaged/core/scheduler.py, docs/scheduling.md)
+# Scheduling rules (raypaged/core/scheduling_policy.py, docs/scheduling.md)
 HEADROOM = "headroom"  # admit only while the running set's projected growth still fits
 FITS = "fits"          # admit whatever fits now (the first rule)
 BOUNDED = "bounded"    # victim: least computed work among those preempted fewer times

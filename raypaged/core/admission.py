@@ -27,10 +27,10 @@ from collections import deque
 from typing import TYPE_CHECKING, Iterable, NamedTuple
 
 from raypaged.core.request import Request
+from raypaged.core.scheduling_policy import SchedulingPolicy
 
 if TYPE_CHECKING:
     from raypaged.core.kv_cache_manager import KVCacheManager
-    from raypaged.core.scheduler import SchedulingPolicy
 
 
 class Growth(NamedTuple):

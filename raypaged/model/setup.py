@@ -14,7 +14,7 @@ import torch
 from raypaged.config import EngineArgs, KVPlan, KVShape, plan_kv_cache
 from raypaged.core.engine_core import EngineCore
 from raypaged.core.scheduler import Scheduler
-from raypaged.core.scheduler import policy_of
+from raypaged.core.scheduling_policy import policy_of
 from raypaged.kernels import cpu_paged_decode
 from raypaged.model.attention import AttentionBackend, TorchAttentionBackend, get_attention_backend
 from raypaged.model.cuda_graphs import CudaGraphDecoder

@@ -16,7 +16,7 @@ def make_engine(num_blocks=64, block_size=4, max_model_len=4096, max_num_seqs=25
                 max_num_batched_tokens=2048, prefix=True, overlap=False, runner=None,
                 policy=None, clock=time.monotonic) -> EngineCore:
     """overlap: async scheduling (the runner runs on the engine's step executor thread);
-    policy: core.scheduler.SchedulingPolicy (FIRST_RULES: admit what fits, preempt the
+    policy: core.scheduling_policy.SchedulingPolicy (FIRST_RULES: admit what fits, preempt the
     newest, for tests that need preemptions to happen)."""
     sched = Scheduler(num_blocks, block_size, max_model_len, max_num_seqs,
                       max_num_batched_tokens, prefix, policy, clock)

@@ -9,7 +9,7 @@ from core_engine import make_engine
 from raypaged.core.block_hash import hash_block_tokens
 from raypaged.core.cache_summary import CacheSummary, CacheView, SummaryDelta, block_key
 from raypaged.core.sampling_params import SamplingParams
-from raypaged.core.scheduler import FIRST_RULES
+from raypaged.core.scheduling_policy import FIRST_RULES
 
 
 def pool_keys(engine) -> set[int]:

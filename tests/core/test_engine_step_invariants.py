@@ -25,7 +25,7 @@ from raypaged.core.cache_summary import CacheView, block_key
 from raypaged.core.contracts import Continuation
 from raypaged.core.request import RequestStatus
 from raypaged.core.sampling_params import SamplingParams
-from raypaged.core.scheduler import FIRST_RULES, FITS, SchedulingPolicy
+from raypaged.core.scheduling_policy import FIRST_RULES, FITS, SchedulingPolicy
 
 from core_engine import free_blocks, make_engine
 from fake_runner import FakeRunner, next_token

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raypaged.core.sampling_params import SamplingParams
-from raypaged.core.scheduler import FIRST_RULES, FITS, SchedulingPolicy
+from raypaged.core.scheduling_policy import FIRST_RULES, FITS, SchedulingPolicy
 
 from core_engine import free_blocks, make_engine
 

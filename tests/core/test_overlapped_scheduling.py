@@ -11,7 +11,7 @@ from core_engine import make_engine
 from fake_runner import FakeRunner, next_token
 from raypaged.core.contracts import PLACEHOLDER
 from raypaged.core.sampling_params import SamplingParams
-from raypaged.core.scheduler import FIRST_RULES, FITS, SchedulingPolicy
+from raypaged.core.scheduling_policy import FIRST_RULES, FITS, SchedulingPolicy
 
 
 def run(engine, max_steps=10_000):

@@ -6,7 +6,7 @@ import pytest
 
 from raypaged.core.request import RequestStatus
 from raypaged.core.sampling_params import SamplingParams
-from raypaged.core.scheduler import FIRST_RULES, FITS, SchedulingPolicy
+from raypaged.core.scheduling_policy import FIRST_RULES, FITS, SchedulingPolicy
 
 from core_engine import make_engine, run_to_completion
 
