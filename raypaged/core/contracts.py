@@ -155,7 +155,7 @@ class MemoryStats:
 
 @dataclass(frozen=True)
 class PreemptionStats:
-    """What preemption cost since the engine started (see core/scheduler.py)."""
+    """What preemption cost since the engine started (see core/preemption.py)."""
 
     computed_tokens: int = 0        # tokens fed to the model: prefill, decode and recompute
     recomputed_tokens: int = 0      # of those, tokens computed before and lost to a preemption

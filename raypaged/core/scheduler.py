@@ -3,7 +3,7 @@
 Each step: running requests first (oldest first; one token for a decode, the next chunk of a
 long prompt), then waiting requests FCFS while the budget, max_num_seqs and free blocks allow,
 and (headroom admission, core/admission.py) while the running set's projected growth still
-fits. When a running request needs a block and none is free, a victim (`choose_victim`) is
+fits. When a running request needs a block and none is free, a victim (core/preemption.py) is
 preempted by recompute: its blocks are freed and it waits again at its arrival's place, ahead of
 everyone who arrived after it.
 
@@ -17,120 +17,16 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections import OrderedDict
-from typing import Callable, Iterable, Iterator
+from typing import Callable
 
-from raypaged.core.contracts import (PLACEHOLDER, PreemptionStats, RequestDelta, ScheduledBatch,
-                                     ScheduledRequest, StepResult, TokensView)
+from raypaged.core.contracts import (PLACEHOLDER, RequestDelta, ScheduledBatch, ScheduledRequest,
+                                     StepResult, TokensView)
 from raypaged.core.admission import OutputLengths, has_headroom
 from raypaged.core.kv_cache_manager import KVCacheManager
+from raypaged.core.preemption import PreemptionCounters, choose_victim, requeue_by_arrival
 from raypaged.core.request import Request, RequestStatus
+from raypaged.core.request_queue import RequestQueue
 from raypaged.core.scheduling_policy import SchedulingPolicy
-
-
-class RequestQueue:
-    """The waiting queue, FIFO with O(1) removal from anywhere.
-
-    A deque takes O(n) to remove an aborted request from the middle, so a mass disconnect of N
-    queued requests costs O(N^2) on the step thread. An OrderedDict keyed by request id is a
-    doubly linked list with a map: append, appendleft, popleft and remove are all O(1); only the
-    rare insertion at a position (a preempted request going back to its arrival's place) walks
-    it."""
-
-    def __init__(self) -> None:
-        self._q: OrderedDict[str, Request] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def __iter__(self) -> Iterator[Request]:
-        return iter(self._q.values())
-
-    def __getitem__(self, i: int) -> Request:
-        assert i == 0, "only the head is read by position"
-        return next(iter(self._q.values()))
-
-    def append(self, req: Request) -> None:
-        self._q[req.request_id] = req
-
-    def appendleft(self, req: Request) -> None:
-        self._q[req.request_id] = req
-        self._q.move_to_end(req.request_id, last=False)
-
-    def popleft(self) -> Request:
-        return self._q.popitem(last=False)[1]
-
-    def remove(self, req: Request) -> None:
-        del self._q[req.request_id]
-
-    def insert(self, i: int, req: Request) -> None:
-        """O(n): every request from position i on moves behind `req`."""
-        later = list(self._q)[i:]
-        self._q[req.request_id] = req
-        for request_id in later:
-            self._q.move_to_end(request_id)
-
-
-def choose_victim(candidates: Iterable[Request], protect_after: int) -> Request:
-    """Whom to preempt when a running request needs a block and none is free (bounded rule).
-
-    Preempting the newest running request, under steady pressure, preempts the same request
-    again and again (a preemption storm). The bounded rule instead takes the request whose
-    recompute is cheapest (the least computed work) among those preempted fewer than K times; a
-    request preempted K times is chosen again only when every candidate has been, and then the
-    fewest-preempted first. A preempted request goes back into the waiting queue at its
-    arrival's place (requeue_by_arrival), so it resumes before everyone who arrived after it.
-
-    Unprotected first, then the fewest preemptions; the least computed work; the newest."""
-    def cost(r: Request):
-        protected = r.num_preemptions >= protect_after
-        return (protected, r.num_preemptions if protected else 0, r.num_computed_tokens,
-                -r.arrival, -r.sample_index)
-    return min(candidates, key=cost)
-
-
-def requeue_by_arrival(waiting: RequestQueue, req: Request) -> None:
-    """Put a preempted request back before every waiting request that arrived after it."""
-    key = (req.arrival, req.sample_index)
-    later = (i for i, other in enumerate(waiting) if (other.arrival, other.sample_index) > key)
-    waiting.insert(next(later, len(waiting)), req)
-
-
-class PreemptionCounters:
-    """Recomputed work, preemptions per request and time spent preempted, kept at each event."""
-
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self.clock = clock
-        self.computed_tokens = self.recomputed_tokens = 0
-        self.preempted_seconds = 0.0
-        self.per_request: list[int] = [0]  # [k]: finished sequences preempted k times
-
-    def scheduled(self, req: Request, start: int, n: int) -> None:
-        """req computes positions start..start+n-1; those below its old high-water mark were
-        computed before a preemption (a prefix hit on resume skips them: not counted)."""
-        self.computed_tokens += n
-        self.recomputed_tokens += max(0, min(start + n, req.num_lost_tokens) - start)
-
-    def preempted(self, req: Request) -> None:
-        # KV of known tokens only: a placeholder's token is sampled again, not recomputed
-        req.num_lost_tokens = max(req.num_lost_tokens,
-                                  min(req.num_computed_tokens, req.num_tokens))
-        req.preempted_at = self.clock()
-
-    def resumed(self, req: Request) -> None:
-        if req.preempted_at is not None:
-            self.preempted_seconds += self.clock() - req.preempted_at
-            req.preempted_at = None
-
-    def finished(self, req: Request) -> None:
-        self.resumed(req)  # finished (aborted) while preempted: that time counts too
-        k = req.num_preemptions
-        self.per_request.extend([0] * (k + 1 - len(self.per_request)))  # none when long enough
-        self.per_request[k] += 1
-
-    def stats(self) -> PreemptionStats:
-        return PreemptionStats(self.computed_tokens, self.recomputed_tokens,
-                               self.preempted_seconds, tuple(self.per_request))
 
 
 class Scheduler:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from raypaged.core.request import Request
-from raypaged.core.scheduler import RequestQueue
+from raypaged.core.request_queue import RequestQueue
 from raypaged.core.sampling_params import SamplingParams
 from raypaged.core.scheduler import Scheduler
 

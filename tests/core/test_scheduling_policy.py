@@ -161,7 +161,7 @@ def test_a_preempted_request_protected_after_one_preemption_is_passed_over():
     b.num_preemptions = 1  # as if b had been preempted before: now a, b, c are candidates
     sched.waiting.remove(b)
     sched.running.append(b)  # (table already freed: b is only a candidate here)
-    from raypaged.core.scheduler import choose_victim
+    from raypaged.core.preemption import choose_victim
     assert choose_victim(sched.running, 1).request_id == "a"  # b protected; a less work than c
     assert choose_victim([b], 1) is b  # the only candidate is chosen even so
     sched.running.remove(b)
