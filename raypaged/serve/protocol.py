@@ -88,7 +88,7 @@ class _Sampling(BaseModel):
         "allowed_token_ids": None, "bad_words": [], "priority": 0, "logprob_token_ids": None,
         "return_token_ids": False, "return_tokens_as_token_ids": False,
         "spaces_between_special_tokens": True, "watermarking": False,
-        "thinking_token_budget": None}
+        "thinking_token_budget": None, "echo": False}
 
     @model_validator(mode="before")
     @classmethod
@@ -167,18 +167,12 @@ class CompletionRequest(_Sampling):
     prompt: Prompt
     max_tokens: StrictInt | None = 16
     logprobs: StrictInt | None = None
-    echo: StrictBool = False
-    suffix: StrictStr | None = None
     best_of: StrictInt | None = None
 
-    NULL_IS_DEFAULT: ClassVar[frozenset[str]] = frozenset({"n", "echo"})
+    UNIMPLEMENTED: ClassVar[dict] = {**_Sampling.UNIMPLEMENTED, "suffix": ""}
 
     def check(self) -> None:
         self.check_common()
-        if self.echo:
-            raise bad_request("echo is not supported", "echo")
-        if self.suffix:
-            raise bad_request("suffix is not supported", "suffix")
         if self.best_of is not None and self.best_of != self.n:
             raise bad_request("best_of is not supported (use n)", "best_of")
 
@@ -238,7 +232,7 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: dict | None = None  # vLLM's: more variables for the chat template
 
     NULL_IS_DEFAULT: ClassVar[frozenset[str]] = frozenset({"n", "logprobs", "parallel_tool_calls"})
-    UNIMPLEMENTED: ClassVar[dict] = {**_Sampling.UNIMPLEMENTED, "echo": False, "documents": None,
+    UNIMPLEMENTED: ClassVar[dict] = {**_Sampling.UNIMPLEMENTED, "documents": None,
                                      "chat_template": None}
 
     def check(self) -> None:
