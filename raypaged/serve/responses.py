@@ -125,13 +125,9 @@ def workers_header(gens) -> dict:
 _LINE_BREAKS = re.compile("[\x85\u2028\u2029]")
 
 
-def _escaped(match: re.Match) -> str:
-    return f"\\u{ord(match[0]):04x}"
-
-
 def json_line(obj) -> str:
     """obj as one line of JSON that no line splitter cuts (other non-ASCII stays as it is)."""
-    return _LINE_BREAKS.sub(_escaped, json.dumps(obj, ensure_ascii=False))
+    return _LINE_BREAKS.sub(lambda m: f"\\u{ord(m[0]):04x}", json.dumps(obj, ensure_ascii=False))
 
 
 def sse_data(obj: dict) -> str:
