@@ -92,18 +92,14 @@ class _Sampling(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _refuse_unimplemented(cls, data):
-        if isinstance(data, dict):
-            for name, neutral in cls.UNIMPLEMENTED.items():
-                if data.get(name) not in (None, neutral):
-                    raise bad_request(f"{name} is not supported by this server: leave it out "
-                                      f"(or set it to {json.dumps(neutral)})", name)
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_default(cls, data):
-        if isinstance(data, dict) and any(data.get(k, 0) is None for k in cls.NULL_IS_DEFAULT):
+    def _unimplemented_and_nulls(cls, data):
+        if not isinstance(data, dict):
+            return data
+        for name, neutral in cls.UNIMPLEMENTED.items():
+            if data.get(name) not in (None, neutral):
+                raise bad_request(f"{name} is not supported by this server: leave it out "
+                                  f"(or set it to {json.dumps(neutral)})", name)
+        if any(data.get(k, 0) is None for k in cls.NULL_IS_DEFAULT):
             return {k: v for k, v in data.items() if not (v is None and k in cls.NULL_IS_DEFAULT)}
         return data
 
