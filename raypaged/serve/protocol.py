@@ -243,8 +243,7 @@ class ChatCompletionRequest(_Sampling):
             check_turn(self.add_generation_prompt, self.continue_final_message)
         except ValueError as exc:
             raise bad_request(str(exc), "continue_final_message") from None
-        taken = set(self.chat_template_kwargs or ()) & TEMPLATE_ARGUMENTS
-        if taken:
+        if taken := set(self.chat_template_kwargs or ()) & TEMPLATE_ARGUMENTS:
             raise bad_request(f"chat_template_kwargs may not set {sorted(taken)[0]!r}, which the "
                               "request's own fields decide", "chat_template_kwargs")
         if self.top_logprobs is not None and not self.logprobs:
