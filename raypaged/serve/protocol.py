@@ -49,8 +49,17 @@ class StructuredOutputs(BaseModel):
     disable_any_whitespace: StrictBool = False
 
 
-class _Sampling(BaseModel):
+class _Request(BaseModel):
+    """Every request body: the model it names, and check(), run on it once validated."""
     model: StrictStr | None = None
+
+    def check(self) -> None:
+        """Types only, unless a request says more (a tokenize's prompt is bounded as a
+        completion's is, by the frontend; detokenize's ids' range and count are the frontend's
+        and RequestLimits'; the model's name is the frontend's)."""
+
+
+class _Sampling(_Request):
     n: StrictInt = 1
     temperature: StrictFloat | None = None
     top_p: StrictFloat | None = None
@@ -103,7 +112,7 @@ class _Sampling(BaseModel):
             return {k: v for k, v in data.items() if not (v is None and k in cls.NULL_IS_DEFAULT)}
         return data
 
-    def check_common(self) -> None:
+    def check(self) -> None:
         """What RequestLimits, run on the body before, leaves (it bounds n and logprobs)."""
         k = self.truncate_prompt_tokens
         if k is not None and k < 1 and k != -1:
@@ -168,7 +177,7 @@ class CompletionRequest(_Sampling):
     UNIMPLEMENTED: ClassVar[dict] = {**_Sampling.UNIMPLEMENTED, "suffix": ""}
 
     def check(self) -> None:
-        self.check_common()
+        super().check()
         if self.best_of is not None and self.best_of != self.n:
             raise bad_request("best_of is not supported (use n)", "best_of")
 
@@ -232,7 +241,7 @@ class ChatCompletionRequest(_Sampling):
                                      "chat_template": None}
 
     def check(self) -> None:
-        self.check_common()
+        super().check()
         if not self.messages:
             raise bad_request("messages must not be empty", "messages")
         for i, m in enumerate(self.messages):
@@ -271,15 +280,11 @@ TEMPLATE_ARGUMENTS = frozenset({"conversation", "messages", "tools", "documents"
                                 "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(_Request):
     """vLLM's POST /tokenize of a prompt (a body with `messages` is a TokenizeChatRequest)."""
-    model: StrictStr | None = None
     prompt: StrictStr
     add_special_tokens: StrictBool = True
     return_token_strs: StrictBool = False
-
-    def check(self) -> None:
-        """Types only: the prompt is bounded as a completion's is (the frontend)."""
 
 
 class TokenizeChatRequest(ChatCompletionRequest):
@@ -287,10 +292,6 @@ class TokenizeChatRequest(ChatCompletionRequest):
     return_token_strs: StrictBool = False
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(_Request):
     """vLLM's POST /detokenize: the text of token ids."""
-    model: StrictStr | None = None
     tokens: list[StrictInt]
-
-    def check(self) -> None:
-        """Types only: the ids' range and count are the frontend's and RequestLimits'."""
