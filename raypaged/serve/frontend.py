@@ -72,8 +72,7 @@ class OpenAIFrontend:
 
     def __init__(self, dispatcher: Dispatcher, tokenizer, info: ModelInfo, *,
                  limits: RequestLimits | None = None, request_timeout_s: float | None = None,
-                 tool_call_parser: str | None = None,
-                 max_tool_calls: int = MAX_TOOL_CALLS):
+                 tool_call_parser: str | None = None, max_tool_calls: int = MAX_TOOL_CALLS):
         self.dispatcher = dispatcher
         self.tokenizer = tokenizer
         self.shapes = Shapes(tokenizer)

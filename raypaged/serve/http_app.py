@@ -39,12 +39,6 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
     app = FastAPI(title="raypaged", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(DisconnectAsMessage)
     large_bodies = BodyParsers(LARGE_BODY_BYTES)  # parsed in child processes
-    # each route's limits and request model's fields, for the child that parses a large body
-    # (body_parser.py: a refused body's value never reaches this process)
-    prechecks = {route: (frontend.body_checks[model], model_fields(model))
-                 for route, model in ((frontend.completions, CompletionRequest),
-                                      (frontend.chat_completions, ChatCompletionRequest),
-                                      (frontend.detokenize, DetokenizeRequest))}
 
     def authorize(request: Request) -> None:
         if api_key is None:
@@ -82,32 +76,29 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
                            headers={"Connection": "close"}) from None
         return await large_bodies.parse(bytes(body), precheck, fields)
 
-    async def answer(request: Request, handler) -> Response:
-        try:
-            authorize(request)
-            client = client_of(request.scope)
-            CLIENT.set(client)  # each Generation started below takes its ticket as this client
-            frontend.dispatcher.gate.check(client)  # at its cap: 429 before the body is read
-            return await handler(await read_json(request, *prechecks.get(handler, ())))
-        except APIError as exc:
-            metrics.inc("request_errors", str(exc.status))
-            return exc.response()
+    def answering(handler, model=None):
+        """The route that runs `handler` on the request's body. `model`: its request model,
+        whose limits and fields the child that parses a large body applies (body_parser.py: a
+        refused body's value never reaches this process)."""
+        precheck = () if model is None else (frontend.body_checks[model], model_fields(model))
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await answer(request, frontend.completions)
+        async def answer(request: Request):
+            try:
+                authorize(request)
+                client = client_of(request.scope)
+                CLIENT.set(client)  # each Generation started below takes its ticket as this client
+                frontend.dispatcher.gate.check(client)  # at its cap: 429 before the body is read
+                return await handler(await read_json(request, *precheck))
+            except APIError as exc:
+                metrics.inc("request_errors", str(exc.status))
+                return exc.response()
+        return answer
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        return await answer(request, frontend.chat_completions)
-
-    @app.post("/tokenize")  # vLLM's: a prompt's or a conversation's token ids
-    async def tokenize(request: Request):
-        return await answer(request, frontend.tokenize)
-
-    @app.post("/detokenize")
-    async def detokenize(request: Request):
-        return await answer(request, frontend.detokenize)
+    app.post("/v1/completions")(answering(frontend.completions, CompletionRequest))
+    app.post("/v1/chat/completions")(answering(frontend.chat_completions, ChatCompletionRequest))
+    # vLLM's: a prompt's or a conversation's token ids
+    app.post("/tokenize")(answering(frontend.tokenize))
+    app.post("/detokenize")(answering(frontend.detokenize, DetokenizeRequest))
 
     def keyed_json(request: Request, view) -> Response:
         """A read-only JSON route behind the API key."""

@@ -49,8 +49,17 @@ class StructuredOutputs(BaseModel):
     disable_any_whitespace: StrictBool = False
 
 
-class _Sampling(BaseModel):
+class _Request(BaseModel):
+    """Every request body: the model it names, and check(), run on it once validated."""
     model: StrictStr | None = None
+
+    def check(self) -> None:
+        """Types only, unless a request says more (a tokenize's prompt is bounded as a
+        completion's is, by the frontend; detokenize's ids' range and count are the frontend's
+        and RequestLimits'; the model's name is the frontend's)."""
+
+
+class _Sampling(_Request):
     n: StrictInt = 1
     temperature: StrictFloat | None = None
     top_p: StrictFloat | None = None
@@ -88,26 +97,22 @@ class _Sampling(BaseModel):
         "allowed_token_ids": None, "bad_words": [], "priority": 0, "logprob_token_ids": None,
         "return_token_ids": False, "return_tokens_as_token_ids": False,
         "spaces_between_special_tokens": True, "watermarking": False,
-        "thinking_token_budget": None}
+        "thinking_token_budget": None, "echo": False}
 
     @model_validator(mode="before")
     @classmethod
-    def _refuse_unimplemented(cls, data):
-        if isinstance(data, dict):
-            for name, neutral in cls.UNIMPLEMENTED.items():
-                if data.get(name) not in (None, neutral):
-                    raise bad_request(f"{name} is not supported by this server: leave it out "
-                                      f"(or set it to {json.dumps(neutral)})", name)
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_default(cls, data):
-        if isinstance(data, dict) and any(data.get(k, 0) is None for k in cls.NULL_IS_DEFAULT):
+    def _unimplemented_and_nulls(cls, data):
+        if not isinstance(data, dict):
+            return data
+        for name, neutral in cls.UNIMPLEMENTED.items():
+            if data.get(name) not in (None, neutral):
+                raise bad_request(f"{name} is not supported by this server: leave it out "
+                                  f"(or set it to {json.dumps(neutral)})", name)
+        if any(data.get(k, 0) is None for k in cls.NULL_IS_DEFAULT):
             return {k: v for k, v in data.items() if not (v is None and k in cls.NULL_IS_DEFAULT)}
         return data
 
-    def check_common(self) -> None:
+    def check(self) -> None:
         """What RequestLimits, run on the body before, leaves (it bounds n and logprobs)."""
         k = self.truncate_prompt_tokens
         if k is not None and k < 1 and k != -1:
@@ -167,18 +172,12 @@ class CompletionRequest(_Sampling):
     prompt: Prompt
     max_tokens: StrictInt | None = 16
     logprobs: StrictInt | None = None
-    echo: StrictBool = False
-    suffix: StrictStr | None = None
     best_of: StrictInt | None = None
 
-    NULL_IS_DEFAULT: ClassVar[frozenset[str]] = frozenset({"n", "echo"})
+    UNIMPLEMENTED: ClassVar[dict] = {**_Sampling.UNIMPLEMENTED, "suffix": ""}
 
     def check(self) -> None:
-        self.check_common()
-        if self.echo:
-            raise bad_request("echo is not supported", "echo")
-        if self.suffix:
-            raise bad_request("suffix is not supported", "suffix")
+        super().check()
         if self.best_of is not None and self.best_of != self.n:
             raise bad_request("best_of is not supported (use n)", "best_of")
 
@@ -238,11 +237,11 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: dict | None = None  # vLLM's: more variables for the chat template
 
     NULL_IS_DEFAULT: ClassVar[frozenset[str]] = frozenset({"n", "logprobs", "parallel_tool_calls"})
-    UNIMPLEMENTED: ClassVar[dict] = {**_Sampling.UNIMPLEMENTED, "echo": False, "documents": None,
+    UNIMPLEMENTED: ClassVar[dict] = {**_Sampling.UNIMPLEMENTED, "documents": None,
                                      "chat_template": None}
 
     def check(self) -> None:
-        self.check_common()
+        super().check()
         if not self.messages:
             raise bad_request("messages must not be empty", "messages")
         for i, m in enumerate(self.messages):
@@ -253,8 +252,7 @@ class ChatCompletionRequest(_Sampling):
             check_turn(self.add_generation_prompt, self.continue_final_message)
         except ValueError as exc:
             raise bad_request(str(exc), "continue_final_message") from None
-        taken = set(self.chat_template_kwargs or ()) & TEMPLATE_ARGUMENTS
-        if taken:
+        if taken := set(self.chat_template_kwargs or ()) & TEMPLATE_ARGUMENTS:
             raise bad_request(f"chat_template_kwargs may not set {sorted(taken)[0]!r}, which the "
                               "request's own fields decide", "chat_template_kwargs")
         if self.top_logprobs is not None and not self.logprobs:
@@ -282,15 +280,11 @@ TEMPLATE_ARGUMENTS = frozenset({"conversation", "messages", "tools", "documents"
                                 "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(_Request):
     """vLLM's POST /tokenize of a prompt (a body with `messages` is a TokenizeChatRequest)."""
-    model: StrictStr | None = None
     prompt: StrictStr
     add_special_tokens: StrictBool = True
     return_token_strs: StrictBool = False
-
-    def check(self) -> None:
-        """Types only: the prompt is bounded as a completion's is (the frontend)."""
 
 
 class TokenizeChatRequest(ChatCompletionRequest):
@@ -298,10 +292,6 @@ class TokenizeChatRequest(ChatCompletionRequest):
     return_token_strs: StrictBool = False
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(_Request):
     """vLLM's POST /detokenize: the text of token ids."""
-    model: StrictStr | None = None
     tokens: list[StrictInt]
-
-    def check(self) -> None:
-        """Types only: the ids' range and count are the frontend's and RequestLimits'."""

@@ -6,13 +6,13 @@ import itertools
 import json
 import re
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import anyio
 from starlette.responses import StreamingResponse
 
 from raypaged.outputs import SequenceOutput
-from raypaged.serve.token_bytes import token_bytes
+from raypaged.serve.prompt_bound import byte_level_alphabet
 
 # On every reply where a worker was chosen: the one(s) that finished the request (after a
 # failover, the last), or that refused it.
@@ -34,6 +34,36 @@ class Choice:
         self.logprobs.extend(out.new_logprobs)
         if out.finish_reason is not None:
             self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
+
+
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def token_bytes(tokenizer) -> Callable[[int], bytes]:
+    """token id -> the bytes it stands for (cached: a vocabulary is small): chat logprobs'
+    `bytes`, which OpenAI gives so that a client can join the bytes of consecutive tokens into
+    the text when one character spans several tokens.
+
+    Byte-level BPE (GPT-2's scheme: SmolLM2, Llama 3, Qwen) splits UTF-8 sequences, and such a
+    token decoded alone is U+FFFD, whose bytes are not the token's: its vocabulary string is the
+    bytes, each drawn as one printable character (`byte_level_alphabet`). SentencePiece's byte
+    fallback names a lone byte `<0xE6>`. Any other token is its decoded text."""
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    byte_level = type(decoder).__name__ == "ByteLevel"
+    added = set(tokenizer.get_added_vocab().values()) if byte_level else set()
+    table = byte_level_alphabet()
+    piece_of = getattr(tokenizer, "convert_ids_to_tokens", lambda token_id: "")
+
+    @functools.lru_cache(maxsize=65536)
+    def of(token_id: int) -> bytes:
+        piece = piece_of(token_id)
+        if byte_level and token_id not in added and all(c in table for c in piece):
+            return bytes(table[c] for c in piece)
+        fallback = _BYTE_FALLBACK.fullmatch(piece or "")
+        if fallback:
+            return bytes([int(fallback[1], 16)])
+        return tokenizer.decode([token_id]).encode()
+    return of
 
 
 class Shapes:
@@ -95,13 +125,9 @@ def workers_header(gens) -> dict:
 _LINE_BREAKS = re.compile("[\x85\u2028\u2029]")
 
 
-def _escaped(match: re.Match) -> str:
-    return f"\\u{ord(match[0]):04x}"
-
-
 def json_line(obj) -> str:
     """obj as one line of JSON that no line splitter cuts (other non-ASCII stays as it is)."""
-    return _LINE_BREAKS.sub(_escaped, json.dumps(obj, ensure_ascii=False))
+    return _LINE_BREAKS.sub(lambda m: f"\\u{ord(m[0]):04x}", json.dumps(obj, ensure_ascii=False))
 
 
 def sse_data(obj: dict) -> str:

@@ -30,10 +30,6 @@ def call(name: str, args: str, new_id=call_id) -> dict:
     return {"id": new_id(), "type": "function", "function": {"name": name, "arguments": args}}
 
 
-def header(index: int, name: str, new_id=call_id) -> dict:
-    return {"index": index, **call(name, "", new_id)}
-
-
 def arguments(index: int, text: str) -> dict:
     return {"index": index, "function": {"arguments": text}}
 
@@ -149,7 +145,7 @@ class CallListScanner:
         if self.calls[k][0] is None and self._name is not None \
                 and ("args" in self._seen or not self.need_args):
             self.calls[k][0] = self._name
-            out.append(header(k, self._name, self.new_id))
+            out.append({"index": k, **call(self._name, "", self.new_id)})  # the header
             self._sent = 0
 
     def close_object(self, text: str, out: list[dict]) -> None:

@@ -20,7 +20,7 @@ from raypaged.core.structured_outputs import StructuredOutputsParams
 from raypaged.serve.config import ServeOptions
 from raypaged.serve.errors import bad_request
 from raypaged.serve.responses import Choice
-from raypaged.serve.tool_call_stream import CallListScanner, arguments, call, call_id, header
+from raypaged.serve.tool_call_stream import CallListScanner, arguments, call, call_id
 from raypaged.serve.tool_parsers import PARSERS, parse_whole
 
 _NO_PARAMETERS = {"type": "object", "properties": {}}
@@ -195,11 +195,9 @@ class ToolCallChoices:
         piece = "".join(c.text)
         first = index not in self._texts
         self._texts[index] = text = self._texts.get(index, "") + piece
-        if self.mode == "named":
-            deltas = [arguments(0, piece)] if piece else []
-            if first:  # the header, the first piece riding with it
-                deltas = [header(0, self.name, self.new_id)]
-                deltas[0]["function"]["arguments"] = piece
+        if self.mode == "named":  # first the header, the first piece riding with it
+            deltas = ([{"index": 0, **call(self.name, piece, self.new_id)}] if first
+                      else [arguments(0, piece)] if piece else [])
         else:
             deltas = self._scanners[index].feed(piece)
         finish = c.finish_reason

@@ -23,12 +23,10 @@ PARSERS = {"hermes": HermesStream, "llama3_json": Llama3JsonStream, "mistral": M
 
 def parse_whole(parser: str, text: str, tool_names=None
                 ) -> tuple[str | None, list[tuple[str, str]] | None]:
-    """A finished sample's (content, calls) as its stream sends them; calls None: no call.
-    `tool_names`: the request's tools (None: any name)."""
+    """A finished sample's (content, calls) as its stream sends them; calls None: no call (the
+    content then is the text, "" included), content None: the calls alone. `tool_names`: the
+    request's tools (None: any name)."""
     stream = PARSERS[parser](tool_names)
-    head, _ = stream.feed(text)
-    tail, _ = stream.finish()
+    content = stream.feed(text)[0] + stream.finish()[0]
     calls = stream.calls()
-    if calls is None:
-        return head + tail, None
-    return (head + tail) or None, calls
+    return (content if calls is None else content or None), calls

@@ -62,8 +62,8 @@ class HermesStream(CallsStream):
     def _tag_body(self, deltas: list[dict]) -> bool:
         """Feed the tag's text to the scanner up to </tool_call>; False when the buffer ends
         in a possible start of it."""
-        buf, i = self._buf, 0
-        while i < len(buf):
+        buf = self._buf
+        for i, ch in enumerate(buf):
             if self.scanner.at_top:  # the object is closed (or not begun): the tag may end
                 rest = buf[i:]
                 if rest.startswith(CLOSE):
@@ -76,8 +76,7 @@ class HermesStream(CallsStream):
                     self._took(buf[:i], deltas)
                     self._buf = rest
                     return False
-            self.scanner.step(buf[i], deltas)
-            i += 1
+            self.scanner.step(ch, deltas)
         self._took(buf, deltas)
         self._buf = ""
         return True
