@@ -45,11 +45,14 @@ class Route:
     object: str                    # the whole response's "object"
     chunk_object: str              # each stream chunk's "object"
     first_delta: dict | None       # sent per choice before any token (chat: the role)
+    # return_token_ids: the prompt's ids in each choice (completions: each prompt is its own),
+    # or beside the choices (chat: one conversation), as vLLM places them
+    prompt_ids_per_choice: bool
 
 
-COMPLETIONS = Route("cmpl", "text_completion", "text_completion", None)
+COMPLETIONS = Route("cmpl", "text_completion", "text_completion", None, True)
 CHAT = Route("chatcmpl", "chat.completion", "chat.completion.chunk",
-             {"role": "assistant", "content": ""})
+             {"role": "assistant", "content": ""}, False)
 
 
 @dataclass(frozen=True)
@@ -165,14 +168,16 @@ class OpenAIFrontend:
         for text in texts:  # all of them before tokenizing any
             self._refuse_unfittable(text, "prompt", req.truncate_prompt_tokens)
         prompts = [await self._prompt_tokens(p) for p in texts]
-        chunk = functools.partial(self.shapes.completion_choice, req.logprobs is not None)
+        chunk = functools.partial(self.shapes.completion_choice, req.logprobs is not None,
+                                  token_ids=bool(req.return_token_ids))
         return await self._respond(COMPLETIONS, req, prompts, req.max_tokens, req.logprobs,
                                    chunk, arrival, deadline)
 
     async def _chat_completions(self, body, arrival: float, deadline: float | None
                                 ) -> JSONResponse | StreamingResponse:
         req: ChatCompletionRequest = self._parse(ChatCompletionRequest, body)
-        chunk = functools.partial(self.shapes.chat_choice, req.logprobs)
+        chunk = functools.partial(self.shapes.chat_choice, req.logprobs,
+                                  token_ids=bool(req.return_token_ids))
         chunk, forced = with_tools(req, chunk, self.tool_parser, self.max_tool_calls)
         return await self._respond(CHAT, req, [await self._chat_tokens(req)],
                                    req.requested_max_tokens(), req.requested_logprobs(), chunk,
@@ -208,23 +213,29 @@ class OpenAIFrontend:
         # one id for the response; each prompt's generation is "<id>-<i>" (as vLLM names them)
         response_id = f"{route.id_prefix}-{uuid.uuid4().hex}"
         gens = await self._start(response_id, prompts, params, req.cache_salt, arrival)
+        prompt_ids = prompts if req.return_token_ids else None  # as served (truncated)
         if req.stream:  # the header goes out first: it names the workers streaming now
             opts = req.stream_options
             head = {"id": response_id, "object": route.chunk_object,
                     "created": int(time.time()), "model": self.info.name}
             # plain text chunks are spliced into a frame: Shapes' choices without logprobs,
-            # nor tool-call parsing around them
-            plain = logprobs is None and not isinstance(chunk, ToolCallChoices)
+            # token ids, nor tool-call parsing around them
+            plain = (logprobs is None and not req.return_token_ids
+                     and not isinstance(chunk, ToolCallChoices))
             events = sse_events(gens, params.n, chunk, head, route.first_delta, plain,
                                 bool(opts and opts.include_usage),
                                 bool(opts and opts.continuous_usage_stats), deadline,
-                                self._timed_out)
+                                self._timed_out, prompt_ids)
             return sse_response(events, workers_header(gens))
-        choices = await self._collect(gens, params.n)
+        choices = [chunk(i, c, whole=True)
+                   for i, c in enumerate(await self._collect(gens, params.n))]
         body = {"id": response_id, "object": route.object, "created": int(time.time()),
-                "model": self.info.name,
-                "choices": [chunk(i, c, whole=True) for i, c in enumerate(choices)],
-                "usage": usage(gens)}
+                "model": self.info.name, "choices": choices, "usage": usage(gens)}
+        if prompt_ids and route.prompt_ids_per_choice:
+            for i, choice in enumerate(choices):
+                choice["prompt_token_ids"] = prompt_ids[i // params.n]
+        elif prompt_ids:
+            body["prompt_token_ids"] = prompt_ids[0]
         return JSONResponse(body, headers=workers_header(gens))  # after a failover: who finished
 
     # -- validation and tokenization --------------------------------------------------------

@@ -84,6 +84,8 @@ class _Sampling(_Request):
     structured_outputs: StructuredOutputs | None = None
     # vLLM's: keep each prompt's last k tokens (-1: max_model_len of them)
     truncate_prompt_tokens: StrictInt | None = None
+    # vLLM's: the prompt's and each choice's token ids beside the text (RL trainers read them)
+    return_token_ids: StrictBool | None = None
 
     # Fields OpenAI's schema (and vLLM's) makes nullable but that have a non-null default here:
     # null means the default, as it does there.
@@ -95,7 +97,7 @@ class _Sampling(_Request):
     UNIMPLEMENTED: ClassVar[dict] = {
         "use_beam_search": False, "length_penalty": 1.0, "prompt_logprobs": None,
         "allowed_token_ids": None, "bad_words": [], "priority": 0, "logprob_token_ids": None,
-        "return_token_ids": False, "return_tokens_as_token_ids": False,
+        "return_tokens_as_token_ids": False,
         "spaces_between_special_tokens": True, "watermarking": False,
         "thinking_token_budget": None, "echo": False}
 

@@ -25,6 +25,7 @@ class Choice:
 
     text: list[str] = field(default_factory=list)
     logprobs: list = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: object = None
     offset: int = 0  # characters of the sample's text before this (a stream's earlier chunks)
@@ -32,6 +33,7 @@ class Choice:
     def add(self, out: SequenceOutput) -> None:
         self.text.append(out.new_text)
         self.logprobs.extend(out.new_logprobs)
+        self.token_ids.extend(out.new_token_ids)
         if out.finish_reason is not None:
             self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
 
@@ -75,12 +77,14 @@ class Shapes:
         self.token_bytes = token_bytes(tokenizer)
 
     def completion_choice(self, want_logprobs: bool, index: int, c: Choice,
-                          whole: bool = False) -> dict:
+                          whole: bool = False, *, token_ids: bool = False) -> dict:
         return {"index": index, "text": "".join(c.text),
                 "logprobs": self._completion_logprobs(c) if want_logprobs else None,
-                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+                **({"token_ids": c.token_ids} if token_ids else {})}
 
-    def chat_choice(self, want_logprobs: bool, index: int, c: Choice, whole: bool = False) -> dict:
+    def chat_choice(self, want_logprobs: bool, index: int, c: Choice, whole: bool = False, *,
+                    token_ids: bool = False) -> dict:
         text = "".join(c.text)
         if whole:
             part = {"message": {"role": "assistant", "content": text}}
@@ -88,7 +92,8 @@ class Shapes:
             part = {"delta": {"content": text} if text or c.finish_reason is None else {}}
         return {"index": index, **part,
                 "logprobs": {"content": self._chat_logprobs(c)} if want_logprobs else None,
-                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+                **({"token_ids": c.token_ids} if token_ids else {})}
 
     def _completion_logprobs(self, c: Choice) -> dict:
         tokens = [self.token_text(lp.token_id) for lp in c.logprobs]

@@ -46,16 +46,29 @@ class Frame:
 async def sse_events(gens: list[Generation], n: int, chunk: Callable, head: dict,
                      first_delta: dict | None, plain: bool, include_usage: bool,
                      continuous_usage: bool, deadline: float | None,
-                     timed_out: Callable[[], APIError]) -> AsyncIterator[str]:
+                     timed_out: Callable[[], APIError], prompt_ids: list[list[int]] | None = None
+                     ) -> AsyncIterator[str]:
     """The request's SSE events: `n` samples of each generation, until `deadline`. `plain`:
     `chunk` is Shapes' completion or chat choice without logprobs, so a chunk that is only text
-    is the frame with its text in."""
+    is the frame with its text in. `prompt_ids` (return_token_ids): each generation's prompt,
+    sent once per choice with its first chunk, where vLLM sends it: chat's beside the choice in
+    the role chunk, a completion's in the choice."""
     stream = gens[0].stream(deadline) if len(gens) == 1 else merged(gens, n, deadline)
     try:
+        due = set(range(len(gens) * n)) if prompt_ids is not None else set()
+
+        def ids(i: int) -> dict:
+            """Choice i's prompt ids the first time it is sent, else nothing."""
+            if i not in due:
+                return {}
+            due.discard(i)
+            return {"prompt_token_ids": prompt_ids[i // n]}
+
         if first_delta is not None:
             for i in range(len(gens) * n):
-                yield sse_data({**head, "choices": [{"index": i, "delta": first_delta,
-                                                     "logprobs": None, "finish_reason": None}]})
+                yield sse_data({**head, **ids(i), "choices": [{"index": i, "delta": first_delta,
+                                                               "logprobs": None,
+                                                               "finish_reason": None}]})
         one = plain and len(gens) * n == 1 and not continuous_usage
         frame = Frame(head, chunk) if one else None
         sent: dict[int, int] = {}  # choice -> characters of its text sent (logprobs' offsets)
@@ -71,7 +84,7 @@ async def sse_events(gens: list[Generation], n: int, chunk: Callable, head: dict
             if not plain:  # only logprobs' text_offset reads it
                 for i, c in by_choice.items():
                     sent[i] = c.offset + sum(map(len, c.text))
-            choices = [chunk(i, c) for i, c in sorted(by_choice.items())]
+            choices = [{**chunk(i, c), **ids(i)} for i, c in sorted(by_choice.items())]
             # vLLM's continuous_usage_stats: the running usage on every chunk
             extra = {"usage": usage(gens)} if continuous_usage else {}
             yield sse_data({**head, "choices": choices, **extra})
