@@ -29,10 +29,11 @@ def check_turn(add_generation_prompt: bool, continue_final_message: bool) -> Non
                          "to false")
 
 
-def encode_chat(tokenizer, text: str) -> list[int]:
-    """Token ids of a rendered conversation. No special tokens are added: the template wrote
-    the ones it wants (BOS included), as transformers' apply_chat_template(tokenize=True) does."""
-    return list(tokenizer.encode(text, add_special_tokens=False))
+def encode_chat(tokenizer, text: str, add_special_tokens: bool = False) -> list[int]:
+    """Token ids of a rendered conversation. By default no special tokens are added: the
+    template wrote the ones it wants (BOS included), as transformers'
+    apply_chat_template(tokenize=True) does."""
+    return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
 def chat_token_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True,

@@ -167,7 +167,7 @@ class OpenAIFrontend:
         texts = req.prompts()
         for text in texts:  # all of them before tokenizing any
             self._refuse_unfittable(text, "prompt", req.truncate_prompt_tokens)
-        prompts = [await self._prompt_tokens(p) for p in texts]
+        prompts = [await self._prompt_tokens(p, req.add_special_tokens) for p in texts]
         chunk = functools.partial(self.shapes.completion_choice, req.logprobs is not None,
                                   token_ids=bool(req.return_token_ids))
         return await self._respond(COMPLETIONS, req, prompts, req.max_tokens, req.logprobs,
@@ -254,9 +254,11 @@ class OpenAIFrontend:
 
     # Tokenizing runs in a thread: a multi-MB prompt takes seconds, and the event loop must keep
     # answering /health and other requests meanwhile (HF's fast tokenizers release the GIL).
-    async def _prompt_tokens(self, prompt: str | list[int]) -> list[int]:
+    async def _prompt_tokens(self, prompt: str | list[int], add_special_tokens: bool
+                             ) -> list[int]:
         if isinstance(prompt, str):
-            tokens = await asyncio.to_thread(self.tokenizer.encode, prompt)
+            tokens = await asyncio.to_thread(self.tokenizer.encode, prompt,
+                                             add_special_tokens=add_special_tokens)
         else:
             tokens = prompt
             self._check_ids(tokens, "prompt")
@@ -280,7 +282,8 @@ class OpenAIFrontend:
                               "messages") from None
         # the rendered text, not the contents: a template may trim or drop parts of them
         self._refuse_unfittable(text, "messages", req.truncate_prompt_tokens)
-        tokens = await asyncio.to_thread(encode_chat, self.tokenizer, text)
+        tokens = await asyncio.to_thread(encode_chat, self.tokenizer, text,
+                                         req.add_special_tokens)
         if not tokens:
             raise bad_request("the conversation renders to an empty prompt", "messages")
         return tokens

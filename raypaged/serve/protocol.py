@@ -173,6 +173,7 @@ Prompt = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]
 class CompletionRequest(_Sampling):
     prompt: Prompt
     max_tokens: StrictInt | None = 16
+    add_special_tokens: StrictBool = True  # vLLM's: the tokenizer's own (a BOS) around a text
     logprobs: StrictInt | None = None
     best_of: StrictInt | None = None
 
@@ -227,6 +228,8 @@ class Tool(BaseModel):
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage]
     max_tokens: StrictInt | None = None
+    # vLLM's: the template writes the special tokens it wants; true adds the tokenizer's as well
+    add_special_tokens: StrictBool = False
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = None

@@ -390,3 +390,36 @@ def test_return_token_ids_gives_the_served_prompt_and_each_choices_ids_as_vllm_p
                     else [[chat_prompt]] * 2)
         assert [prompts[i] for i in range(n_choices)] == expected  # once per choice
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "return_token_ids"
+
+
+def test_add_special_tokens_is_vllms_true_for_completions_false_for_chat_and_can_be_flipped():
+    """A tokenizer that adds a BOS (id 1) when asked, as Llama's does: a completion's text gets
+    it unless add_special_tokens is false; a chat's rendered text only when it is true (the
+    template writes its own); token ids given as the prompt are never touched; /tokenize the
+    same."""
+    fleet = LocalFleet()
+    tokenizer = next(iter(fleet.workers.values())).engine.tokenizer  # the frontend's
+    tokenizer.encode = lambda text, add_special_tokens=True: (
+        [1] * add_special_tokens + list(text.encode()))
+    chat = {"model": "fake-model", "max_tokens": 1, "return_token_ids": True,
+            "messages": [{"role": "user", "content": "hi"}]}
+    chat_ids = list(b"<user>hi</user>\n<assistant>")
+
+    async def ask(client):
+        out = []
+        for path, body in (("/v1/completions", {**BODY, "prompt": "abc"}),
+                           ("/v1/completions", {**BODY, "prompt": "abc",
+                                                "add_special_tokens": False}),
+                           ("/v1/completions", {**BODY, "prompt": [97, 98]}),
+                           ("/v1/chat/completions", chat),
+                           ("/v1/chat/completions", {**chat, "add_special_tokens": True})):
+            r = await client.post(path, json={**body, "return_token_ids": True})
+            assert r.status_code == 200, r.text
+            out.append(r.json().get("prompt_token_ids") or r.json()["choices"][0]["prompt_token_ids"])
+        for body in ({"prompt": "abc"}, {"prompt": "abc", "add_special_tokens": False},
+                     {"messages": chat["messages"]}):
+            out.append((await client.post("/tokenize", json=body)).json()["tokens"])
+        return out
+    got, _ = run(fleet, ask)
+    assert got == [[1, 97, 98, 99], [97, 98, 99], [97, 98], chat_ids, [1, *chat_ids],
+                   [1, 97, 98, 99], [97, 98, 99], chat_ids]
