@@ -51,9 +51,6 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
     present, else every *.safetensors except Mistral's consolidated.* copy (a second, differently
     named copy of the same weights that some repositories ship beside the HF shards)."""
     model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"model folder {model_dir} does not exist: expected a Hugging Face "
-                                "model folder with config.json and *.safetensors")
     index = model_dir / INDEX_FILE
     if index.is_file():
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -83,9 +80,8 @@ def load_model(model_dir: str | Path, dtype: str | torch.dtype = "auto",
                attention_backend: AttentionBackend | None = None) -> tuple[LlamaModel, ModelConfig]:
     """Read `model_dir` into an eval-mode LlamaModel on `device` in `dtype`. attention_backend:
     the engine's (raypaged/model/setup.py), or None: Triton on CUDA, torch elsewhere."""
-    model_dir = Path(model_dir)
-    files = checkpoint_files(model_dir)   # checks the folder exists first: the clearer message
-    config = ModelConfig.from_dir(model_dir)
+    config = ModelConfig.from_dir(model_dir)  # first: it refuses a folder that does not exist
+    files = checkpoint_files(model_dir)
     torch_dtype = resolve_dtype(dtype, device)
     with torch.device("meta"):
         model = LlamaModel(config, attention_backend or get_attention_backend(None, device))

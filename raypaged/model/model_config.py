@@ -117,10 +117,12 @@ class ModelConfig:
     def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
         """Read `model_dir`/config.json (and generation_config.json if present)."""
         model_dir = Path(model_dir)
+        if not model_dir.is_dir():
+            raise FileNotFoundError(f"model folder {model_dir} does not exist: expected a Hugging "
+                                    "Face model folder with config.json and *.safetensors")
         path = model_dir / "config.json"
         if not path.is_file():
-            found = (sorted(p.name for p in model_dir.iterdir()) if model_dir.is_dir()
-                     else "no such folder")
+            found = sorted(p.name for p in model_dir.iterdir())
             raise FileNotFoundError(f"no config.json in {model_dir}: expected a Hugging Face model "
                                     f"folder (config.json + *.safetensors); found {found}")
         gen_path = model_dir / "generation_config.json"

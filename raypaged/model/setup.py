@@ -52,8 +52,6 @@ class ModelSetup:
         model_dir = None
         if config is None:
             model_dir = resolve_model_dir(args.model)
-            if not model_dir.is_dir():
-                checkpoint_files(model_dir)  # raises: "model folder ... does not exist"
             config = ModelConfig.from_dir(model_dir)
         limit = config.max_model_len
         if (args.max_model_len or 0) > limit:
