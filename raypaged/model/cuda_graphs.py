@@ -20,18 +20,14 @@ from raypaged.model.llama import LlamaModel
 log = logging.getLogger(__name__)
 
 
-def decode_buckets(max_num_seqs: int) -> list[int]:
-    """1, 2, 4, 8, then every multiple of 8 up to max_num_seqs (which is always included)."""
-    small = [b for b in (1, 2, 4, 8) if b < max_num_seqs]
-    return sorted({*small, *range(16, max_num_seqs, 8), max_num_seqs})
-
-
 class CudaGraphDecoder:
     def __init__(self, model: LlamaModel, kv_caches: list[LayerKVCache], max_num_seqs: int,
                  max_model_len: int, buffers: InputBuffers) -> None:
         self.model = model
         self.kv_caches = kv_caches
-        self.buckets = decode_buckets(max_num_seqs)
+        # 1, 2, 4, 8, then every multiple of 8 up to max_num_seqs (which is always included)
+        small = [b for b in (1, 2, 4, 8) if b < max_num_seqs]
+        self.buckets = sorted({*small, *range(16, max_num_seqs, 8), max_num_seqs})
         self.max_model_len = max_model_len
         self.input_ids, self.positions = buffers.input_ids, buffers.positions
         self.slot_mapping, self.seq_lens = buffers.slot_mapping, buffers.seq_lens

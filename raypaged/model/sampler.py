@@ -42,11 +42,6 @@ class SampleRow:
     request_id: str = ""  # with sample_index: whose grammar state (logit_masks.py)
 
 
-def row_key(row: SampleRow) -> int:
-    """The 64-bit noise key of a seeded row: its seed, which sample, which output position."""
-    return splitmix64(row.params.seed, row.sample_index, len(row.output_token_ids))
-
-
 class Sampler:
     def __init__(self, seed: int = 0, grammars: GrammarCache | None = None) -> None:
         self._rng = random.Random(seed)  # keys for unseeded rows
@@ -134,8 +129,10 @@ class Sampler:
         knobs = torch.tensor([[max(r.params.temperature, MIN_TEMPERATURE) if r.params.temperature
                                else 1.0, min(r.params.top_k, vocab),
                                r.params.top_p, r.params.min_p] for r in rows], dtype=torch.float64)
-        keys = torch.tensor([as_signed(row_key(r) if r.params.seed is not None
-                                       else self._rng.getrandbits(64)) for r in rows])
+        # a seeded row's 64-bit noise key: its seed, which sample, which output position
+        keys = torch.tensor([as_signed(
+            splitmix64(r.params.seed, r.sample_index, len(r.output_token_ids))
+            if r.params.seed is not None else self._rng.getrandbits(64)) for r in rows])
         knobs, keys = knobs.to(dev, non_blocking=True), keys.to(dev, non_blocking=True)
         logits = logits / knobs[:, 0:1].float()
         # min_p before top-k/top-p, as vLLM V1: top_p then measures what min_p left.

@@ -27,9 +27,6 @@ from raypaged.model.sampler import Sampler
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-
-
 def resolve_model_dir(model: str | None) -> Path:
     if model is None:
         from raypaged.model.default_model import default_model_dir
@@ -63,7 +60,7 @@ class ModelSetup:
 
     @property
     def model_name(self) -> str:
-        return self.args.model or DEFAULT_MODEL_NAME
+        return self.args.model or "SmolLM2-135M-Instruct"  # the default model's name
 
     @cached_property
     def kv_cache_dtype(self) -> torch.dtype:
