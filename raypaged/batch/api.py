@@ -7,7 +7,6 @@ ray.init() keeps its cluster.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from pathlib import Path
 from typing import Callable
@@ -38,9 +37,19 @@ def run_batch(input_path: str | Path, output_path: str | Path, engine: EngineArg
 def run_job(job: BatchJob, on_ray: Callable[[], object] = lambda: None) -> BatchSummary:
     """Run the job on Ray (`on_ray`: called once Ray is up, before the engines start). On a
     local Ray, the engines' unset resources are filled from this machine."""
-    with ray_for(job.options) as local:
+    options = job.options
+    address = options.address or os.environ.get("RAY_ADDRESS")
+    if address and not ray.is_initialized():
+        ray.init(address=address, namespace="raypaged-batch")
+    local = not ray.is_initialized()  # else the cluster joined, or the driver's own: it stays up
+    if local:
+        # A new cluster (address="local"), never one some `ray start` left running on this
+        # machine; loopback only: a local job needs no port reachable from elsewhere.
+        ray.init(address="local", num_cpus=options.num_cpus or os.cpu_count(),
+                 include_dashboard=False, namespace="raypaged-batch", _node_ip_address="127.0.0.1")
+    try:
         on_ray()
-        args = fleet_args(job.engine, job.options)
+        args = fleet_args(job.engine, options)
         if local:
             import torch
 
@@ -48,22 +57,6 @@ def run_job(job: BatchJob, on_ray: Callable[[], object] = lambda: None) -> Batch
             args = local_worker_resources(args, int(ray.cluster_resources().get("CPU", 1)),
                                           torch.cuda.device_count())
         return asyncio.run(job.run(args))
-
-
-@contextlib.contextmanager
-def ray_for(options: BatchOptions):
-    """Ray joined or started for a job; yields whether this machine is the cluster."""
-    address = options.address or os.environ.get("RAY_ADDRESS")
-    if address and not ray.is_initialized():
-        ray.init(address=address, namespace="raypaged-batch")
-    if ray.is_initialized():  # the cluster joined, or the driver's own: it stays up
-        yield False
-        return
-    # A new cluster (address="local"), never one some `ray start` left running on this
-    # machine; loopback only: a local job needs no port reachable from elsewhere.
-    ray.init(address="local", num_cpus=options.num_cpus or os.cpu_count(), include_dashboard=False,
-             namespace="raypaged-batch", _node_ip_address="127.0.0.1")
-    try:
-        yield True
     finally:
-        ray.shutdown()
+        if local:
+            ray.shutdown()
