@@ -18,12 +18,11 @@ from raypaged.core.scheduler import Scheduler
 from raypaged.core.scheduling_policy import policy_of
 from raypaged.kernels import cpu_paged_decode
 from raypaged.model.attention import AttentionBackend, TorchAttentionBackend, get_attention_backend
-from raypaged.model.cuda_graphs import CudaGraphDecoder
 from raypaged.model.input_buffers import InputBuffers
 from raypaged.model.kv_cache import allocate_kv_caches, kv_storage_dtype
 from raypaged.model.loader import checkpoint_files, resolve_dtype
 from raypaged.model.model_config import ModelConfig
-from raypaged.model.runner import ModelRunner
+from raypaged.model.runner import CudaGraphDecoder, ModelRunner
 from raypaged.model.sampler import Sampler
 
 log = logging.getLogger(__name__)
