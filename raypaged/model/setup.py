@@ -104,7 +104,7 @@ class ModelSetup:
     def load_model(self):
         """The model's weights on the device, in the dtype and backend decided here."""
         from raypaged.model.loader import load_model
-        from raypaged.model.packed_linear import can_pack, pack_linears
+        from raypaged.model.llama import can_pack, pack_linears
 
         bound_kernel_caches(self.args.onednn_cache_capacity)  # before the first matmul reads it
         model, _ = load_model(self.model_dir, self.dtype, self.device, self.attention_backend())
@@ -177,8 +177,8 @@ def cpu_prefill_kernel(config: ModelConfig, dtype: torch.dtype, kv_dtype: torch.
 
 # Bound oneDNN's per-shape kernel caches, the source of a CPU worker's RSS growth under load.
 #
-# On a CPU, bf16 linear layers, and fp32 ones once packed (packed_linear.py), run through oneDNN
-# (via ideep). Both libraries keep an LRU cache of compiled matmul primitives keyed by the exact
+# On a CPU, bf16 linear layers, and fp32 ones once packed (llama.py's pack_linears), run through
+# oneDNN (via ideep). Both libraries keep an LRU cache of compiled matmul primitives keyed by the exact
 # input shape (`LRU_CACHE_CAPACITY`, `ONEDNN_PRIMITIVE_CACHE_CAPACITY`). Continuous batching gives
 # nearly every mixed prefill/decode step a new token count, so the caches fill with kernels of
 # shapes that never come back (their cost: `benchmarks/memory_probe.py --cache-cost`). A small LRU
