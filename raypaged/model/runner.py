@@ -44,7 +44,11 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> StepResult:
         if batch.block_copies:
-            self._copy_blocks(batch.block_copies)
+            src, dst = torch.tensor(batch.block_copies, dtype=torch.long,
+                                    device=self.buffers.device).T
+            for cache in self.kv_caches:
+                cache.key[dst] = cache.key[src]
+                cache.value[dst] = cache.value[src]
         if self.decode_threads is not None:
             self._set_threads(self.decode_threads if batch.is_pure_decode else self.full_threads)
         input_ids, positions, meta = self.buffers.prepare(batch)
@@ -88,12 +92,6 @@ class ModelRunner:
         if n != self._threads:
             torch.set_num_threads(n)
             self._threads = n
-
-    def _copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
-        src, dst = torch.tensor(copies, dtype=torch.long, device=self.buffers.device).T
-        for cache in self.kv_caches:
-            cache.key[dst] = cache.key[src]
-            cache.value[dst] = cache.value[src]
 
 
 class CudaGraphDecoder:
