@@ -78,10 +78,7 @@ class SeenIds:
             return False
         self._recent.add(d)
         if len(self._recent) >= self.MERGE_EVERY:
-            self._merge()
+            self._sorted.extend(self._recent)
+            self._recent = set()
+            np.frombuffer(self._sorted, dtype=np.uint64).sort()  # a view: sorts the array itself
         return True
-
-    def _merge(self) -> None:
-        self._sorted.extend(self._recent)
-        self._recent = set()
-        np.frombuffer(self._sorted, dtype=np.uint64).sort()  # a view: sorts the array itself

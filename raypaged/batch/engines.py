@@ -39,8 +39,7 @@ def fleet_args(engine: EngineArgs, options: BatchOptions) -> ServeArgs:
     """The serving application's arguments for this job's engines and routing."""
     values = {f.name: getattr(engine, f.name) for f in settings_of(EngineArgs)
               if f.metadata["serve"] and getattr(engine, f.name) is not None}
-    if values.get("model"):
-        values["model"] = absolute_model_path(values["model"])
+    values["model"] = absolute_model_path(values.get("model"))
     return ServeArgs(
         app_name="raypaged-batch", workers=options.workers,
         cpus_per_worker=options.cpus_per_worker, gpus_per_worker=options.gpus_per_worker,
