@@ -14,7 +14,7 @@ failure a re-run could fix, and a resume skips exactly the lines that are final.
 
 An input line the output answers but whose bytes changed since (its digest differs) stops the
 job: the rows in flight finish, then it refuses (InputChanged) instead of mixing answers of two
-inputs. Memory grows with the input by 4-12 bytes a row at most (compact.py).
+inputs. Memory grows with the input by 4-12 bytes a row at most (AnsweredLines, SeenIds).
 """
 from __future__ import annotations
 
