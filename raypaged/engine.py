@@ -56,8 +56,8 @@ class Engine:
         grammars = GrammarCache(tokenizer, setup.config.vocab_size, eos,
                             max_compile_s=args.max_structured_output_compile_s)
         core, plan, runner = setup.build_core(model, grammars)
-        return cls(core, tokenizer, plan, setup.model_name, eos, runner, args.output_thread,
-                   grammars)
+        name = args.model or "SmolLM2-135M-Instruct"  # the default model's name
+        return cls(core, tokenizer, plan, name, eos, runner, args.output_thread, grammars)
 
     def start_output_stage(self, sink: Callable[[list[SequenceOutput]], None]) -> None:
         """From now on detokenize on a thread of its own: step() and abort() return [] and every

@@ -55,7 +55,8 @@ def run_batch_cli(ns: argparse.Namespace) -> int:
     try:
         # after ray.init, which installs its own SIGTERM handler: `ray job stop` and kill
         # then take the same way out as Ctrl-C (lines written stay whole, engines stop)
-        summary = run_job(job, on_ray=lambda: signal.signal(signal.SIGTERM, _interrupt))
+        summary = run_job(job, on_ray=lambda: signal.signal(signal.SIGTERM,
+                                                            signal.default_int_handler))
     except KeyboardInterrupt:
         print("raypaged batch: interrupted; the lines written so far are complete: re-run the "
               "same command to finish", file=sys.stderr, flush=True)
@@ -106,7 +107,3 @@ def _writable(path: Path, *job_files: str) -> Path:
     if not existed:  # written only once the job has a summary
         path.unlink()
     return path
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt

@@ -59,10 +59,6 @@ class ModelSetup:
         return cls(args, config, device, resolve_dtype(args.dtype, device),
                    args.max_model_len or limit, model_dir)
 
-    @property
-    def model_name(self) -> str:
-        return self.args.model or "SmolLM2-135M-Instruct"  # the default model's name
-
     @cached_property
     def kv_cache_dtype(self) -> torch.dtype:
         """The element type the KV cache stores: sizes the plan, picks the kernels, allocates."""
