@@ -40,9 +40,7 @@ def resolve_dtype_name(dtype: str, device: torch.device | str) -> str:
     return dtype
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device | str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):  # already resolved (ModelSetup's): checked by name
-        dtype = str(dtype).removeprefix("torch.")
+def resolve_dtype(dtype: str, device: torch.device | str) -> torch.dtype:
     return DTYPES[resolve_dtype_name(dtype, device)]
 
 
@@ -82,7 +80,8 @@ def load_model(model_dir: str | Path, dtype: str | torch.dtype = "auto",
     the engine's (raypaged/model/setup.py), or None: Triton on CUDA, torch elsewhere."""
     config = ModelConfig.from_dir(model_dir)  # first: it refuses a folder that does not exist
     files = checkpoint_files(model_dir)
-    torch_dtype = resolve_dtype(dtype, device)
+    # a torch.dtype is ModelSetup's, already resolved
+    torch_dtype = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, device)
     with torch.device("meta"):
         model = LlamaModel(config, attention_backend or get_attention_backend(None, device))
     model = model.to(torch_dtype).to_empty(device=device)
