@@ -30,7 +30,7 @@ from raypaged.model.attention.torch_backend import TorchAttentionBackend  # noqa
 from raypaged.model.default_model import default_model_dir  # noqa: E402
 from raypaged.model.kv_cache import allocate_kv_caches  # noqa: E402
 from raypaged.model.loader import load_model  # noqa: E402
-from raypaged.model.packed_linear import pack_linears  # noqa: E402
+from raypaged.model.llama import pack_linears  # noqa: E402
 
 BLOCK = 16
 

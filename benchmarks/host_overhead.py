@@ -52,7 +52,7 @@ import torch  # noqa: E402
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
 from raypaged.core.block_hash import hash_block  # noqa: E402
 from raypaged.core.sampling_params import SamplingParams  # noqa: E402
-from raypaged.detokenizer import IncrementalDetokenizer  # noqa: E402
+from raypaged.output_processor import IncrementalDetokenizer  # noqa: E402
 from raypaged.engine import Engine, EngineArgs  # noqa: E402
 from raypaged.model.setup import ModelSetup  # noqa: E402
 from raypaged.model.model_config import ModelConfig  # noqa: E402

@@ -36,7 +36,7 @@ if _os.path.isfile(_os.path.join(_KernelsFromCheckout.directory, "__init__.py"))
 # name -> the module it lives in, imported on first use (as vLLM's MODULE_ATTRS)
 _LAZY = {"LLM": "raypaged.llm", "SamplingParams": "raypaged.core.sampling_params",
          "EngineArgs": "raypaged.config", "RequestOutput": "raypaged.outputs",
-         "CompletionOutput": "raypaged.outputs", "run_batch": "raypaged.batch.api"}
+         "CompletionOutput": "raypaged.outputs", "run_batch": "raypaged.batch.job"}
 __all__ = list(_LAZY)
 
 

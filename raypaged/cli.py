@@ -8,7 +8,7 @@ from raypaged.config import EngineArgs
 from raypaged.settings import add_cli_args, from_namespace
 
 
-def _generate(ns: argparse.Namespace) -> int:
+def _generate(ns: argparse.Namespace) -> None:
     from raypaged.chat import chat_token_ids
     from raypaged.core.sampling_params import SamplingParams
     from raypaged.engine import Engine
@@ -27,14 +27,12 @@ def _generate(ns: argparse.Namespace) -> int:
             sys.stdout.write(out.new_text)
             sys.stdout.flush()
     sys.stdout.write("\n")
-    return 0
 
 
-def _plan(ns: argparse.Namespace) -> int:
+def _plan(ns: argparse.Namespace) -> None:
     from raypaged.model.setup import plan_for
 
     print(plan_for(from_namespace(EngineArgs, ns)).report())
-    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:

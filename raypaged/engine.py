@@ -56,8 +56,8 @@ class Engine:
         grammars = GrammarCache(tokenizer, setup.config.vocab_size, eos,
                             max_compile_s=args.max_structured_output_compile_s)
         core, plan, runner = setup.build_core(model, grammars)
-        return cls(core, tokenizer, plan, setup.model_name, eos, runner, args.output_thread,
-                   grammars)
+        name = args.model or "SmolLM2-135M-Instruct"  # the default model's name
+        return cls(core, tokenizer, plan, name, eos, runner, args.output_thread, grammars)
 
     def start_output_stage(self, sink: Callable[[list[SequenceOutput]], None]) -> None:
         """From now on detokenize on a thread of its own: step() and abort() return [] and every
@@ -125,8 +125,10 @@ class Engine:
                                                                  detok)
 
     def step(self) -> list[SequenceOutput]:
-        if self.stage is not None:
-            self._apply_stage_aborts()
+        if self.stage is not None:  # sequences it ended (stop strings) leave core first
+            while self.stage.aborts:
+                seq_id, reason = self.stage.aborts.popleft()
+                self.stage.submit(self.core.abort(seq_id, reason, with_samples=False))
         failed = self._release_compiled() if self._compiling else []
         return self._emit(failed + self.core.step())
 
@@ -171,13 +173,6 @@ class Engine:
             dropped, more = self.outputs.process(self.core.abort(seq_id, reason, with_samples=False))
             assert not dropped and not more, "a sequence ended by the processor has no more outputs"
         return outs
-
-    def _apply_stage_aborts(self) -> None:
-        """Sequences the output stage ended (stop strings) leave core before the next step."""
-        aborts = self.stage.aborts
-        while aborts:
-            seq_id, reason = aborts.popleft()
-            self.stage.submit(self.core.abort(seq_id, reason, with_samples=False))
 
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()

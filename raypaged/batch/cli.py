@@ -45,9 +45,7 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run_batch_cli(ns: argparse.Namespace) -> int:
-    from raypaged.batch.api import run_job
-    from raypaged.batch.engines import FleetFailed
-    from raypaged.batch.job import BatchJob
+    from raypaged.batch.job import BatchJob, FleetFailed, run_job
     from raypaged.batch.output import OutputWriteFailed
 
     summary_json = ns.summary_json and _writable(Path(ns.summary_json), ns.input, ns.output)
@@ -56,7 +54,8 @@ def run_batch_cli(ns: argparse.Namespace) -> int:
     try:
         # after ray.init, which installs its own SIGTERM handler: `ray job stop` and kill
         # then take the same way out as Ctrl-C (lines written stay whole, engines stop)
-        summary = run_job(job, on_ray=lambda: signal.signal(signal.SIGTERM, _interrupt))
+        summary = run_job(job, on_ray=lambda: signal.signal(signal.SIGTERM,
+                                                            signal.default_int_handler))
     except KeyboardInterrupt:
         print("raypaged batch: interrupted; the lines written so far are complete: re-run the "
               "same command to finish", file=sys.stderr, flush=True)
@@ -107,7 +106,3 @@ def _writable(path: Path, *job_files: str) -> Path:
     if not existed:  # written only once the job has a summary
         path.unlink()
     return path
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt

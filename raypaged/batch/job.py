@@ -14,7 +14,7 @@ failure a re-run could fix, and a resume skips exactly the lines that are final.
 
 An input line the output answers but whose bytes changed since (its digest differs) stops the
 job: the rows in flight finish, then it refuses (InputChanged) instead of mixing answers of two
-inputs. Memory grows with the input by 4-12 bytes a row at most (compact.py).
+inputs. Memory grows with the input by 4-12 bytes a row at most (AnsweredLines, SeenIds).
 """
 from __future__ import annotations
 
@@ -25,17 +25,27 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
-from raypaged.batch.engines import EnginePool, fleet_args
-from raypaged.batch.grouping import PrefixKeys, group_by_prefix
+import ray
+from ray.exceptions import ActorDiedError
+
 from raypaged.batch.options import BatchOptions
 from raypaged.batch.output import OutputFile, OutputWriteFailed, error_line, success_line
 from raypaged.batch.progress import BatchSummary, Progress
-from raypaged.batch.rows import COMPLETIONS_URL, Row, read_rows
-from raypaged.config import EngineArgs
+from raypaged.batch.rows import COMPLETIONS_URL, PrefixKeys, Row, group_by_prefix, read_rows
+from raypaged.config import EngineArgs, absolute_model_path
+from raypaged.serve.actors import ControllerActor, create_workers
+from raypaged.serve.config import ServeArgs, ServeOptions
+from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.errors import APIError, bad_request
+from raypaged.serve.frontend import ModelInfo, OpenAIFrontend
+from raypaged.serve.metrics import RequestMetrics
+from raypaged.serve.ray_fleet import RayFleetClient
+from raypaged.serve.routing import Router
+from raypaged.settings import settings_of
 
 logger = logging.getLogger(__name__)
 
@@ -203,6 +213,178 @@ class BatchJob:
                 return None
             await asyncio.sleep(delay)
             delay = min(2 * delay, MAX_RETRY_DELAY_S)
+
+
+# `run_batch`: the Python API beside the offline `LLM`, and what `raypaged batch` calls (run_job).
+#
+# Joins the Ray cluster at `options.address` or $RAY_ADDRESS (set for a `ray job submit` job),
+# else starts a local Ray bound to 127.0.0.1 and stops it at the end; a driver that already called
+# ray.init() keeps its cluster.
+
+
+def run_batch(input_path: str | Path, output_path: str | Path, engine: EngineArgs | None = None,
+              options: BatchOptions | None = None) -> BatchSummary:
+    """Answer every line of `input_path` into `output_path` (resuming what an earlier run wrote).
+
+    Lines refused for their own input are error lines in the output, not exceptions; rows that
+    failed for other reasons past retry_timeout_s are left out (`summary.unanswered`; run again
+    to answer them). This raises only when the job cannot run: a missing input, an output that is
+    the input or that another job holds, an input changed since the output answered it
+    (InputChanged), engines that cannot start; or when the output stops taking writes mid-run
+    (OutputWriteFailed: the lines written are whole, run again once there is room).
+    """
+    return run_job(BatchJob(input_path, output_path, engine, options))
+
+
+def run_job(job: BatchJob, on_ray: Callable[[], object] = lambda: None) -> BatchSummary:
+    """Run the job on Ray (`on_ray`: called once Ray is up, before the engines start). On a
+    local Ray, the engines' unset resources are filled from this machine."""
+    options = job.options
+    address = options.address or os.environ.get("RAY_ADDRESS")
+    if address and not ray.is_initialized():
+        ray.init(address=address, namespace="raypaged-batch")
+    local = not ray.is_initialized()  # else the cluster joined, or the driver's own: it stays up
+    if local:
+        # A new cluster (address="local"), never one some `ray start` left running on this
+        # machine; loopback only: a local job needs no port reachable from elsewhere.
+        ray.init(address="local", num_cpus=options.num_cpus or os.cpu_count(),
+                 include_dashboard=False, namespace="raypaged-batch", _node_ip_address="127.0.0.1")
+    try:
+        on_ray()
+        args = fleet_args(job.engine, options)
+        if local:
+            import torch
+
+            from raypaged.serve.cli import local_worker_resources
+            args = local_worker_resources(args, int(ray.cluster_resources().get("CPU", 1)),
+                                          torch.cuda.device_count())
+        return asyncio.run(job.run(args))
+    finally:
+        if local:
+            ray.shutdown()
+
+
+# The engine pool of a batch job: the serving fleet without HTTP.
+#
+#     the driver ─> WorkerActors (create_workers), built by raypaged.engine.Engine.from_args,
+#                   owned by the driver: restarted by Ray when they die (max_restarts=-1), gone
+#                   with the job
+#                ─> ControllerActor (0 CPUs) polling those workers; when it dies it is made again
+#                   over the same workers (Controllers)
+#     RayFleetClient (in the driver)        ─> the fleet snapshot; streams to the workers
+#     OpenAIFrontend + Dispatcher + Router  ─> each row exactly as the HTTP API serves a request
+#
+# So a row is validated, tokenized, routed (prefix affinity), retried after a lost worker, and
+# answered by the same code as an HTTP request: one request model, one response builder.
+
+
+class FleetFailed(RuntimeError):
+    """The engines cannot serve: every one failed (to start, or for good)."""
+
+
+def fleet_args(engine: EngineArgs, options: BatchOptions) -> ServeArgs:
+    """The serving application's arguments for this job's engines and routing."""
+    values = {f.name: getattr(engine, f.name) for f in settings_of(EngineArgs)
+              if f.metadata["serve"] and getattr(engine, f.name) is not None}
+    values["model"] = absolute_model_path(values.get("model"))
+    return ServeArgs(
+        app_name="raypaged-batch", workers=options.workers,
+        cpus_per_worker=options.cpus_per_worker, gpus_per_worker=options.gpus_per_worker,
+        # the job bounds what it sends (max_inflight); a worker never needs to refuse a row
+        max_queued_requests=options.max_inflight,
+        routing="hash" if options.prefix_grouping else "round_robin",
+        route_prefix_blocks=options.group_prefix_blocks, **values)
+
+
+class Controllers:
+    """The job's controller, made again over the same workers when it is found dead.
+
+    RayFleetClient calls resolve() when it starts and after a call to the controller failed;
+    meanwhile it routes from its last snapshot, and streams (driver -> worker) go on. Not a
+    Ray-restarted actor: a restart is asynchronous and fails calls meanwhile, a new actor is
+    ready when created."""
+
+    def __init__(self, options: ServeOptions, engine: EngineArgs,
+                 workers: list[tuple[str, object]]):
+        self.options, self.engine, self.workers = options, engine, workers
+        self.handle = self._new()
+
+    def _new(self):
+        return ControllerActor.options(num_cpus=0).remote(self.options, self.engine,
+                                                          workers=self.workers)
+
+    async def resolve(self):
+        try:
+            await self.handle.__ray_ready__.remote()
+        except ActorDiedError as exc:
+            print(f"raypaged batch: the controller died ({type(exc).__name__}); starting a new "
+                  "one over the same engines", flush=True)
+            self.handle = self._new()
+        return self.handle
+
+    def kill(self) -> None:
+        """The controller and every engine: the job is over."""
+        ray.kill(self.handle)
+        for _, worker in self.workers:
+            ray.kill(worker, no_restart=True)
+
+
+@dataclass
+class EnginePool:
+    controllers: Controllers
+    fleet: RayFleetClient
+    frontend: OpenAIFrontend
+    block_size: int
+
+    @classmethod
+    async def start(cls, args: ServeArgs) -> "EnginePool":
+        options, engine = args.split()
+        workers = create_workers(options, engine, detached=False)
+        controllers = Controllers(options, engine, workers)
+        fleet = RayFleetClient(controllers.resolve, "batch", RequestMetrics())
+        try:
+            await fleet.start()
+            snap = await _all_ready(fleet, options.workers)
+        except RuntimeError as exc:  # every worker failed to start: the engine's own reason
+            await fleet.stop()
+            controllers.kill()
+            raise FleetFailed(str(exc)) from None
+        worker = snap.ready()[0]
+        tokenizer = await worker.handle.get_tokenizer.remote()
+        block_size = worker.stats.block_size
+        dispatcher = Dispatcher(fleet, Router(options, block_size), fleet.metrics)
+        frontend = OpenAIFrontend(dispatcher, tokenizer, ModelInfo.of(worker.stats, tokenizer))
+        return cls(controllers, fleet, frontend, block_size)
+
+    def check_alive(self) -> None:
+        snap = self.fleet.snapshot()
+        if snap.all_dead():
+            causes = sorted({w.error or "unknown" for w in snap.workers})
+            raise FleetFailed(f"every engine failed: {'; '.join(causes)}")
+
+    async def stop(self) -> None:
+        await self.fleet.stop()
+        self.controllers.kill()
+
+
+async def _all_ready(fleet: RayFleetClient, workers: int):
+    """Start only when every engine is up: rendezvous order over a fleet that is still growing
+    would send a prefix group to one engine, then to another."""
+    last_log = time.monotonic()
+    while True:
+        snap = fleet.snapshot()
+        if len(snap.ready()) == workers:
+            return snap
+        dead = [w for w in snap.workers if w.state == "dead"]
+        if dead:
+            causes = sorted({w.error or "unknown" for w in dead})
+            raise RuntimeError(f"{len(dead)} of {workers} engines failed to start: "
+                               f"{'; '.join(causes)}")
+        if time.monotonic() - last_log > 10:
+            last_log = time.monotonic()
+            print(f"raypaged batch: waiting for engines, {len(snap.ready())} of {workers} ready",
+                  flush=True)
+        await asyncio.sleep(0.2)
 
 
 def same_file(a: Path, b: Path) -> bool:

@@ -4,7 +4,7 @@
      "request_id", "body"}, "error": null | {"code", "message"}}
 
 `body` is exactly what the HTTP API answers (the response, or its {"error": ...} body). The id
-names the input line and the 64-bit digest of its bytes (input.py, 16 hex digits), so a re-run
+names the input line and the 64-bit digest of its bytes (rows.py, 16 hex digits), so a re-run
 knows which lines are done, and whether the line it answered is still the same, without
 trusting the order of the file or holding the answers.
 
@@ -23,9 +23,10 @@ import fcntl
 import json
 import os
 import time
+from array import array
 from pathlib import Path
+from typing import Iterator
 
-from raypaged.batch.compact import AnsweredLines
 from raypaged.batch.rows import Row
 from raypaged.serve.errors import APIError
 from raypaged.serve.responses import json_line
@@ -61,6 +62,51 @@ def error_line(row: Row, err: APIError) -> dict:
 
 def lock_path(path: Path) -> Path:
     return path.with_name(path.name + ".lock")
+
+
+# What the job remembers per row is kept in flat arrays of integers, not sets and dicts:
+# AnsweredLines costs 4 bytes a row (rows.py's SeenIds 8), so a million-row job's driver
+# stays within ~12 MB of a small one's (benchmarks/batch_memory.py measures it).
+assert array("I").itemsize == 4
+
+
+class AnsweredLines:
+    """Input line number -> the low 32 bits of the digest of the line an output line answers
+    (0: none), indexed directly: line n is slot n. 32 bits tell an edited line from the line
+    that was answered but for a 1 in 4 billion chance per edited line; the output keeps all 64.
+    `take` reads and clears a slot, so what is left once the input has been read are output
+    lines that answer no line of this input."""
+
+    def __init__(self) -> None:
+        self._slots = array("I")
+        self.count = 0
+
+    @staticmethod
+    def key(digest: int) -> int:
+        return (digest & 0xFFFFFFFF) or 1
+
+    def add(self, line_no: int, digest: int) -> bool:
+        """False if that line is already answered (a second output line for it)."""
+        if line_no >= len(self._slots):
+            # frombytes: 4 zero bytes a slot (extend(bytes) would add one slot a byte)
+            self._slots.frombytes(bytes(4 * max(line_no + 1 - len(self._slots), len(self._slots))))
+        if self._slots[line_no]:
+            return False
+        self._slots[line_no] = self.key(digest)
+        self.count += 1
+        return True
+
+    def take(self, line_no: int, digest: int) -> bool | None:
+        """None: not answered; True: answered, same line; False: answered, the line changed."""
+        if line_no >= len(self._slots) or not self._slots[line_no]:
+            return None
+        recorded, self._slots[line_no] = self._slots[line_no], 0
+        self.count -= 1
+        return recorded == self.key(digest)
+
+    def left(self) -> Iterator[int]:
+        """Line numbers not taken, in order."""
+        return (n for n, d in enumerate(self._slots) if d)
 
 
 class OutputFile:

@@ -57,8 +57,7 @@ class Progress:
     def __init__(self, input_bytes: int, interval_s: float, tty: bool | None = None):
         self.input_bytes, self.interval_s = input_bytes, interval_s
         self.rows = self.skipped = self.completed = self.failed = self.unanswered = 0
-        self.read_bytes = 0
-        self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
+        self.read_bytes = self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
         self.started = self._last_log = time.monotonic()
         self._bar = None
         if sys.stderr.isatty() if tty is None else tty:

@@ -9,6 +9,7 @@ Per layer:  x -> RMSNorm -> qkv_proj -> rope(q, k) -> backend.write_kv(k, v)
 """
 from __future__ import annotations
 
+import math
 from typing import Iterable
 
 import torch
@@ -16,8 +17,61 @@ import torch.nn.functional as F
 from torch import nn
 
 from raypaged.model.attention.base import AttentionBackend, AttentionMetadata, LayerKVCache
-from raypaged.model.model_config import ModelConfig
-from raypaged.model.rotary import RotaryEmbedding, apply_rotary
+from raypaged.model.model_config import ModelConfig, RopeScaling
+
+
+# Rotary position embeddings (RoPE), in the "rotate half" layout Hugging Face checkpoints use.
+#
+# A head vector x of size D is split into halves x1 = x[:D/2], x2 = x[D/2:]; pair i (x1[i], x2[i])
+# is rotated by angle position * inv_freq[i]:
+#     out = [x1*cos - x2*sin, x2*cos + x1*sin]
+# cos/sin are computed once per forward from the step's positions (T x D/2 values, cheap) and
+# shared by every layer, so there is no table sized by max_position_embeddings to keep around.
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
+    """[head_dim / 2] float32 angular frequencies, computed exactly as transformers does
+    (same op order, so fp32 results match bit for bit)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+    inv_freq = 1.0 / (theta ** exponents)  # [D/2]
+    if scaling is None:
+        return inv_freq
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    # llama3: wavelengths longer than the original context / low_freq_factor are slowed by
+    # `factor`; shorter than context / high_freq_factor are kept; in between, blend smoothly.
+    old_len = scaling.original_max_position_embeddings
+    low_freq_wavelen = old_len / scaling.low_freq_factor
+    high_freq_wavelen = old_len / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryEmbedding:
+    """Holds inv_freq (a plain tensor, not a module buffer: the model is built on the meta device
+    and materialised with to_empty(), which would leave a buffer uninitialised)."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: RopeScaling | None) -> None:
+        self.inv_freq = rope_inv_freq(head_dim, theta, scaling)  # [D/2] float32
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T] int64 -> cos, sin each [T, 1, D/2] in `dtype` (broadcast over heads)."""
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)  # moved once, then reused
+        angles = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2] float32
+        return angles.cos().to(dtype)[:, None, :], angles.sin().to(dtype)[:, None, :]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, N, D] (may be a strided view), cos/sin [T, 1, D/2] -> rotated [T, N, D], contiguous."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]  # [T, N, D/2] each
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 class RMSNorm(nn.Module):
@@ -181,3 +235,53 @@ def _checkpoint_slots(model: LlamaModel) -> dict[tuple[str, str | None], torch.T
             start, n = rows.get(part, (0, len(param)))
             slots[name, part] = param.data[start:start + n]
     return slots
+
+
+# Linear layers with weights reordered once into oneDNN's blocked layout (CPU, bf16 and fp32).
+#
+# An eager bf16 `F.linear` on a CPU goes through oneDNN with the weight in torch's plain [out, in]
+# layout, and oneDNN reorders it into its blocked layout on every call; for decode-sized inputs
+# (1-16 rows) that reorder costs about as much as the product itself. Reordering once at load
+# time (what inductor's freezing pass does) runs the same kernel: bf16 outputs are bit-identical
+# to `F.linear`. An eager fp32 `F.linear` runs through MKL instead, slower than oneDNN's prepacked
+# fp32 kernel on this project's CPUs (benchmarks/forward_step.py); packed fp32 sums in another
+# order, so results move by a few fp32 ulps (~1e-6 relative) and the greedy tokens of the Hugging
+# Face equality tests (tests/engine/test_matches_hf.py, fp32) stay the same.
+# Switch: `packed_linears` in EngineArgs.
+
+
+def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
+    return (device.type == "cpu" and dtype in (torch.bfloat16, torch.float32)
+            and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+class PackedLinear(nn.Module):
+    """nn.Linear's forward over a prepacked (opaque, read-only) weight; the plain weight is freed."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        """weight [out_features, in_features], plain; bias [out_features] or None."""
+        super().__init__()
+        # a buffer, not a Parameter: it is an opaque oneDNN tensor, never loaded or trained
+        self.register_buffer("packed_weight",
+                             torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None),
+                             persistent=False)
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, in_features] -> [T, out_features]"""
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+
+def pack_linears(model: nn.Module) -> int:
+    """Replace every nn.Linear in `model` by a PackedLinear, in place, and give a model with tied
+    embeddings a packed copy of the embedding as its lm_head for compute_logits (more weight
+    bytes, a faster decode step). Call after the weights are loaded; returns how many it packed."""
+    targets = [(parent, name, child) for parent in model.modules()
+               for name, child in parent.named_children() if isinstance(child, nn.Linear)]
+    for parent, name, child in targets:
+        setattr(parent, name, PackedLinear(child.weight, child.bias))
+    if getattr(model, "lm_head", False) is None:  # tied: logits from embed_tokens.weight
+        model.lm_head = PackedLinear(model.embed_tokens.weight)
+        return len(targets) + 1
+    return len(targets)

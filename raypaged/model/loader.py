@@ -40,9 +40,7 @@ def resolve_dtype_name(dtype: str, device: torch.device | str) -> str:
     return dtype
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device | str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):  # already resolved (ModelSetup's): checked by name
-        dtype = str(dtype).removeprefix("torch.")
+def resolve_dtype(dtype: str, device: torch.device | str) -> torch.dtype:
     return DTYPES[resolve_dtype_name(dtype, device)]
 
 
@@ -51,9 +49,6 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
     present, else every *.safetensors except Mistral's consolidated.* copy (a second, differently
     named copy of the same weights that some repositories ship beside the HF shards)."""
     model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"model folder {model_dir} does not exist: expected a Hugging Face "
-                                "model folder with config.json and *.safetensors")
     index = model_dir / INDEX_FILE
     if index.is_file():
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -83,10 +78,10 @@ def load_model(model_dir: str | Path, dtype: str | torch.dtype = "auto",
                attention_backend: AttentionBackend | None = None) -> tuple[LlamaModel, ModelConfig]:
     """Read `model_dir` into an eval-mode LlamaModel on `device` in `dtype`. attention_backend:
     the engine's (raypaged/model/setup.py), or None: Triton on CUDA, torch elsewhere."""
-    model_dir = Path(model_dir)
-    files = checkpoint_files(model_dir)   # checks the folder exists first: the clearer message
-    config = ModelConfig.from_dir(model_dir)
-    torch_dtype = resolve_dtype(dtype, device)
+    config = ModelConfig.from_dir(model_dir)  # first: it refuses a folder that does not exist
+    files = checkpoint_files(model_dir)
+    # a torch.dtype is ModelSetup's, already resolved
+    torch_dtype = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, device)
     with torch.device("meta"):
         model = LlamaModel(config, attention_backend or get_attention_backend(None, device))
     model = model.to(torch_dtype).to_empty(device=device)

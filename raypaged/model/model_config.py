@@ -89,6 +89,10 @@ class ModelConfig:
         rope_theta, rope_scaling = _rope(cfg)
         qwen2 = arch == "Qwen2ForCausalLM"
         llama_bias = bool(cfg.get("attention_bias", False)) and arch == "LlamaForCausalLM"
+        window = cfg.get("sliding_window")
+        # Qwen2 configs carry a sliding_window value but only use it when use_sliding_window is set.
+        if qwen2 and not cfg.get("use_sliding_window", False):
+            window = None
         eos = _token_ids(cfg.get("eos_token_id"))
         if generation_config:
             eos += tuple(t for t in _token_ids(generation_config.get("eos_token_id")) if t not in eos)
@@ -110,17 +114,19 @@ class ModelConfig:
             o_proj_bias=llama_bias,
             eos_token_ids=eos,
             bos_token_id=cfg.get("bos_token_id"),
-            sliding_window=_sliding_window(cfg, arch),
+            sliding_window=int(window) if window else None,
         )
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
         """Read `model_dir`/config.json (and generation_config.json if present)."""
         model_dir = Path(model_dir)
+        if not model_dir.is_dir():
+            raise FileNotFoundError(f"model folder {model_dir} does not exist: expected a Hugging "
+                                    "Face model folder with config.json and *.safetensors")
         path = model_dir / "config.json"
         if not path.is_file():
-            found = (sorted(p.name for p in model_dir.iterdir()) if model_dir.is_dir()
-                     else "no such folder")
+            found = sorted(p.name for p in model_dir.iterdir())
             raise FileNotFoundError(f"no config.json in {model_dir}: expected a Hugging Face model "
                                     f"folder (config.json + *.safetensors); found {found}")
         gen_path = model_dir / "generation_config.json"
@@ -157,14 +163,6 @@ def _rope(cfg: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
               "original_max_position_embeddings": int}  # absent ones: RopeScaling's defaults
     given = {name: cast(params[name]) for name, cast in fields.items() if name in params}
     return theta, RopeScaling("llama3", float(params["factor"]), **given)
-
-
-def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
-    window = cfg.get("sliding_window")
-    # Qwen2 configs carry a sliding_window value but only use it when use_sliding_window is set.
-    if arch == "Qwen2ForCausalLM" and not cfg.get("use_sliding_window", False):
-        return None
-    return int(window) if window else None
 
 
 def _token_ids(value: Any) -> tuple[int, ...]:

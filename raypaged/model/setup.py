@@ -5,6 +5,7 @@ weights all go through ModelSetup, so no two of them decide differently.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -17,17 +18,14 @@ from raypaged.core.scheduler import Scheduler
 from raypaged.core.scheduling_policy import policy_of
 from raypaged.kernels import cpu_paged_decode
 from raypaged.model.attention import AttentionBackend, TorchAttentionBackend, get_attention_backend
-from raypaged.model.cuda_graphs import CudaGraphDecoder
 from raypaged.model.input_buffers import InputBuffers
 from raypaged.model.kv_cache import allocate_kv_caches, kv_storage_dtype
 from raypaged.model.loader import checkpoint_files, resolve_dtype
 from raypaged.model.model_config import ModelConfig
-from raypaged.model.runner import ModelRunner
+from raypaged.model.runner import CudaGraphDecoder, ModelRunner
 from raypaged.model.sampler import Sampler
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
 def resolve_model_dir(model: str | None) -> Path:
@@ -52,8 +50,6 @@ class ModelSetup:
         model_dir = None
         if config is None:
             model_dir = resolve_model_dir(args.model)
-            if not model_dir.is_dir():
-                checkpoint_files(model_dir)  # raises: "model folder ... does not exist"
             config = ModelConfig.from_dir(model_dir)
         limit = config.max_model_len
         if (args.max_model_len or 0) > limit:
@@ -62,10 +58,6 @@ class ModelSetup:
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         return cls(args, config, device, resolve_dtype(args.dtype, device),
                    args.max_model_len or limit, model_dir)
-
-    @property
-    def model_name(self) -> str:
-        return self.args.model or DEFAULT_MODEL_NAME
 
     @cached_property
     def kv_cache_dtype(self) -> torch.dtype:
@@ -108,8 +100,7 @@ class ModelSetup:
     def load_model(self):
         """The model's weights on the device, in the dtype and backend decided here."""
         from raypaged.model.loader import load_model
-        from raypaged.model.onednn_cache import bound_kernel_caches
-        from raypaged.model.packed_linear import can_pack, pack_linears
+        from raypaged.model.llama import can_pack, pack_linears
 
         bound_kernel_caches(self.args.onednn_cache_capacity)  # before the first matmul reads it
         model, _ = load_model(self.model_dir, self.dtype, self.device, self.attention_backend())
@@ -178,6 +169,37 @@ def cpu_prefill_kernel(config: ModelConfig, dtype: torch.dtype, kv_dtype: torch.
                 "%s (pass --no-cpu-prefill-kernel to choose SDPA)",
                 why or "this CPU has no AVX512-BF16")
     return None
+
+
+# Bound oneDNN's per-shape kernel caches, the source of a CPU worker's RSS growth under load.
+#
+# On a CPU, bf16 linear layers, and fp32 ones once packed (llama.py's pack_linears), run through
+# oneDNN (via ideep). Both libraries keep an LRU cache of compiled matmul primitives keyed by the exact
+# input shape (`LRU_CACHE_CAPACITY`, `ONEDNN_PRIMITIVE_CACHE_CAPACITY`). Continuous batching gives
+# nearly every mixed prefill/decode step a new token count, so the caches fill with kernels of
+# shapes that never come back (their cost: `benchmarks/memory_probe.py --cache-cost`). A small LRU
+# keeps the shapes that do come back (decode steps of the current batch sizes); a miss costs
+# building the primitive, once per new shape and step, not per layer.
+#
+# Both libraries read their capacity once, at their first primitive: set it before the process's
+# first oneDNN matmul (ModelSetup.load_model does, before the model runs). Unpacked fp32 linears
+# go through MKL, which keeps no such cache.
+
+CACHE_ENV_VARS = ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+LIBRARY_DEFAULT = 1024  # both libraries' own capacity
+
+
+def bound_kernel_caches(capacity: int) -> None:
+    """Cap both caches at `capacity` shapes each, unless the environment already sets them."""
+    if capacity < 1:
+        # ideep's LRU cache crashes the process (SIGSEGV) at capacity 0
+        raise ValueError(f"onednn_cache_capacity must be >= 1, got {capacity}: use 1 for the "
+                         f"least memory, or {LIBRARY_DEFAULT} for the libraries' default")
+    for name in CACHE_ENV_VARS:
+        if name in os.environ and os.environ[name] != str(capacity):
+            log.info("%s=%s from the environment wins over onednn_cache_capacity=%d",
+                     name, os.environ[name], capacity)
+        os.environ.setdefault(name, str(capacity))
 
 
 def plan_for(args: EngineArgs) -> KVPlan:

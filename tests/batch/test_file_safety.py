@@ -10,8 +10,8 @@ import os
 import pytest
 
 from raypaged.batch import output as output_module
-from raypaged.batch.compact import AnsweredLines, SeenIds
-from raypaged.batch.input import SKIP_CHUNK, digest_of, read_lines
+from raypaged.batch.output import AnsweredLines
+from raypaged.batch.rows import SKIP_CHUNK, SeenIds, digest_of, read_lines
 from raypaged.batch.job import BatchJob
 from raypaged.batch.output import OutputBusy, OutputFile, lock_path
 from raypaged.batch.rows import read_rows

@@ -13,7 +13,7 @@ import pytest
 
 from batch_inputs import read_output, write_lines
 from local_pool import ALWAYS, LocalPool, WorkerUnavailable
-from raypaged.batch import BatchOptions, api
+from raypaged.batch import BatchOptions, job as api
 from raypaged.batch import output as output_module
 from raypaged.batch.job import BatchJob, InputChanged
 from raypaged.cli import main

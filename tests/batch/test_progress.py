@@ -43,7 +43,7 @@ def test_a_missing_input_exits_2_before_ray_starts(tmp_path, capsys):
 
 def test_a_summary_json_in_a_missing_directory_is_written_and_keeps_the_exit_status(
         tmp_path, monkeypatch, capsys):
-    from raypaged.batch import api
+    from raypaged.batch import job as api
     summary = BatchSummary(rows=2, skipped=0, completed=1, failed=0, prompt_tokens=4,
                            completion_tokens=2, cached_tokens=0, wall_s=1.0, unanswered=1)
     monkeypatch.setattr(api, "run_job", lambda job, on_ray: summary)  # no Ray: the job's end

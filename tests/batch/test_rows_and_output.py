@@ -5,8 +5,8 @@ import io
 
 import pytest
 
-from raypaged.batch.grouping import group_by_prefix
-from raypaged.batch.input import digest_of
+from raypaged.batch.rows import group_by_prefix
+from raypaged.batch.rows import digest_of
 from raypaged.batch.output import error_line, success_line
 from raypaged.batch.rows import CHAT_URL, COMPLETIONS_URL, Row, read_rows
 from raypaged.serve.errors import bad_request

@@ -7,7 +7,7 @@ import pytest
 
 from raypaged.core.contracts import Continuation
 from raypaged.core.sampling_params import SamplingParams
-from raypaged.detokenizer import IncrementalDetokenizer
+from raypaged.output_processor import IncrementalDetokenizer
 
 
 def deltas_from(tok, prompt_ids, ids, cut, text_chars, stop):

@@ -3,7 +3,7 @@
 import torch
 
 from raypaged.core.sampling_params import SamplingParams
-from raypaged.model.counter_rng import unit_interval
+from raypaged.model.sampler import unit_interval
 from raypaged.model.sampler import SampleRow, Sampler
 
 

@@ -1,5 +1,5 @@
 """Incremental detokenization: multi-byte characters and stop strings, token by token."""
-from raypaged.detokenizer import IncrementalDetokenizer
+from raypaged.output_processor import IncrementalDetokenizer
 
 
 def stream(tok, text, stop=(), prompt="Say:"):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from raypaged.model.onednn_cache import CACHE_ENV_VARS, bound_kernel_caches
+from raypaged.model.setup import CACHE_ENV_VARS, bound_kernel_caches
 
 
 def test_the_bound_is_exported_to_both_libraries(monkeypatch):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine_prompts import PROMPTS
-from raypaged.model.packed_linear import PackedLinear, can_pack
+from raypaged.model.llama import PackedLinear, can_pack
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.bfloat16, torch.device("cpu")),
                                 reason="this torch has no oneDNN linear prepacking")

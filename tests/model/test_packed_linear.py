@@ -12,7 +12,7 @@ from raypaged.model.attention import get_attention_backend
 from raypaged.model.kv_cache import allocate_kv_caches
 from raypaged.model.llama import LlamaModel
 from raypaged.model.model_config import ModelConfig
-from raypaged.model.packed_linear import PackedLinear, can_pack, pack_linears
+from raypaged.model.llama import PackedLinear, can_pack, pack_linears
 from paged_metadata import make_metadata, positions_for, scattered_block_tables
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.bfloat16, torch.device("cpu")),

@@ -16,8 +16,6 @@ def get_attention_backend(name: str | None, device: torch.device | str,
     name = name or ("triton" if device.type == "cuda" else "torch")
     if name == "torch":
         return TorchAttentionBackend()
-    if name != "triton":
-        raise ValueError(f"unknown attention backend {name!r}; choices: torch, triton")
     if device.type != "cuda" or not torch.cuda.is_available():
         raise ValueError(f"attention backend 'triton' needs a CUDA device, got {device} "
                          f"(cuda available: {torch.cuda.is_available()}); use 'torch' on CPU")
