@@ -1,7 +1,7 @@
 """Batch inference on Ray: `raypaged batch in.jsonl out.jsonl`, or `run_batch(...)` in Python.
 
-rows.py (input lines, then prefix order) -> job.py (bounded, resumable run through its engine
-pool: the serving fleet and frontend, without HTTP) -> output.py (one line per input);
+rows.py (input lines, then prefix order) -> job.py (bounded, resumable run through
+engines.py: the serving fleet and frontend, without HTTP) -> output.py (one line per input);
 progress.py (bar, log lines, summary); options.py (batch settings); entry: job.py's run_batch
 (Python) and cli.py.
 Imports are lazy: `raypaged batch --help` starts neither torch nor ray.

@@ -45,7 +45,8 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run_batch_cli(ns: argparse.Namespace) -> int:
-    from raypaged.batch.job import BatchJob, FleetFailed, run_job
+    from raypaged.batch.engines import FleetFailed
+    from raypaged.batch.job import BatchJob, run_job
     from raypaged.batch.output import OutputWriteFailed
 
     summary_json = ns.summary_json and _writable(Path(ns.summary_json), ns.input, ns.output)

@@ -8,7 +8,7 @@ from batch_inputs import numbered_prompts, openai_line, read_output, write_lines
 from batch_testing import ENGINE
 from http_reference import http_answers
 from raypaged.batch import BatchOptions, run_batch
-from raypaged.batch.job import fleet_args
+from raypaged.batch.engines import fleet_args
 from raypaged.batch.job import BatchJob
 from raypaged.config import EngineArgs
 

@@ -10,7 +10,7 @@ import signal
 
 from batch_inputs import read_output, write_lines
 from raypaged.batch import BatchOptions
-from raypaged.batch.job import fleet_args
+from raypaged.batch.engines import fleet_args
 from raypaged.batch.job import BatchJob
 from raypaged.config import EngineArgs
 from tests.serve.fake_engine import SLOW_FAKE_MODEL
