@@ -6,7 +6,7 @@ logits and the token accept, for 16 rows of one JSON schema on SmolLM2's 49,152-
 Each step: fill one bitmask row per matcher, apply the bitmask to [rows, vocab] float32 logits,
 accept one token per matcher (the tokens of a fixed JSON answer). Two ways to fill, interleaved
 repeat by repeat: per row (GrammarMatcher.fill_next_token_bitmask in a Python loop, what
-model/logit_masks.py does) and batched (BatchGrammarMatcher, xgrammar's own threads). Prints
+model/sampler.py's LogitMasks does) and batched (BatchGrammarMatcher, xgrammar's own threads). Prints
 per-step medians; writes benchmarks/results/structured_mask_cost.json and .png. No model runs:
 compare these with a decode step's time (benchmarks/structured_overhead.py).
 """
