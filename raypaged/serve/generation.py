@@ -17,10 +17,8 @@ as many workers as it takes; what its client sees.
                request (503, suspected poison, the wait for a spare) is failover.py's.
     collect(): every output, for non-streaming responses.
 
-The dispatcher (dispatch.py) holds what generations share and ranks the workers. A generation
-records what the client has of each sample (`samples`: failover continues each unfinished one
-from exactly its tokens and how many characters of text the client has), and the router-side
-request metrics (TTFT, inter-token latency, TPOT, end-to-end) its outputs make as they pass.
+The dispatcher (dispatch.py) holds what generations share and ranks the workers; progress.py
+what the client has and the request metrics.
 """
 from __future__ import annotations
 
@@ -44,15 +42,8 @@ from raypaged.serve.fleet import WorkerView
 from raypaged.serve.leg import Leg
 from raypaged.serve.messages import Lost, Rejected, WorkerUnavailable
 from raypaged.serve.poison import fingerprint
+from raypaged.serve.progress import Progress
 from raypaged.serve.responses import WORKER_HEADER
-
-
-@dataclasses.dataclass
-class Sample:
-    token_ids: list[int] = dataclasses.field(default_factory=list)
-    text_chars: int = 0
-    finish_reason: str | None = None
-    last_token_at: float | None = None
 
 
 class Generation:
@@ -62,9 +53,7 @@ class Generation:
         self.request_id, self.token_ids, self.params = request_id, token_ids, params
         self.cache_salt = cache_salt
         self.worker_id: str | None = None   # the worker that served (or finished) it last
-        self.samples = [Sample() for _ in range(params.n)]  # what the client has of each
-        self.num_cached_tokens = self.num_output_tokens = 0
-        self._arrival, self._first_token_at = arrival, None
+        self.progress = Progress(params.n, arrival, dispatcher.metrics)
         self._legs: list[Leg] = []
         self._opens = 0                 # legs opened (the first and every failover)
         self._fingerprint = functools.partial(fingerprint, token_ids, params, cache_salt)
@@ -77,6 +66,14 @@ class Generation:
         # its place in the gate, from start() to close(); each leg counts at its blocks
         self._ticket = self._unclosed = None
         self._closed = False  # close() ran (the output lengths are recorded once)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.progress.num_output_tokens
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return self.progress.num_cached_tokens
 
     # -- routing and retries -----------------------------------------------------------------
     async def start(self) -> None:
@@ -203,7 +200,7 @@ class Generation:
         return APIError(status, message, headers=headers, **kw)
 
     def _close_leg(self, leg: Leg) -> None:
-        finished = all(self.samples[i].finish_reason for i in leg.indexes)
+        finished = all(self.progress.samples[i].finish_reason for i in leg.indexes)
         if leg.close(finished):
             self.d.closed(leg.worker_id)
             if leg.blocks:  # placed by _submit (0: no blocks counted for it)
@@ -215,8 +212,8 @@ class Generation:
             self._close_leg(leg)
         if self._ticket is not None and not self._closed:
             self._closed = True
-            if all(s.finish_reason not in (None, "abort") for s in self.samples):
-                self.d.gate.finished([len(s.token_ids) for s in self.samples])
+            if all(s.finish_reason not in (None, "abort") for s in self.progress.samples):
+                self.d.gate.finished([len(s.token_ids) for s in self.progress.samples])
         if self._unclosed is not None:
             _leave_gate(self.d.gate, self._unclosed, self._ticket)
 
@@ -237,7 +234,7 @@ class Generation:
         try:
             async with timeout:
                 await self._worker_lost(leg)
-                samples = self.samples
+                samples = self.progress.samples
                 if not leg.resumed and not any(samples[i].token_ids for i in leg.indexes):
                     await self._open(leg.indexes, None)  # nothing of it seen: the same again
                     return
@@ -270,41 +267,11 @@ class Generation:
         return items
 
     def _take(self, leg: Leg, outs: list[SequenceOutput]) -> None:
-        """Outputs about to reach the client: recorded, and measured as they pass."""
-        now, metrics = time.monotonic(), self.d.metrics
-        for out in outs:
-            sample = self.samples[out.index]
-            if not leg.resumed:  # a continuation's cached tokens are not the prompt's
-                self.num_cached_tokens = max(self.num_cached_tokens, out.num_cached_tokens)
-            if out.new_token_ids:
-                if sample.last_token_at is not None:  # this sample's gap, per token it brought
-                    gap = (now - sample.last_token_at) / len(out.new_token_ids)
-                    for _ in out.new_token_ids:
-                        metrics.observe("inter_token_latency_seconds", gap)
-                sample.last_token_at = now
-                sample.token_ids.extend(out.new_token_ids)
-                self.num_output_tokens += len(out.new_token_ids)
-                if self._first_token_at is None:
-                    self._first_token_at = now
-                    metrics.observe("time_to_first_token_seconds", now - self._arrival)
-            sample.text_chars += len(out.new_text)
-            if out.finish_reason is not None:
-                sample.finish_reason = out.finish_reason
-                self.worker_id = leg.worker_id
-        if all(self.samples[i].finish_reason for i in leg.indexes):
-            self._close_leg(leg)
-
-    def _record_finished(self) -> None:
-        """The request is over (finished, failed or left by its client)."""
-        m, n = self.d.metrics, len(self.samples)
-        m.observe("e2e_request_latency_seconds", time.monotonic() - self._arrival)
-        if self._first_token_at is not None and self.num_output_tokens > n:
-            last = max(s.last_token_at or 0.0 for s in self.samples)  # the latest token's
-            m.observe("time_per_output_token_seconds",
-                      (last - self._first_token_at) / (self.num_output_tokens / n - 1))
-        m.inc("prompt_tokens", value=len(self.token_ids))
-        m.inc("generation_tokens", value=self.num_output_tokens)
-        m.inc("request_success", self.samples[0].finish_reason or "abort")
+        self.progress.observe(outs, leg.resumed)
+        if any(out.finish_reason is not None for out in outs):
+            self.worker_id = leg.worker_id
+            if all(self.progress.samples[i].finish_reason for i in leg.indexes):
+                self._close_leg(leg)
 
     async def stream(self, deadline: float | None = None
                      ) -> AsyncIterator[list[SequenceOutput]]:
@@ -327,7 +294,7 @@ class Generation:
             while True:
                 while self._pending:
                     yield self._pending.popleft()
-                if all(s.finish_reason is not None for s in self.samples):
+                if self.progress.done:
                     break
                 if time.monotonic() - self._watched_at >= WATCH_S:
                     await self._watch()
@@ -355,9 +322,9 @@ class Generation:
                     item = queue.get_nowait()
                 if ready:
                     yield ready
-            self._record_finished()
+            self.progress.record_finished(len(self.token_ids))
         except (GeneratorExit, asyncio.CancelledError, DeadlinePassed):
-            self._record_finished()  # the client left: an abort
+            self.progress.record_finished(len(self.token_ids))  # the client left: an abort
             raise
         finally:
             for timer in (ticker, alarm):
