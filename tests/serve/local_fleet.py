@@ -134,15 +134,21 @@ def client_for(app) -> httpx.AsyncClient:
                              timeout=30)
 
 
-def post_once(fleet: LocalFleet, body: dict, path: str = "/v1/completions",
-              options: ServeOptions = ServeOptions()):
-    """(response, metrics) of one POST to a local app over `fleet`, which is shut down after."""
+def run_against(fleet: LocalFleet, test, options: ServeOptions = ServeOptions()):
+    """(what `test(client)` returns, metrics), its client on a local app over `fleet`, which is
+    shut down after."""
     app, metrics = local_app(fleet, options=options)
 
     async def main():
         async with client_for(app) as client:
-            return await client.post(path, json=body)
+            return await test(client)
     try:
         return asyncio.run(main()), metrics
     finally:
         fleet.shutdown()
+
+
+def post_once(fleet: LocalFleet, body: dict, path: str = "/v1/completions",
+              options: ServeOptions = ServeOptions()):
+    """(response, metrics) of one POST to a local app over `fleet`, which is shut down after."""
+    return run_against(fleet, lambda client: client.post(path, json=body), options)
