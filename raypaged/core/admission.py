@@ -42,6 +42,10 @@ class Growth(NamedTuple):
     held: int       # blocks in its table now
     remaining: int  # output tokens still to come, projected
 
+    def blocks_to_end(self, block_size: int) -> int:
+        """The blocks it still takes before it ends (none if it holds enough already)."""
+        return max(0, -(-(self.now + self.remaining) // block_size) - self.held)
+
 
 def peak_blocks(seqs: Iterable[Growth], used_now: int, block_size: int) -> int:
     """An upper bound on the blocks in use at any future step if nothing else is admitted."""
@@ -50,7 +54,7 @@ def peak_blocks(seqs: Iterable[Growth], used_now: int, block_size: int) -> int:
     if not order:
         return used_now
     # after[k]: growth to the end of order[k:] (at T = d_k, order[k + 1:] have ended)
-    grow = [max(0, -(-(g.now + g.remaining) // bs) - g.held) for g in reversed(order)]
+    grow = [g.blocks_to_end(bs) for g in reversed(order)]
     after = list(itertools.accumulate(grow))[::-1] + [0]
     # blocks(now + T) = q + qT + [r + rT >= 1] + [r + rT >= bs + 1]  for now = q*bs + r,
     # T = qT*bs + rT: summed over the alive from the sum of q and a histogram of r
@@ -137,5 +141,5 @@ def has_headroom(running: list[Request], candidate: Request, kv: "KVCacheManager
     used = pool.num_blocks - pool.num_free  # cached free blocks count as free: evictable
     limit = pool.num_blocks - int(policy.kv_watermark * pool.num_blocks)
     # first: whether it fits even if nothing ever ends (no need to sort)
-    return (used + sum(max(0, -(-(g.now + g.remaining) // bs) - g.held) for g in seqs) <= limit
+    return (used + sum(g.blocks_to_end(bs) for g in seqs) <= limit
             or peak_blocks(seqs, used, bs) <= limit)
