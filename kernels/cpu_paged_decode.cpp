@@ -176,9 +176,14 @@ torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key, torch::Tensor
 torch::Tensor paged_prefill(torch::Tensor query, torch::Tensor key, torch::Tensor value,
                             torch::Tensor block_table, int64_t seq_len, double scale);
 bool paged_prefill_built();
+// cpu_layer_ops.cpp, likewise
+torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor weight, double eps);
+torch::Tensor rotary_bf16(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "decode attention over a paged KV cache, read in place");
   m.def("paged_prefill", &paged_prefill, "causal prefill attention over a paged KV cache (bf16)");
   m.def("paged_prefill_built", &paged_prefill_built, "whether this build has the prefill kernel");
+  m.def("rms_norm_bf16", &rms_norm_bf16, "RMSNorm of bf16 rows, torch's rounding");
+  m.def("rotary_bf16", &rotary_bf16, "the rotate-half rotary embedding of bf16 heads, torch's rounding");
 }

@@ -1,5 +1,6 @@
-"""Build and load the C++ attention for CPUs: decode (`cpu_paged_decode.cpp`, any x86/ARM CPU)
-and bf16 prefill (`cpu_paged_prefill.cpp`, CPUs with AVX512-BF16), one extension.
+"""Build and load the C++ kernels for CPUs, one extension: decode attention
+(`cpu_paged_decode.cpp`, any x86/ARM CPU), bf16 prefill attention (`cpu_paged_prefill.cpp`, CPUs
+with AVX512-BF16) and a decoder layer's bf16 RMSNorm and rotary embedding (`cpu_layer_ops.cpp`).
 
 Built once per machine with the local C++ compiler through torch's extension mechanism
 (`torch.utils.cpp_extension.load`: ninja, cached under TORCH_EXTENSIONS_DIR, default
@@ -30,7 +31,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 SOURCES = [Path(__file__).with_name("cpu_paged_decode.cpp"),
-           Path(__file__).with_name("cpu_paged_prefill.cpp")]
+           Path(__file__).with_name("cpu_paged_prefill.cpp"),
+           Path(__file__).with_name("cpu_layer_ops.cpp")]
 # Mirrors the limits at the top of cpu_paged_decode.cpp.
 MAX_GROUP, MAX_DIM, MAX_BLOCK = 16, 256, 64
 QUERY_DTYPES = (torch.float32, torch.bfloat16)
@@ -143,3 +145,15 @@ def paged_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     key/value [num_blocks, bs, Hkv, D] bf16 holding its first seq_len tokens (this chunk's
     included), block_table [>= ceil(seq_len / bs)] int32 -> [n, H, D] bf16, causal."""
     return load().paged_prefill(query, key, value, block_table, seq_len, scale)
+
+
+def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [T, H], weight [H], contiguous bf16 -> RMSNorm(x) * weight [T, H] bf16, with the
+    rounding of raypaged.model.llama.RMSNorm's torch ops (normalised in fp32, scaled in bf16)."""
+    return load().rms_norm_bf16(x, weight, eps)
+
+
+def rotary_bf16(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, N, D] bf16 (a strided view; its last dim contiguous), cos/sin [T, 1, D/2] bf16 ->
+    rotated [T, N, D], contiguous, with the rounding of raypaged.model.llama.apply_rotary."""
+    return load().rotary_bf16(x, cos, sin)

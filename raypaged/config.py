@@ -116,6 +116,11 @@ class EngineArgs:
         True, "CPU, bf16: prefill attention by a C++ kernel on AVX512-BF16 that reads the paged "
         "KV cache in place (~2x torch's SDPA on long prompts); other CPUs, dtypes and head dims "
         "keep SDPA", group=SCHEDULER)
+    # benchmarks/offline_tpot.py --no-cpu-layer-kernels and vs_vllm.py variants measure it
+    cpu_layer_kernels: bool = setting(
+        True, "CPU, bf16: each layer's RMSNorm and rotary embedding by one C++ call each instead "
+        "of several small torch ops (the same bits; faster decode at small batches)",
+        group=SCHEDULER)
     # model/grammar.py: xgrammar's compile cannot be interrupted, so past this the request fails
     # and its thread finishes the compile in the background (later identical specs fail at once)
     max_structured_output_compile_s: float = setting(

@@ -79,8 +79,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.kernel = None  # (x, weight, eps) -> the same result in one call (use_layer_kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel is not None:
+            return self.kernel(x, self.weight, self.eps)
         # Normalise in fp32 and scale in the model dtype, as transformers does.
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * normed.to(x.dtype)
@@ -97,6 +100,7 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, qkv_out, bias=config.attention_bias)
         self.o_proj = nn.Linear(config.num_heads * config.head_dim, config.hidden_size,
                                 bias=config.o_proj_bias)
+        self.rotate = apply_rotary  # or a kernel giving the same result (use_layer_kernels)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 backend: AttentionBackend, cache: LayerKVCache,
@@ -105,7 +109,7 @@ class Attention(nn.Module):
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)                                  # [T, (H + 2*Hkv) * D]
         # q and k sit side by side in qkv: rotate them in one call.
-        qk = apply_rotary(qkv[:, :(H + Hkv) * D].view(T, H + Hkv, D), cos, sin)  # [T, H+Hkv, D]
+        qk = self.rotate(qkv[:, :(H + Hkv) * D].view(T, H + Hkv, D), cos, sin)  # [T, H+Hkv, D]
         q, k = qk[:, :H], qk[:, H:]                             # [T, H, D], [T, Hkv, D]
         v = qkv[:, (H + Hkv) * D:].view(T, Hkv, D)              # [T, Hkv, D]
         backend.write_kv(k, v, cache, meta)
@@ -271,6 +275,16 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in_features] -> [T, out_features]"""
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+
+def use_layer_kernels(model: LlamaModel, rms_norm, rotary) -> None:
+    """Run every RMSNorm and rotary embedding of `model` by these kernels (the C++ ones of
+    raypaged.kernels.cpu_paged_decode on a bf16 CPU model: same results, one call each)."""
+    for module in model.modules():
+        if isinstance(module, RMSNorm):
+            module.kernel = rms_norm
+        elif isinstance(module, Attention):
+            module.rotate = rotary
 
 
 def pack_linears(model: nn.Module) -> int:

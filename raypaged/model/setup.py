@@ -100,12 +100,15 @@ class ModelSetup:
     def load_model(self):
         """The model's weights on the device, in the dtype and backend decided here."""
         from raypaged.model.loader import load_model
-        from raypaged.model.llama import can_pack, pack_linears
+        from raypaged.model.llama import can_pack, pack_linears, use_layer_kernels
 
         bound_kernel_caches(self.args.onednn_cache_capacity)  # before the first matmul reads it
         model, _ = load_model(self.model_dir, self.dtype, self.device, self.attention_backend())
         if self.args.packed_linears and can_pack(self.dtype, self.device):
             pack_linears(model)
+        if (self.args.cpu_layer_kernels and self.device.type == "cpu"
+                and self.dtype == torch.bfloat16 and cpu_layer_kernels_built()):
+            use_layer_kernels(model, cpu_paged_decode.rms_norm_bf16, cpu_paged_decode.rotary_bf16)
         return model
 
     def build_core(self, model, grammars=None) -> tuple[EngineCore, KVPlan, ModelRunner]:
@@ -149,6 +152,17 @@ def cpu_decode_kernel(config: ModelConfig, dtype: torch.dtype, kv_dtype: torch.d
     log.warning("C++ decode attention off, gather + SDPA instead: %s (install g++ and ninja, or "
                 "pass --no-cpu-decode-kernel to choose this path)", why)
     return None
+
+
+def cpu_layer_kernels_built() -> bool:
+    """Whether the C++ RMSNorm and rotary kernels can run here (else a warning saying why)."""
+    try:
+        cpu_paged_decode.load()
+        return True
+    except RuntimeError as e:
+        log.warning("C++ RMSNorm and rotary kernels off, torch's ops instead: %s (install g++ "
+                    "and ninja, or pass --no-cpu-layer-kernels to choose torch's ops)", e)
+        return False
 
 
 def cpu_prefill_kernel(config: ModelConfig, dtype: torch.dtype, kv_dtype: torch.dtype):
