@@ -8,6 +8,7 @@
 //   rms_norm: out = bf16(w * bf16(x * 1 / sqrt(sum(x^2) / H + eps)))   (x, the sum: fp32)
 //   rotary:   out = [bf16(bf16(x1 c) - bf16(x2 s)), bf16(bf16(x2 c) + bf16(x1 s))]
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
@@ -42,7 +43,7 @@ const uint16_t* bf16_data(const torch::Tensor& t) {
 }
 
 // torch's sum of a contiguous fp32 row (ATen's SumKernel.cpp, cascade_sum -> vectorized_inner_sum,
-// whose float vectors are 8 wide here): the row as 8-float vectors, those in groups of ILP = 4
+// whose float vectors are 8 wide on x86: the sum has no AVX512 kernel; the test checks): the row as 8-float vectors, those in groups of ILP = 4
 // summed lane-wise into 4 accumulators, with chunks of 2^level_power groups carried up LEVELS
 // levels (pairwise-like accuracy); then the leftover vectors into accumulator 0, accumulators
 // 1..3 into it, the leftover scalars into a total, and the 8 lanes into the total, in order.
@@ -96,17 +97,20 @@ torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor weight, double eps) {
   const uint16_t* xs = bf16_data(x);
   const uint16_t* w = bf16_data(weight);
   uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr());
-  std::vector<float> squares(H);
-  for (int64_t t = 0; t < T; ++t) {
-    const uint16_t* row = xs + t * H;
-    for (int64_t i = 0; i < H; ++i) {
-      const float v = bf16_to_float(row[i]);
-      squares[i] = v * v;
+  // rows in parallel (a prefill's thousands), each row alone (a decode step's few)
+  at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> squares(H);
+    for (int64_t t = begin; t < end; ++t) {
+      const uint16_t* row = xs + t * H;
+      for (int64_t i = 0; i < H; ++i) {
+        const float v = bf16_to_float(row[i]);
+        squares[i] = v * v;
+      }
+      const float inv = 1.0f / std::sqrt(torch_row_sum(squares.data(), H) / float(H) + float(eps));
+      for (int64_t i = 0; i < H; ++i)
+        o[t * H + i] = mul(bf16_to_float(w[i]), bf16_to_float(mul(bf16_to_float(row[i]), inv)));
     }
-    const float inv = 1.0f / std::sqrt(torch_row_sum(squares.data(), H) / float(H) + float(eps));
-    for (int64_t i = 0; i < H; ++i)
-      o[t * H + i] = mul(bf16_to_float(w[i]), bf16_to_float(mul(bf16_to_float(row[i]), inv)));
-  }
+  });
   return out;
 }
 
@@ -126,16 +130,18 @@ torch::Tensor rotary_bf16(torch::Tensor x, torch::Tensor cos, torch::Tensor sin)
   const uint16_t* ss = bf16_data(sin);
   uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr());
   const int64_t st = x.stride(0), sn = x.stride(1), sc = cos.stride(0);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t n = 0; n < N; ++n) {
-      const uint16_t* in = xs + t * st + n * sn;
-      uint16_t* dst = o + (t * N + n) * D;
-      for (int64_t i = 0; i < half; ++i) {
-        const float x1 = bf16_to_float(in[i]), x2 = bf16_to_float(in[half + i]);
-        const float c = bf16_to_float(cs[t * sc + i]), s = bf16_to_float(ss[t * sc + i]);
-        dst[i] = float_to_bf16(bf16_to_float(mul(x1, c)) - bf16_to_float(mul(x2, s)));
-        dst[half + i] = float_to_bf16(bf16_to_float(mul(x2, c)) + bf16_to_float(mul(x1, s)));
+  at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t n = 0; n < N; ++n) {
+        const uint16_t* in = xs + t * st + n * sn;
+        uint16_t* dst = o + (t * N + n) * D;
+        for (int64_t i = 0; i < half; ++i) {
+          const float x1 = bf16_to_float(in[i]), x2 = bf16_to_float(in[half + i]);
+          const float c = bf16_to_float(cs[t * sc + i]), s = bf16_to_float(ss[t * sc + i]);
+          dst[i] = float_to_bf16(bf16_to_float(mul(x1, c)) - bf16_to_float(mul(x2, s)));
+          dst[half + i] = float_to_bf16(bf16_to_float(mul(x2, c)) + bf16_to_float(mul(x1, s)));
+        }
       }
-    }
+  });
   return out;
 }
