@@ -116,7 +116,8 @@ class EngineArgs:
         True, "CPU, bf16: prefill attention by a C++ kernel on AVX512-BF16 that reads the paged "
         "KV cache in place (~2x torch's SDPA on long prompts); other CPUs, dtypes and head dims "
         "keep SDPA", group=SCHEDULER)
-    # benchmarks/offline_tpot.py --no-cpu-layer-kernels and vs_vllm.py variants measure it
+    # benchmarks/layer_kernels.py measures it offline, vs_vllm.py with a --no-cpu-layer-kernels
+    # variant served (docs/performance.md)
     cpu_layer_kernels: bool = setting(
         True, "CPU, bf16: each layer's RMSNorm and rotary embedding by one C++ call each instead "
         "of several small torch ops (the same bits; faster decode at small batches)",
