@@ -1,8 +1,8 @@
 // The bf16 glue of a decoder layer on a CPU, one call each: RMSNorm and the rotary embedding.
 //
 // At a small batch a decode step is mostly the linear layers' weight reads; around them run
-// ~300 small torch ops per step (one RMSNorm is eight: cast, pow, mean, add, rsqrt, mul, cast,
-// mul), each microseconds of dispatch for a few hundred values. These do the same arithmetic in
+// hundreds of small torch ops per step (one RMSNorm is about eight: cast, pow, mean, add, rsqrt,
+// mul, cast, mul), each microseconds of dispatch for a few hundred values. These do the same arithmetic in
 // one call, rounding where torch's ops round, and add the squares in the order torch's sum does
 // (below), so they give torch's bits; tests/model/test_cpu_layer_ops.py compares them bit for bit.
 //   rms_norm: out = bf16(w * bf16(x * 1 / sqrt(sum(x^2) / H + eps)))   (x, the sum: fp32)
@@ -32,7 +32,7 @@ inline float bf16_to_float(uint16_t v) {  // bf16 is the top half of an fp32: ex
 inline uint16_t float_to_bf16(float f) {  // round to nearest even, as c10::BFloat16 does
   uint32_t bits;
   std::memcpy(&bits, &f, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN (integer test: -ffast-math)
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN: torch's quiet NaN
   return uint16_t((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
