@@ -8,8 +8,7 @@ per-token time = (median time for output-len tokens - median time for 1) / (outp
 Engine settings are the offline defaults (all the machine's torch threads, unless --num-threads).
 
     python benchmarks/offline_tpot.py [--input-len 256] [--output-len 64] [--dtype auto]
-                                      [--repeats 5] [--num-threads N] [--no-cpu-layer-kernels]
-                                      # prints one JSON line
+                                      [--repeats 5] [--num-threads N]   # prints one JSON line
 """
 from __future__ import annotations
 
@@ -25,13 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def measure(input_len: int, output_len: int, dtype: str, repeats: int,
-            num_threads: int | None = None, seed: int = 0, cpu_layer_kernels: bool = True) -> dict:
+            num_threads: int | None = None, seed: int = 0) -> dict:
     import torch
 
     from raypaged import LLM, SamplingParams
 
-    llm = LLM(dtype=dtype, enable_prefix_caching=False, num_threads=num_threads,
-              cpu_layer_kernels=cpu_layer_kernels)
+    llm = LLM(dtype=dtype, enable_prefix_caching=False, num_threads=num_threads)
     vocab = llm.get_tokenizer().vocab_size
     rng = random.Random(seed)
     prompt = {"prompt_token_ids": [rng.randrange(100, vocab - 100) for _ in range(input_len)]}
@@ -50,7 +48,7 @@ def measure(input_len: int, output_len: int, dtype: str, repeats: int,
     per_token = (statistics.median(full) - statistics.median(one)) / (output_len - 1)
     return {"per_token_ms": per_token * 1e3, "prefill_ms": statistics.median(one) * 1e3,
             "threads": torch.get_num_threads(), "input_len": input_len,
-            "output_len": output_len, "repeats": repeats, "cpu_layer_kernels": cpu_layer_kernels}
+            "output_len": output_len, "repeats": repeats}
 
 
 def main() -> None:
@@ -60,11 +58,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--num-threads", type=int, help="torch threads (default: all the machine's)")
-    ap.add_argument("--no-cpu-layer-kernels", dest="cpu_layer_kernels", action="store_false",
-                    help="torch's ops for RMSNorm and the rotary embedding (the engine's switch)")
     args = ap.parse_args()
     print(json.dumps(measure(args.input_len, args.output_len, args.dtype, args.repeats,
-                             args.num_threads, cpu_layer_kernels=args.cpu_layer_kernels)))
+                             args.num_threads)))
 
 
 if __name__ == "__main__":
