@@ -1,8 +1,6 @@
 """Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}} with a real status."""
 from __future__ import annotations
 
-import json
-
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
@@ -30,9 +28,6 @@ class APIError(Exception):
         if self.retry_after is not None:
             headers["Retry-After"] = str(self.retry_after)
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
-
-    def sse(self) -> str:
-        return f"data: {json.dumps(self.body())}\n\n"
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:

@@ -94,7 +94,7 @@ async def sse_events(gens: list[Generation], n: int, chunk: Callable, head: dict
         error = exc if isinstance(exc, APIError) else timed_out()
         # counted as http_app counts the errors answered before a stream starts
         gens[0].d.metrics.inc("request_errors", str(error.status))
-        yield error.sse()
+        yield sse_data(error.body())
     finally:
         await stream.aclose()  # a client gone: the abort is counted before the close
         await asyncio.gather(*(g.close() for g in gens), return_exceptions=True)

@@ -202,7 +202,7 @@ def test_a_stream_past_its_deadline_ends_with_a_timeout_event_and_counts_an_abor
                                       lambda: timed_out))
     sent = asyncio.run(main())
     assert len(sent) == 3 and '"text": "a"' in sent[0]
-    assert sent[1] == timed_out.sse() and sent[2] == "data: [DONE]\n\n"
+    assert sent[1] == sse_data(timed_out.body()) and sent[2] == "data: [DONE]\n\n"
     assert g.d.metrics.counters["request_success"] == {"abort": 1.0}
     assert g.d.closed_workers == ["worker-0"]
 
