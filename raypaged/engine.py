@@ -14,7 +14,7 @@ from raypaged.core.contracts import Continuation, EngineStats, RequestDelta
 from raypaged.core.engine_core import ERROR, EngineCore
 from raypaged.settings import flag
 from raypaged.core.sampling_params import SamplingParams
-from raypaged.output_processor import OutputProcessor
+from raypaged.output_processor import IncrementalDetokenizer, OutputProcessor
 from raypaged.output_stage import OutputStage
 from raypaged.outputs import SequenceOutput
 
@@ -114,7 +114,7 @@ class Engine:
                               block_hashes)
         if held:
             self._compiling[request_id] = (compile_, params.structured_outputs)
-        detok = self.outputs.detokenizer(prompt, params)
+        detok = IncrementalDetokenizer(self.tokenizer, prompt, params)
         if continuation is not None:
             try:  # here, not on the stage: the caller learns at once that it does not fit
                 detok.resume(continuation.output_token_ids, continuation.text_chars)

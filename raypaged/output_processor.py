@@ -35,20 +35,18 @@ class IncrementalDetokenizer:
     token that ended the sample: see SamplingParams.skip_special_tokens.
     """
 
-    def __init__(self, tokenizer, prompt_token_ids: Sequence[int], stop: Sequence[str] = (),
-                 include_stop_str_in_output: bool = False,
-                 skip_special_tokens: bool = True, min_tokens: int = 0) -> None:
+    def __init__(self, tokenizer, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         self.tokenizer = tokenizer
-        self.skip_special = skip_special_tokens
+        self.skip_special = params.skip_special_tokens
         self.ids = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
-        self.stop = tuple(stop)
-        self.include_stop = include_stop_str_in_output
+        self.stop = params.stop
+        self.include_stop = params.include_stop_str_in_output
         self.hold = max((len(s) for s in self.stop), default=1) - 1
         # As vLLM: a stop string counts only once the output is longer than min_tokens, and
         # must end past the text of its first min_tokens tokens (min_chars characters).
-        self.min_tokens = min_tokens
+        self.min_tokens = params.min_tokens
         self.num_tokens = 0
         self.min_chars = 0
         self.text = ""          # all decoded output text (cut at a stop string once found)
@@ -128,15 +126,10 @@ class OutputProcessor:
         # from core has not arrived yet: their later deltas are dropped.
         self._ended_here: set[str] = set()
 
-    def detokenizer(self, prompt: Sequence[int], params: SamplingParams) -> IncrementalDetokenizer:
-        return IncrementalDetokenizer(self.tokenizer, prompt, params.stop,
-                                      params.include_stop_str_in_output,
-                                      params.skip_special_tokens, params.min_tokens)
-
     def add(self, request_id: str, prompt: list[int], params: SamplingParams, index: int,
             detok: IncrementalDetokenizer) -> None:
-        """Track a new request's first sample (index), with its detokenizer made by
-        `detokenizer()` (and resumed, for a continuation)."""
+        """Track a new request's first sample (index), with its detokenizer (resumed, for a
+        continuation)."""
         self._prompts[request_id] = (prompt, params)
         self._seqs[request_id] = _Sequence(request_id, index, detok, len(prompt))
         self._live[request_id] = 1
@@ -153,8 +146,9 @@ class OutputProcessor:
                 # finish is handled: when all samples end in the step that forks them
                 # (max_tokens=1, say), forgetting the first would drop the prompt the others need.
                 prompt, params = self._prompts[d.parent_id]
-                self._seqs[d.request_id] = _Sequence(d.parent_id, d.sample_index,
-                                                     self.detokenizer(prompt, params), len(prompt))
+                detok = IncrementalDetokenizer(self.tokenizer, prompt, params)
+                self._seqs[d.request_id] = _Sequence(d.parent_id, d.sample_index, detok,
+                                                     len(prompt))
                 self._live[d.parent_id] += 1
         outs, aborts = [], []
         for d in deltas:

@@ -11,7 +11,7 @@ from raypaged.output_processor import IncrementalDetokenizer
 
 
 def deltas_from(tok, prompt_ids, ids, cut, text_chars, stop):
-    detok = IncrementalDetokenizer(tok, prompt_ids, stop)
+    detok = IncrementalDetokenizer(tok, prompt_ids, SamplingParams(stop=stop))
     detok.resume(ids[:cut], text_chars)
     return [detok.add([t]) for t in ids[cut:]]
 
@@ -21,7 +21,7 @@ def test_the_detokenizer_resumes_at_every_cut_with_the_same_text(llm):
     prompt_ids = tok.encode("Say:")
     ids = tok.encode(" héllo 🦊 wörld — 東京 ✓ and then Paris, of course")
     stop = ("Paris",)
-    whole = IncrementalDetokenizer(tok, prompt_ids, stop)
+    whole = IncrementalDetokenizer(tok, prompt_ids, SamplingParams(stop=stop))
     deltas = []
     for t in ids:
         deltas.append(whole.add([t]))
@@ -40,7 +40,7 @@ def test_the_detokenizer_resumes_at_every_cut_with_the_same_text(llm):
 
 def test_a_continuation_that_claims_more_text_than_its_tokens_is_refused(llm):
     tok = llm.get_tokenizer()
-    detok = IncrementalDetokenizer(tok, tok.encode("Say:"))
+    detok = IncrementalDetokenizer(tok, tok.encode("Say:"), SamplingParams())
     with pytest.raises(ValueError, match="text_chars=99"):
         detok.resume(tok.encode(" hi"), 99)
 

@@ -1,10 +1,11 @@
 """Incremental detokenization: multi-byte characters and stop strings, token by token."""
+from raypaged.core.sampling_params import SamplingParams
 from raypaged.output_processor import IncrementalDetokenizer
 
 
 def stream(tok, text, stop=(), prompt="Say:"):
     ids = tok.encode(text)
-    detok = IncrementalDetokenizer(tok, tok.encode(prompt), stop)
+    detok = IncrementalDetokenizer(tok, tok.encode(prompt), SamplingParams(stop=stop))
     deltas = [detok.add([t], finished=(i == len(ids) - 1)) for i, t in enumerate(ids)]
     return deltas, detok
 
@@ -32,7 +33,7 @@ def test_held_back_text_never_exceeds_the_longest_stop_string():
     whole output)."""
     tok = _Bytes()
     for stop in (("END",), ("x" * 40, "no"), ("é" * 5,)):
-        detok = IncrementalDetokenizer(tok, [], stop)
+        detok = IncrementalDetokenizer(tok, [], SamplingParams(stop=stop))
         hold = max(len(s) for s in stop) - 1
         for t in tok.encode("some text that never stops, " * 20):
             detok.add([t])
@@ -46,21 +47,20 @@ def test_stop_strings_wait_for_min_tokens_as_in_vllm():
     output is longer than min_tokens): a stop string must end in text of a token past the
     first min_tokens. Before, "o" in "one" ended a min_tokens=5 request with no text."""
     from raypaged.core.contracts import RequestDelta
-    from raypaged.core.sampling_params import SamplingParams
     from raypaged.output_processor import OutputProcessor
 
     tok = _Bytes()
     ids = tok.encode("one two three")
     for min_tokens, stop, text in ((0, "o", ""), (5, "o", "one tw"), (5, "tw", "one "),
                                    (7, "o", "one two three")):
-        detok = IncrementalDetokenizer(tok, [], (stop,), min_tokens=min_tokens)
+        params = SamplingParams(min_tokens=min_tokens, stop=stop, max_tokens=len(ids))
+        detok = IncrementalDetokenizer(tok, [], params)
         streamed = "".join(detok.add([t], finished=i == len(ids) - 1) for i, t in enumerate(ids))
         assert (streamed, detok.text) == (text, text), (min_tokens, stop)
         assert detok.stop_reason == (None if text == "one two three" else stop)
         # the engine's output processor passes the request's min_tokens on
         proc = OutputProcessor(tok)
-        params = SamplingParams(min_tokens=min_tokens, stop=stop, max_tokens=len(ids))
-        proc.add("r", [], params, 0, proc.detokenizer([], params))
+        proc.add("r", [], params, 0, IncrementalDetokenizer(tok, [], params))
         outs = [o for i, t in enumerate(ids) for o in proc.process(
             [RequestDelta("r", (t,), "length" if i == len(ids) - 1 else None)])[0]]
         assert "".join(o.new_text for o in outs) == text
@@ -82,7 +82,6 @@ def test_stop_string_in_the_stop_tokens_own_text_is_the_stop_reason_as_in_vllm()
     processor sets it over the token id), and the text ends with it. Before, the text was cut
     at the stop string while stop_reason still named the token id."""
     from raypaged.core.contracts import RequestDelta
-    from raypaged.core.sampling_params import SamplingParams
     from raypaged.output_processor import OutputProcessor
 
     tok = _Bytes()
@@ -91,7 +90,7 @@ def test_stop_string_in_the_stop_tokens_own_text_is_the_stop_reason_as_in_vllm()
         params = SamplingParams(stop="!", stop_token_ids=[ord("!")], max_tokens=8,
                                 include_stop_str_in_output=include)
         proc = OutputProcessor(tok)
-        proc.add("r", [], params, 0, proc.detokenizer([], params))
+        proc.add("r", [], params, 0, IncrementalDetokenizer(tok, [], params))
         outs = [o for i, t in enumerate(ids) for o in proc.process(
             [RequestDelta("r", (t,), "stop" if i == len(ids) - 1 else None,
                           stop_reason=t if i == len(ids) - 1 else None)])[0]]

@@ -8,7 +8,7 @@ import pytest
 
 from raypaged.core.contracts import RequestDelta
 from raypaged.core.sampling_params import SamplingParams
-from raypaged.output_processor import OutputProcessor
+from raypaged.output_processor import IncrementalDetokenizer, OutputProcessor
 
 ANSWER = 'Let me check.[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}]'
 
@@ -27,7 +27,7 @@ def text_of(tok, ids: list[int], **params) -> tuple[str, list[str]]:
     """The sample's text, one token a step, the last one ending it (finish_reason "stop")."""
     out = OutputProcessor(tok)
     prompt, sp = tok.encode("Weather?"), SamplingParams(**params)
-    out.add("r", prompt, sp, 0, out.detokenizer(prompt, sp))
+    out.add("r", prompt, sp, 0, IncrementalDetokenizer(tok, prompt, sp))
     pieces = []
     for i, t in enumerate(ids):
         [o], _ = out.process([RequestDelta("r", (t,), "stop" if i == len(ids) - 1 else None)])
