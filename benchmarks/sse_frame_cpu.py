@@ -56,7 +56,7 @@ class _Dispatcher:
         self.metrics = RequestMetrics()
         self.fleet = SimpleNamespace(snapshot=_Snapshot)
 
-    def closed(self, worker_id: str) -> None:
+    def opened(self, worker_id: str, blocks: int = 0, n: int = 1) -> None:
         pass
 
 

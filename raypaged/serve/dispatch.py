@@ -88,18 +88,12 @@ class Dispatcher:
         """Skip a worker that just failed until the controller has had time to notice."""
         self._suspect_until[worker_id] = (time.monotonic() + self.suspect_s, incarnation)
 
-    def opened(self, worker_id: str) -> None:
-        self.inflight[worker_id] += 1
-        self._loads.opened(worker_id)
-
-    def closed(self, worker_id: str) -> None:
-        self.inflight[worker_id] -= 1
-        self._loads.opened(worker_id, -1)
-
-    def placed(self, worker_id: str, blocks: int) -> None:
+    def opened(self, worker_id: str, blocks: int = 0, n: int = 1) -> None:
         """A leg of `blocks` (its request at its longest, as the gate counts it) opened on the
-        worker; negative: closed."""
-        self.blocks[worker_id] += blocks
+        worker; n=-1: closed."""
+        self.inflight[worker_id] += n
+        self.blocks[worker_id] += n * blocks
+        self._loads.opened(worker_id, n)
 
     def room_first(self, order: list[str], snap: FleetSnapshot, blocks: int) -> list[str]:
         """The routing order with the workers whose KV cache this replica has not filled

@@ -136,8 +136,7 @@ class Generation:
         leg.request_id = (self.request_id if self._opens == 1
                           else f"{self.request_id}-{self._opens - 1}")
         self.worker_id = leg.worker_id
-        self.d.opened(leg.worker_id)
-        self.d.placed(leg.worker_id, leg.blocks)
+        self.d.opened(leg.worker_id, leg.blocks)
         self._legs.append(leg)
         try:
             leg.link = self.d.fleet.link(view)
@@ -202,9 +201,7 @@ class Generation:
     def _close_leg(self, leg: Leg) -> None:
         finished = all(self.progress.samples[i].finish_reason for i in leg.indexes)
         if leg.close(finished):
-            self.d.closed(leg.worker_id)
-            if leg.blocks:  # placed by _submit (0: no blocks counted for it)
-                self.d.placed(leg.worker_id, -leg.blocks)
+            self.d.opened(leg.worker_id, leg.blocks, -1)
 
     async def close(self) -> None:
         """Leave every worker (cancelling unfinished requests) and the gate; idempotent."""

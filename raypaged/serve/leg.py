@@ -22,7 +22,7 @@ class Leg:
     link: WorkerLink | None = None
     first: asyncio.Future | None = None
     closed: bool = False
-    blocks: int = 0                  # counted on its worker for routing (Dispatcher.placed)
+    blocks: int = 0                  # counted on its worker for routing (Dispatcher.opened)
 
     def sink(self, queue: asyncio.Queue):
         """The link's sink for this leg: the first item to `first`, the rest to `queue`."""

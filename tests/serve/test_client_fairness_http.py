@@ -172,12 +172,12 @@ def test_workers_this_router_has_filled_go_last_in_the_routing_order():
     try:
         d = Dispatcher(fleet, Router(ServeOptions(), 16), RequestMetrics())
         snap = fleet.snapshot()
-        d.placed("worker-0", 60)
-        d.placed("worker-2", 64)
+        d.opened("worker-0", 60)
+        d.opened("worker-2", 64)
         order = ["worker-2", "worker-0", "worker-1"]
         assert d.room_first(order, snap, 4) == ["worker-0", "worker-1", "worker-2"]
         assert d.room_first(order, snap, 5) == ["worker-1", "worker-2", "worker-0"]
-        d.placed("worker-2", -64)  # its legs closed
+        d.opened("worker-2", 64, -1)  # its legs closed
         assert d.room_first(order, snap, 4) == order
     finally:
         fleet.shutdown()

@@ -72,19 +72,19 @@ def test_a_non_streaming_request_continues_elsewhere_and_names_the_worker_that_f
 
 
 def test_each_continuation_counts_the_blocks_of_its_one_sample_where_it_goes(monkeypatch):
-    """The router counts each leg's KV blocks on its worker (Dispatcher.placed) and ranks the
+    """The router counts each leg's KV blocks on its worker (Dispatcher.opened) and ranks the
     workers with room for it first (Dispatcher.rank): the first leg the whole request's, n = 3 samples; each sample
     carried on alone after the failover, one sample's, not the request's three."""
     from raypaged.core.fair_admission import blocks_needed
     from raypaged.serve.dispatch import Dispatcher
 
     placed = []
-    real = Dispatcher.placed
+    real = Dispatcher.opened
 
-    def record(self, worker_id, blocks):
-        placed.append((worker_id, blocks))
-        return real(self, worker_id, blocks)
-    monkeypatch.setattr(Dispatcher, "placed", record)
+    def record(self, worker_id, blocks=0, n=1):
+        placed.append((worker_id, n * blocks))
+        return real(self, worker_id, blocks, n)
+    monkeypatch.setattr(Dispatcher, "opened", record)
     ranked, real_rank = [], Dispatcher.rank
 
     def rank(self, tokens, cache_salt, exclude, blocks, count):

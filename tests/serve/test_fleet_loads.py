@@ -128,7 +128,7 @@ def test_the_dispatcher_counts_its_own_requests_in_the_arrays_between_snapshots(
     d.opened("w1")
     d.opened("w1")
     d.opened("w0")
-    d.closed("w0")
+    d.opened("w0", n=-1)
     _, again = d.candidates(set())
     assert again is loads and again.requests.tolist() == [5, 4]   # no rebuild, exact counts
     _, some = d.candidates({"w0"})

@@ -147,8 +147,9 @@ class _Dispatcher:
         self.fleet = _Fleet()
         self.closed_workers: list[str] = []
 
-    def closed(self, worker_id: str) -> None:
-        self.closed_workers.append(worker_id)
+    def opened(self, worker_id: str, blocks: int = 0, n: int = 1) -> None:
+        if n < 0:
+            self.closed_workers.append(worker_id)
 
 
 def _out(text: str, finish: str | None = None) -> list[SequenceOutput]:
