@@ -211,7 +211,6 @@ class Generation:
             self._closed = True
             if all(s.finish_reason not in (None, "abort") for s in self.progress.samples):
                 self.d.gate.finished([len(s.token_ids) for s in self.progress.samples])
-        if self._unclosed is not None:
             _leave_gate(self.d.gate, self._unclosed, self._ticket)
 
     # -- failover (failover.py) ---------------------------------------------------------------
@@ -345,9 +344,9 @@ async def gather_or_cancel(*aws) -> list:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _leave_gate(gate, unclosed: weakref.finalize | None, ticket) -> None:
+def _leave_gate(gate, unclosed: weakref.finalize, ticket) -> None:
     """Give the ticket back, once (detach(): None once given back)."""
-    if unclosed is not None and unclosed.detach() is not None:
+    if unclosed.detach() is not None:
         gate.leave(ticket)
 
 
