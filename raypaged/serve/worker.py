@@ -54,17 +54,11 @@ class QueueBound:
     is refused while `max_queued` (>= 1 of them) are queued, with a Retry-After from the pace at
     which this worker has been finishing requests."""
 
-    def __init__(self, max_queued: int, num_blocks: int, block_size: int, max_model_len: int):
-        self.max_queued = max_queued
-        self.num_blocks, self.block_size, self.max_model_len = num_blocks, block_size, max_model_len
+    def __init__(self, max_queued: int, num_blocks: int):
+        self.max_queued, self.num_blocks = max_queued, num_blocks
         self.count = 0     # requests accepted and not finished
         self.blocks = 0    # the KV blocks they may grow to, together
         self._finished_at: collections.deque[float] = collections.deque(maxlen=PACE_WINDOW)
-
-    def need(self, num_prompt_tokens: int, max_tokens: int | None, n: int) -> int:
-        """Blocks a request may hold at its longest (no max_tokens: the rest of max_model_len)."""
-        return blocks_needed(num_prompt_tokens, max_tokens, n, self.block_size,
-                             self.max_model_len)
 
     def queued(self) -> int:
         return self.count - min(self.count, self.count * self.num_blocks // max(self.blocks, 1))
@@ -126,7 +120,7 @@ class Worker:
         self.node_id = node_id
         self.incarnation = uuid.uuid4().hex[:12]
         plan = engine.plan
-        self.bound = QueueBound(max_queued, plan.num_blocks, plan.block_size, plan.max_model_len)
+        self.bound = QueueBound(max_queued, plan.num_blocks)
         self._loop: EngineLoop | None = None  # started on first use: it needs the event loop
         self._requests: dict[str, _Accepted] = {}
         self._outboxes: dict[str, _Outbox] = {}  # router id -> its outbox
@@ -148,9 +142,11 @@ class Worker:
             return Rejected(f"worker {self.worker_id} has {self.bound.max_queued} requests "
                             "waiting for KV cache space", queue_full=True,
                             retry_after_s=self.bound.retry_after_s())
+        # what it may hold at its longest (no max_tokens: the rest of max_model_len)
         done = len(continuation.output_token_ids) if continuation else 0
-        blocks = self.bound.need(len(prompt_token_ids) + done,
-                                 params.max_tokens and params.max_tokens - done, params.n)
+        blocks = blocks_needed(len(prompt_token_ids) + done,
+                               params.max_tokens and params.max_tokens - done, params.n,
+                               self.engine.plan.block_size, self.engine.plan.max_model_len)
         outbox = self._outboxes.setdefault(router_id, _Outbox())  # the stream may come second
         if outbox.closed:
             return Rejected(f"the stream of router {router_id} has ended", queue_full=True)
