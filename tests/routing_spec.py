@@ -11,13 +11,13 @@ import numpy as np
 from raypaged.core.block_hash import BlockHash, hash_block_tokens
 from raypaged.core.cache_summary import block_key
 from raypaged.serve.fleet_loads import fleet_salts
-from raypaged.serve.routing import rendezvous_weights
+from raypaged.serve.routing import RendezvousWeights
 
 
 def rendezvous_order(key: BlockHash, worker_ids: Sequence[str]) -> list[str]:
     """The workers by rendezvous weight, highest first."""
     salts, names = fleet_salts(tuple(worker_ids))
-    weights = rendezvous_weights(key, salts)
+    weights = RendezvousWeights(key, salts)[:]
     # ~weights sorts highest first; a stable sort breaks (2^-64-rare) ties by the given order
     return names[np.argsort(~weights, kind="stable")].tolist()
 

@@ -53,14 +53,10 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def rendezvous_weights(key: BlockHash, salts: np.ndarray) -> np.ndarray:
-    return _splitmix64(salts ^ np.uint64(int.from_bytes(key[:8], "little")))
-
-
 class RendezvousWeights:
-    """rendezvous_weights(key, salts)[idx], computed only for the workers asked about: a
-    cache_aware choice needs the weights of its tied candidates (and of every ready worker only
-    when someone looks past its first choice), not all W."""
+    """The key's rendezvous weight of each worker (by its salt), computed only for the workers
+    asked about: a cache_aware choice needs the weights of its tied candidates (and of every
+    ready worker only when someone looks past its first choice), not all W; `[:]`: all."""
 
     def __init__(self, key: BlockHash, salts: np.ndarray) -> None:
         self._key, self._salts = np.uint64(int.from_bytes(key[:8], "little")), salts
@@ -160,18 +156,18 @@ class Router:
             ids = loads.ready_ids()
             start = next(self._turn) % len(ids)
             return ids[start:] + ids[:start], ROUND_ROBIN
+        weights = RendezvousWeights(prompt.route_key, loads.salts)
         if self.config.routing == "cache_aware":
-            lazy = RendezvousWeights(prompt.route_key, loads.salts)
             best, hit = cheapest(prompt.num_tokens, prompt.block_keys, self.block_size, loads,
-                                 lazy, self.config.route_load_factor, prompt.blocks_at,
+                                 weights, self.config.route_load_factor, prompt.blocks_at,
                                  self.config.route_cache_slack,
                                  self.config.route_recompute_weight)
             # charged until the next snapshot: the prefill this request adds there (cost_routing)
             loads.queued[best] += prompt.num_tokens - hit
-            return Ranking(loads, lazy, best), CACHED if hit else COLD
-        weights = rendezvous_weights(prompt.route_key, loads.salts)
-        best, top = _first_under_bound(loads, weights, self.config.route_load_factor)
-        return Ranking(loads, weights, best), AFFINITY if best == top else LOAD_BOUND
+            return Ranking(loads, weights, best), CACHED if hit else COLD
+        every = weights[:]  # the load bound looks at every ready worker's
+        best, top = _first_under_bound(loads, every, self.config.route_load_factor)
+        return Ranking(loads, every, best), AFFINITY if best == top else LOAD_BOUND
 
 
 def _first_under_bound(loads: FleetLoads, weights: np.ndarray,
