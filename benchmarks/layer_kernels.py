@@ -1,6 +1,7 @@
-"""The C++ RMSNorm and rotary kernels (`--cpu-layer-kernels`) against torch's ops, offline, in one
-process: the same bf16 engine switched between them (`raypaged.model.llama.use_layer_kernels`)
-between runs, interleaved --repeats times, so the machine's drift falls on both alike.
+"""The C++ layer kernels (`--cpu-layer-kernels`: RMSNorm alone and after the residual add, rotary,
+KV store) against torch's ops, offline, in one process: the same bf16 engine switched between
+them (`raypaged.model.llama.use_layer_kernels`, the attention backend's `store_kernel`) between
+runs, interleaved --repeats times, so the machine's drift falls on both alike.
 
 Per-token decode time at each batch size: `LLM.generate` of B random prompts of --input-len
 tokens for 1 and for --output-len tokens (greedy, ignore_eos, prefix caching off); per token =
@@ -32,8 +33,14 @@ def measure(threads: int, batches: list[int], repeats: int, input_len: int,
 
     llm = LLM(dtype="bfloat16", enable_prefix_caching=False, num_threads=threads)
     model = llm.engine.runner.model
-    modes = {"kernels": (cpu_paged_decode.rms_norm_bf16, cpu_paged_decode.rotary_bf16),
-             "torch": (None, apply_rotary)}
+    modes = {"kernels": (cpu_paged_decode.rms_norm_bf16, cpu_paged_decode.add_rms_norm_bf16,
+                         cpu_paged_decode.rotary_bf16, cpu_paged_decode.store_kv),
+             "torch": (None, None, apply_rotary, None)}
+
+    def use(ops) -> None:
+        use_layer_kernels(model, *ops[:3])
+        model.backend.store_kernel = ops[3]
+
     vocab = llm.get_tokenizer().vocab_size
     rng = random.Random(0)
     rows = []
@@ -50,11 +57,11 @@ def measure(threads: int, batches: list[int], repeats: int, input_len: int,
         times = {mode: ([], []) for mode in modes}
         tokens = {}
         for mode, ops in modes.items():  # warm-up: oneDNN builds its kernels per shape once
-            use_layer_kernels(model, *ops)
+            use(ops)
             run(output_len)
         for _ in range(repeats):
             for mode, ops in modes.items():
-                use_layer_kernels(model, *ops)
+                use(ops)
                 one, full = times[mode]
                 one.append(run(1)[0])
                 elapsed, tokens[mode] = run(output_len)
@@ -96,7 +103,7 @@ def main() -> None:
                label="C++ layer kernels")
         ax.set_xticks(list(xs), labels)
         ax.set_ylabel("ms per decode step")
-        ax.set_title("bf16 decode step, RMSNorm + rotary: torch ops vs C++ (lower is better)")
+        ax.set_title("bf16 decode step, layer glue: torch ops vs C++ (lower is better)")
         ax.legend()
         fig.tight_layout()
         fig.savefig(report.plot_path(args.name))

@@ -1,4 +1,5 @@
-// The bf16 glue of a decoder layer on a CPU, one call each: RMSNorm and the rotary embedding.
+// The bf16 glue of a decoder layer on a CPU, one call each: RMSNorm (alone or after the residual
+// add), the rotary embedding and the KV cache write.
 //
 // At a small batch a decode step is mostly the linear layers' weight reads; around them run
 // hundreds of small torch ops per step (one RMSNorm is about eight: cast, pow, mean, add, rsqrt,
@@ -6,7 +7,9 @@
 // one call, rounding where torch's ops round, and add the squares in the order torch's sum does
 // (below), so they give torch's bits; tests/model/test_cpu_layer_ops.py compares them bit for bit.
 //   rms_norm: out = bf16(w * bf16(x * 1 / sqrt(sum(x^2) / H + eps)))   (x, the sum: fp32)
+//   add_rms_norm: sum = bf16(x + delta), out = rms_norm(sum)        (torch's bf16 add: fp32, once rounded)
 //   rotary:   out = [bf16(bf16(x1 c) - bf16(x2 s)), bf16(bf16(x2 c) + bf16(x1 s))]
+//   store_kv: key/value rows copied to their cache slots (index_copy_'s bytes, two calls' work)
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -85,33 +88,94 @@ float torch_row_sum(const float* x, int64_t n) {
   return total;
 }
 
-}  // namespace
-
-torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor weight, double eps) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && weight.is_contiguous() &&
-              x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16 &&
-              weight.numel() == x.size(1) && x.device().is_cpu(),
-              "rms_norm_bf16: x [T, H] and weight [H], contiguous bf16 CPU tensors");
-  const int64_t T = x.size(0), H = x.size(1);
-  auto out = torch::empty_like(x);
-  const uint16_t* xs = bf16_data(x);
-  const uint16_t* w = bf16_data(weight);
-  uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr());
+// out = rms_norm(x) per row; given `delta`, x = bf16(x + delta) first, written to `sum`.
+void rms_norm_rows(const uint16_t* xs, const uint16_t* delta, const uint16_t* w, uint16_t* sum,
+                   uint16_t* o, int64_t T, int64_t H, float eps) {
   // rows in parallel (a prefill's thousands), each row alone (a decode step's few)
   at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> squares(H);
     for (int64_t t = begin; t < end; ++t) {
       const uint16_t* row = xs + t * H;
+      if (delta != nullptr) {
+        for (int64_t i = 0; i < H; ++i)
+          sum[t * H + i] = float_to_bf16(bf16_to_float(row[i]) + bf16_to_float(delta[t * H + i]));
+        row = sum + t * H;
+      }
       for (int64_t i = 0; i < H; ++i) {
         const float v = bf16_to_float(row[i]);
         squares[i] = v * v;
       }
-      const float inv = 1.0f / std::sqrt(torch_row_sum(squares.data(), H) / float(H) + float(eps));
+      const float inv = 1.0f / std::sqrt(torch_row_sum(squares.data(), H) / float(H) + eps);
       for (int64_t i = 0; i < H; ++i)
         o[t * H + i] = mul(bf16_to_float(w[i]), bf16_to_float(mul(bf16_to_float(row[i]), inv)));
     }
   });
+}
+
+void check_norm_args(const torch::Tensor& x, const torch::Tensor& weight, const char* name) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && weight.is_contiguous() &&
+              x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16 &&
+              weight.numel() == x.size(1) && x.device().is_cpu(),
+              name, ": x [T, H] and weight [H], contiguous bf16 CPU tensors");
+}
+
+}  // namespace
+
+torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor weight, double eps) {
+  check_norm_args(x, weight, "rms_norm_bf16");
+  auto out = torch::empty_like(x);
+  rms_norm_rows(bf16_data(x), nullptr, bf16_data(weight), nullptr,
+                reinterpret_cast<uint16_t*>(out.data_ptr()), x.size(0), x.size(1), float(eps));
   return out;
+}
+
+// -> (x + delta, rms_norm(x + delta)): a layer's residual add and the norm after it, one call.
+std::tuple<torch::Tensor, torch::Tensor> add_rms_norm_bf16(torch::Tensor x, torch::Tensor delta,
+                                                           torch::Tensor weight, double eps) {
+  check_norm_args(x, weight, "add_rms_norm_bf16");
+  TORCH_CHECK(delta.sizes() == x.sizes() && delta.is_contiguous() &&
+              delta.scalar_type() == at::kBFloat16 && delta.device().is_cpu(),
+              "add_rms_norm_bf16: delta shaped as x, contiguous bf16 on the CPU");
+  auto sum = torch::empty_like(x);
+  auto out = torch::empty_like(x);
+  rms_norm_rows(bf16_data(x), bf16_data(delta), bf16_data(weight),
+                reinterpret_cast<uint16_t*>(sum.data_ptr()),
+                reinterpret_cast<uint16_t*>(out.data_ptr()), x.size(0), x.size(1), float(eps));
+  return {sum, out};
+}
+
+// key/value [T, Hkv, D] (rows may be strided views, each row's Hkv * D values contiguous) ->
+// the caches [num_blocks, block_size, Hkv, D] at flat row slots[t]; slot -1 (padding) is skipped.
+void store_kv(torch::Tensor key, torch::Tensor value, torch::Tensor key_cache,
+              torch::Tensor value_cache, torch::Tensor slots) {
+  TORCH_CHECK(key.dim() == 3 && key.sizes() == value.sizes() && key_cache.dim() == 4 &&
+              key_cache.sizes() == value_cache.sizes() && key_cache.is_contiguous() &&
+              value_cache.is_contiguous() && key.size(1) == key_cache.size(2) &&
+              key.size(2) == key_cache.size(3),
+              "store_kv: key/value [T, Hkv, D], caches [num_blocks, block_size, Hkv, D] contiguous");
+  const int64_t T = key.size(0), row = key.size(1) * key.size(2);
+  TORCH_CHECK(key.stride(2) == 1 && key.stride(1) == key.size(2) && value.stride(2) == 1 &&
+              value.stride(1) == value.size(2), "store_kv: each token's Hkv * D values contiguous");
+  TORCH_CHECK(key.scalar_type() == key_cache.scalar_type() &&
+              value.scalar_type() == key_cache.scalar_type() &&
+              value_cache.scalar_type() == key_cache.scalar_type() && key.device().is_cpu() &&
+              key_cache.device().is_cpu(), "store_kv: CPU tensors of the cache's dtype");
+  TORCH_CHECK(slots.dim() == 1 && slots.size(0) == T && slots.is_contiguous() &&
+              slots.scalar_type() == at::kLong, "store_kv: slots [T] int64");
+  const int64_t capacity = key_cache.size(0) * key_cache.size(1);
+  const int64_t bytes = row * key.element_size();
+  const int64_t* s = slots.data_ptr<int64_t>();
+  const char* k = static_cast<const char*>(key.data_ptr());
+  const char* v = static_cast<const char*>(value.data_ptr());
+  char* kc = static_cast<char*>(key_cache.data_ptr());
+  char* vc = static_cast<char*>(value_cache.data_ptr());
+  const int64_t ks = key.stride(0) * key.element_size(), vs = value.stride(0) * value.element_size();
+  for (int64_t t = 0; t < T; ++t) {
+    if (s[t] < 0) continue;
+    TORCH_CHECK(s[t] < capacity, "store_kv: slot ", s[t], " outside the cache's ", capacity);
+    std::memcpy(kc + s[t] * bytes, k + t * ks, bytes);
+    std::memcpy(vc + s[t] * bytes, v + t * vs, bytes);
+  }
 }
 
 torch::Tensor rotary_bf16(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {

@@ -179,11 +179,17 @@ bool paged_prefill_built();
 // cpu_layer_ops.cpp, likewise
 torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor rotary_bf16(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
+std::tuple<torch::Tensor, torch::Tensor> add_rms_norm_bf16(torch::Tensor x, torch::Tensor delta,
+                                                           torch::Tensor weight, double eps);
+void store_kv(torch::Tensor key, torch::Tensor value, torch::Tensor key_cache,
+              torch::Tensor value_cache, torch::Tensor slots);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "decode attention over a paged KV cache, read in place");
   m.def("paged_prefill", &paged_prefill, "causal prefill attention over a paged KV cache (bf16)");
   m.def("paged_prefill_built", &paged_prefill_built, "whether this build has the prefill kernel");
   m.def("rms_norm_bf16", &rms_norm_bf16, "RMSNorm of bf16 rows, torch's rounding");
+  m.def("add_rms_norm_bf16", &add_rms_norm_bf16, "residual add, then RMSNorm, torch's rounding");
+  m.def("store_kv", &store_kv, "key/value rows into their paged cache slots");
   m.def("rotary_bf16", &rotary_bf16, "the rotate-half rotary embedding of bf16 heads, torch's rounding");
 }

@@ -1,6 +1,7 @@
 """Build and load the C++ kernels for CPUs, one extension: decode attention
 (`cpu_paged_decode.cpp`, any x86/ARM CPU), bf16 prefill attention (`cpu_paged_prefill.cpp`, CPUs
-with AVX512-BF16) and a decoder layer's bf16 RMSNorm and rotary embedding (`cpu_layer_ops.cpp`).
+with AVX512-BF16) and a decoder layer's bf16 glue (`cpu_layer_ops.cpp`): RMSNorm, alone or after
+the residual add, the rotary embedding and the KV cache write.
 
 Built once per machine with the local C++ compiler through torch's extension mechanism
 (`torch.utils.cpp_extension.load`: ninja, cached under TORCH_EXTENSIONS_DIR, default
@@ -151,6 +152,20 @@ def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
     """x [T, H], weight [H], contiguous bf16 -> RMSNorm(x) * weight [T, H] bf16, with the
     rounding of raypaged.model.llama.RMSNorm's torch ops (normalised in fp32, scaled in bf16)."""
     return load().rms_norm_bf16(x, weight, eps)
+
+
+def add_rms_norm_bf16(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, delta [T, H], weight [H], contiguous bf16 -> (x + delta, rms_norm_bf16(x + delta)): a
+    layer's residual add and the RMSNorm after it, with torch's rounding of each."""
+    return load().add_rms_norm_bf16(x, delta, weight, eps)
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+             value_cache: torch.Tensor, slots: torch.Tensor) -> None:
+    """key/value [T, Hkv, D] (each token's Hkv * D values contiguous) -> the caches [num_blocks,
+    block_size, Hkv, D] of the same dtype at flat rows slots [T] int64; slot -1 is skipped."""
+    load().store_kv(key, value, key_cache, value_cache, slots)
 
 
 def rotary_bf16(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

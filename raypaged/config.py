@@ -119,8 +119,9 @@ class EngineArgs:
     # benchmarks/layer_kernels.py measures it offline, vs_vllm.py with a --no-cpu-layer-kernels
     # variant served (docs/performance.md)
     cpu_layer_kernels: bool = setting(
-        True, "CPU, bf16: each layer's RMSNorm and rotary embedding by one C++ call each instead "
-        "of several small torch ops (the same bits; faster decode at small batches)",
+        True, "CPU, bf16: each layer's RMSNorms (with the residual add before them), rotary "
+        "embedding and KV cache write by one C++ call each instead of several small torch ops "
+        "(the same bits; faster decode at small batches)",
         group=SCHEDULER)
     # model/grammar.py: xgrammar's compile cannot be interrupted, so past this the request fails
     # and its thread finishes the compile in the background (later identical specs fail at once)

@@ -6,6 +6,8 @@ gate/up into another at load time (fewer, bigger GEMMs run faster, on CPU especi
 
 Per layer:  x -> RMSNorm -> qkv_proj -> rope(q, k) -> backend.write_kv(k, v)
               -> backend.attend(q) -> o_proj -> +x -> RMSNorm -> gate_up -> silu(gate)*up -> down -> +
+Each residual add is done by the RMSNorm that follows it (`RMSNorm.add_norm`): the MLP's by the next
+layer's input norm (or the final norm), so a C++ kernel can do both in one call.
 """
 from __future__ import annotations
 
@@ -80,6 +82,18 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
         self.kernel = None  # (x, weight, eps) -> the same result in one call (use_layer_kernels)
+        self.add_kernel = None  # (x, delta, weight, eps) -> add_norm's result in one call
+
+    def add_norm(self, x: torch.Tensor,
+                 delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, RMSNorm(x + delta)): the residual add before the norm; delta None: (x,
+        RMSNorm(x))."""
+        if delta is None:
+            return x, self(x)
+        if self.add_kernel is not None:
+            return self.add_kernel(x, delta, self.weight, self.eps)
+        x = x + delta
+        return x, self(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel is not None:
@@ -137,11 +151,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                backend: AttentionBackend, cache: LayerKVCache,
-                meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, backend, cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor,
+                sin: torch.Tensor, backend: AttentionBackend, cache: LayerKVCache,
+                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's input is x + delta (delta None: x) -> (residual, MLP output), whose sum is
+        the next layer's input: each add is left to the norm after it."""
+        x, h = self.input_layernorm.add_norm(x, delta)
+        attn = self.self_attn(h, cos, sin, backend, cache, meta)
+        x, h = self.post_attention_layernorm.add_norm(x, attn)
+        return x, self.mlp(h)
 
 
 class LlamaModel(nn.Module):
@@ -165,11 +183,11 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[LayerKVCache], meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions [T] int64 -> final-normed hidden states [T, hidden]."""
-        x = self.embed_tokens(input_ids)                         # [T, hidden]
+        x, delta = self.embed_tokens(input_ids), None            # [T, hidden]
         cos, sin = self.rotary.cos_sin(positions, x.dtype)       # [T, 1, D/2] each
         for layer, cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, self.backend, cache, meta)
-        return self.norm(x)
+            x, delta = layer(x, delta, cos, sin, self.backend, cache, meta)
+        return self.norm.add_norm(x, delta)[1]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -277,12 +295,13 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
 
-def use_layer_kernels(model: LlamaModel, rms_norm, rotary) -> None:
-    """Run every RMSNorm and rotary embedding of `model` by these kernels (the C++ ones of
-    raypaged.kernels.cpu_paged_decode on a bf16 CPU model: same results, one call each)."""
+def use_layer_kernels(model: LlamaModel, rms_norm, add_rms_norm, rotary) -> None:
+    """Run every RMSNorm (alone and after its residual add) and rotary embedding of `model` by
+    these kernels (the C++ ones of raypaged.kernels.cpu_paged_decode on a bf16 CPU model: same
+    results, one call each); (None, None, apply_rotary): torch's ops."""
     for module in model.modules():
         if isinstance(module, RMSNorm):
-            module.kernel = rms_norm
+            module.kernel, module.add_kernel = rms_norm, add_rms_norm
         elif isinstance(module, Attention):
             module.rotate = rotary
 

@@ -88,7 +88,8 @@ class ModelSetup:
                 cpu_decode_kernel(self.config, self.dtype, self.kv_cache_dtype, args.block_size)
                 if cpu and args.cpu_decode_kernel else None,
                 cpu_prefill_kernel(self.config, self.dtype, self.kv_cache_dtype)
-                if cpu and args.cpu_prefill_kernel else None)
+                if cpu and args.cpu_prefill_kernel else None,
+                cpu_paged_decode.store_kv if self.layer_kernels else None)
         if cuda:  # refuse what its kernels cannot run on this GPU
             from raypaged.model.attention.gpu_support import check_triton_kv_dtype
             check_triton_kv_dtype(torch.cuda.get_device_capability(self.device), args.kv_dtype,
@@ -106,10 +107,17 @@ class ModelSetup:
         model, _ = load_model(self.model_dir, self.dtype, self.device, self.attention_backend())
         if self.args.packed_linears and can_pack(self.dtype, self.device):
             pack_linears(model)
-        if (self.args.cpu_layer_kernels and self.device.type == "cpu"
-                and self.dtype == torch.bfloat16 and cpu_layer_kernels_built()):
-            use_layer_kernels(model, cpu_paged_decode.rms_norm_bf16, cpu_paged_decode.rotary_bf16)
+        if self.layer_kernels:
+            use_layer_kernels(model, cpu_paged_decode.rms_norm_bf16,
+                              cpu_paged_decode.add_rms_norm_bf16, cpu_paged_decode.rotary_bf16)
         return model
+
+    @cached_property
+    def layer_kernels(self) -> bool:
+        """Whether a bf16 CPU model runs its layers' glue (norms, residual adds, rotary, KV writes)
+        by the C++ kernels: --cpu-layer-kernels, where they build."""
+        return (self.args.cpu_layer_kernels and self.device.type == "cpu"
+                and self.dtype == torch.bfloat16 and cpu_layer_kernels_built())
 
     def build_core(self, model, grammars=None) -> tuple[EngineCore, KVPlan, ModelRunner]:
         """A loaded (or randomly initialised) model -> its runner (KV cache sized by the plan,

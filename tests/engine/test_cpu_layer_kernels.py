@@ -1,5 +1,6 @@
-"""Engine.from_args runs a CPU bf16 model's RMSNorms and rotary embeddings by the C++ kernels
-(--cpu-layer-kernels), and they change no generated token; fp32 models keep torch's ops."""
+"""Engine.from_args runs a CPU bf16 model's RMSNorms (with their residual adds), rotary embeddings
+and KV writes by the C++ kernels (--cpu-layer-kernels), and they change no generated token; fp32
+models keep torch's ops."""
 from __future__ import annotations
 
 from engine_prompts import PROMPTS
@@ -14,21 +15,23 @@ def greedy(model_dir, dtype: str, kernels: bool):
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
                         use_tqdm=False)
     model = llm.engine.runner.model
-    using = sum(getattr(m, "kernel", None) is cpu_paged_decode.rms_norm_bf16
-                for m in model.modules())
-    rotating = sum(getattr(m, "rotate", None) is cpu_paged_decode.rotary_bf16
-                   for m in model.modules())
-    return [o.outputs[0].token_ids for o in outs], using, rotating
+    norms = [m for m in model.modules() if hasattr(m, "add_kernel")]
+    using = (sum(m.kernel is cpu_paged_decode.rms_norm_bf16 for m in norms),
+             sum(m.add_kernel is cpu_paged_decode.add_rms_norm_bf16 for m in norms),
+             sum(getattr(m, "rotate", None) is cpu_paged_decode.rotary_bf16
+                 for m in model.modules()),
+             model.backend.store_kernel is cpu_paged_decode.store_kv)
+    return [o.outputs[0].token_ids for o in outs], using
 
 
 def test_bf16_engine_uses_the_kernels_and_generates_the_same_tokens(default_model_dir):
-    plain, no_norms, no_rotary = greedy(default_model_dir, "bfloat16", kernels=False)
-    fused, norms, rotary = greedy(default_model_dir, "bfloat16", kernels=True)
-    assert (no_norms, no_rotary) == (0, 0)
-    assert (norms, rotary) == (30 * 2 + 1, 30)  # two norms a layer and the final one
+    plain, none = greedy(default_model_dir, "bfloat16", kernels=False)
+    fused, used = greedy(default_model_dir, "bfloat16", kernels=True)
+    assert none == (0, 0, 0, False)
+    assert used == (30 * 2 + 1, 30 * 2 + 1, 30, True)  # two norms a layer and the final one
     assert fused == plain
 
 
 def test_fp32_engine_keeps_torchs_ops(default_model_dir):
-    _, norms, rotary = greedy(default_model_dir, "float32", kernels=True)
-    assert (norms, rotary) == (0, 0)
+    _, used = greedy(default_model_dir, "float32", kernels=True)
+    assert used == (0, 0, 0, False)

@@ -15,6 +15,8 @@ Given a `decode_kernel` (on CPUs, the C++ kernel of raypaged.kernels.cpu_paged_d
 rows skip the gather and the padded SDPA: the kernel reads each sequence's blocks in place.
 Given a `prefill_kernel` (bf16 on CPUs with AVX512-BF16, cpu_paged_decode.paged_prefill),
 prefill chunks skip the gather and SDPA likewise (torch's CPU SDPA computes in fp32).
+Given a `store_kernel` (cpu_paged_decode.store_kv), write_kv is one call per layer for a cache in
+the model's dtype (not two index_copy_ calls and a row selection).
 """
 from __future__ import annotations
 
@@ -54,18 +56,20 @@ class _StepPlan:
     covers_all_rows: bool            # decode rows are exactly 0..T-1: no zero-filled output
 
 
-# Called as raypaged.kernels.cpu_paged_decode.paged_decode and .paged_prefill (their docstrings)
-DecodeKernel = PrefillKernel = Callable[..., torch.Tensor]
+# Called as raypaged.kernels.cpu_paged_decode.paged_decode, .paged_prefill and .store_kv
+DecodeKernel = PrefillKernel = StoreKernel = Callable[..., torch.Tensor]
 
 
 class TorchAttentionBackend:
     name = "torch"
 
     def __init__(self, decode_kernel: DecodeKernel | None = None,
-                 prefill_kernel: PrefillKernel | None = None) -> None:
+                 prefill_kernel: PrefillKernel | None = None,
+                 store_kernel: StoreKernel | None = None) -> None:
         """prefill_kernel: only for the query and cache dtypes it takes (the caller checks)."""
         self.decode_kernel = decode_kernel
         self.prefill_kernel = prefill_kernel
+        self.store_kernel = store_kernel
         # (metadata, block size, plan): holding the metadata keeps `is` a safe identity test. A step's
         # metadata is never mutated once built (InputBuffers makes a new one each step).
         self._last: tuple[AttentionMetadata, int, _StepPlan] | None = None
@@ -79,6 +83,9 @@ class TorchAttentionBackend:
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, cache: LayerKVCache,
                  meta: AttentionMetadata) -> None:
         """key/value [T, Hkv, D] -> cache slots meta.slot_mapping[t]; rows with slot -1 are skipped."""
+        if self.store_kernel is not None and cache.key.dtype == key.dtype:
+            self.store_kernel(key, value, cache.key, cache.value, meta.slot_mapping)
+            return
         plan = self._plan(meta, cache.block_size)
         if plan.valid_rows is not None:
             key, value = key.index_select(0, plan.valid_rows), value.index_select(0, plan.valid_rows)
