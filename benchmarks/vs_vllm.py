@@ -15,7 +15,9 @@ output tok/s, TTFT and TPOT (mean, p99) per server and the ratios raypaged / vLL
 
 After the servers, benchmarks/offline_tpot.py measures the offline engine's per-token time for
 one request of the same shape, and each raypaged server's TPOT at concurrency 1 is reported
-against it (the serving path's own cost).
+against it: with the offline default's threads (all the machine's) and with the serving worker's
+decode threads (one fewer: the core left to the serving path), so the ratio's two parts, the
+path's own cost and the core it is given, are apart.
 
 --workloads runs every server on each INPUTxOUTPUT shape (one server start covers them all:
 every server gets the max_model_len of the longest). --rounds repeats the servers interleaved
@@ -215,12 +217,13 @@ def plot(rows: list[dict], name: str) -> None:
     print(f"wrote {plot_path(name)}")
 
 
-def offline_tpot(dtype: str, input_len: int, output_len: int) -> dict:
+def offline_tpot(dtype: str, input_len: int, output_len: int, threads: int | None = None) -> dict:
     """The offline engine's per-token time on this workload's shape, in a process of its own
-    (after every server has stopped, so it has the machine)."""
+    (after every server has stopped, so it has the machine); threads None: the offline default."""
+    more = [] if threads is None else ["--num-threads", str(threads)]
     out = subprocess.run([sys.executable, str(Path(__file__).with_name("offline_tpot.py")),
                           "--input-len", str(input_len), "--output-len",
-                          str(output_len), "--dtype", dtype],
+                          str(output_len), "--dtype", dtype, *more],
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -311,27 +314,35 @@ def main() -> None:
     if variant_rat:
         print("\nvariant / raypaged")
         print(table(variant_rat, list(variant_rat[0])))
-    offline, overhead = {}, []
+    offline, offline_serving_threads, overhead = {}, {}, []
     if "raypaged" in servers:
+        decode_threads = max(1, (os.cpu_count() or 1) - 1)  # actors.worker_threads' rule
         for i, o in args.workloads:
             w = f"{i}x{o}"
             offline[w] = offline_tpot(dtype, i, o)
+            offline_serving_threads[w] = offline_tpot(dtype, i, o, decode_threads)
             print(f"\noffline engine, {w}: {offline[w]['per_token_ms']:.2f} ms per output token "
-                  f"({offline[w]['threads']} threads, benchmarks/offline_tpot.py)")
+                  f"({offline[w]['threads']} threads), "
+                  f"{offline_serving_threads[w]['per_token_ms']:.2f} ms ({decode_threads}, the "
+                  f"serving worker's decode threads; benchmarks/offline_tpot.py)")
         overhead = [{"server": r["server"], "workload": r["workload"],
                      "serving_tpot_ms": r["mean_tpot_ms"],
                      "offline_per_token_ms": offline[r["workload"]]["per_token_ms"],
-                     "ratio": r["mean_tpot_ms"] / offline[r["workload"]]["per_token_ms"]}
+                     "ratio": r["mean_tpot_ms"] / offline[r["workload"]]["per_token_ms"],
+                     "offline_serving_threads_ms":
+                         offline_serving_threads[r["workload"]]["per_token_ms"],
+                     "ratio_serving_threads": r["mean_tpot_ms"]
+                         / offline_serving_threads[r["workload"]]["per_token_ms"]}
                     for r in rows if r["concurrency"] == 1 and r["server"] not in
                     ("vllm", "ray_serve_llm", "ray_serve_llm_direct") and r["mean_tpot_ms"]]
         if overhead:
             print("serving TPOT at concurrency 1 / that time")
-            print(table(overhead, ["server", "workload", "serving_tpot_ms",
-                                   "offline_per_token_ms", "ratio"]))
+            print(table(overhead, list(overhead[0])))
     payload = {"args": vars(args), "dtype": dtype, "max_model_len": max_len, "runs": runs,
                "rows": rows, "failures": failures, "ratios": rat,
                "variant_ratios": variant_rat,
                "ray_serve_llm_ratios": llm_rat, "offline_tpot": offline,
+               "offline_tpot_serving_threads": offline_serving_threads,
                "serving_overhead_c1": overhead}
     print(f"wrote {write(args.name, payload)}")
     plot(rows, args.name)
