@@ -7,7 +7,7 @@
 // one call, rounding where torch's ops round, and add the squares in the order torch's sum does
 // (below), so they give torch's bits; tests/model/test_cpu_layer_ops.py compares them bit for bit.
 //   rms_norm: out = bf16(w * bf16(x * 1 / sqrt(sum(x^2) / H + eps)))   (x, the sum: fp32)
-//   add_rms_norm: sum = bf16(x + delta), out = rms_norm(sum)        (torch's bf16 add: fp32, once rounded)
+//   add_rms_norm: sum = bf16(x + delta), out = rms_norm(sum)  (torch's bf16 add: fp32, rounded)
 //   rotary:   out = [bf16(bf16(x1 c) - bf16(x2 s)), bf16(bf16(x2 c) + bf16(x1 s))]
 //   store_kv: key/value rows copied to their cache slots (index_copy_'s bytes, two calls' work)
 #include <torch/extension.h>
@@ -152,7 +152,7 @@ void store_kv(torch::Tensor key, torch::Tensor value, torch::Tensor key_cache,
               key_cache.sizes() == value_cache.sizes() && key_cache.is_contiguous() &&
               value_cache.is_contiguous() && key.size(1) == key_cache.size(2) &&
               key.size(2) == key_cache.size(3),
-              "store_kv: key/value [T, Hkv, D], caches [num_blocks, block_size, Hkv, D] contiguous");
+              "store_kv: key/value [T, Hkv, D], caches [num_blocks, block_size, Hkv, D] dense");
   const int64_t T = key.size(0), row = key.size(1) * key.size(2);
   TORCH_CHECK(key.stride(2) == 1 && key.stride(1) == key.size(2) && value.stride(2) == 1 &&
               value.stride(1) == value.size(2), "store_kv: each token's Hkv * D values contiguous");
@@ -169,7 +169,8 @@ void store_kv(torch::Tensor key, torch::Tensor value, torch::Tensor key_cache,
   const char* v = static_cast<const char*>(value.data_ptr());
   char* kc = static_cast<char*>(key_cache.data_ptr());
   char* vc = static_cast<char*>(value_cache.data_ptr());
-  const int64_t ks = key.stride(0) * key.element_size(), vs = value.stride(0) * value.element_size();
+  const int64_t ks = key.stride(0) * key.element_size();
+  const int64_t vs = value.stride(0) * value.element_size();
   for (int64_t t = 0; t < T; ++t) {
     if (s[t] < 0) continue;
     TORCH_CHECK(s[t] < capacity, "store_kv: slot ", s[t], " outside the cache's ", capacity);
