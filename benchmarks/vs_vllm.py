@@ -316,7 +316,11 @@ def main() -> None:
         print(table(variant_rat, list(variant_rat[0])))
     offline, offline_serving_threads, overhead = {}, {}, []
     if "raypaged" in servers:
-        decode_threads = max(1, (os.cpu_count() or 1) - 1)  # actors.worker_threads' rule
+        # the serving rule for a worker holding the machine's CPUs (`--workers 1`, as run here)
+        from raypaged.config import EngineArgs
+        from raypaged.serve.actors import worker_threads
+        decode_threads = worker_threads(EngineArgs(), os.cpu_count() or 1, 0.0,
+                                        serving=True).decode_threads or 1
         for i, o in args.workloads:
             w = f"{i}x{o}"
             offline[w] = offline_tpot(dtype, i, o)

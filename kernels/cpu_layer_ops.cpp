@@ -3,9 +3,10 @@
 //
 // At a small batch a decode step is mostly the linear layers' weight reads; around them run
 // hundreds of small torch ops per step (one RMSNorm is about eight: cast, pow, mean, add, rsqrt,
-// mul, cast, mul), each microseconds of dispatch for a few hundred values. These do the same arithmetic in
-// one call, rounding where torch's ops round, and add the squares in the order torch's sum does
-// (below), so they give torch's bits; tests/model/test_cpu_layer_ops.py compares them bit for bit.
+// mul, cast, mul), each microseconds of dispatch for a few hundred values. These do the same
+// arithmetic in one call, rounding where torch's ops round, and add the squares in the order
+// torch's sum does (below), so they give torch's bits; tests/model/test_cpu_layer_ops.py compares
+// them bit for bit.
 //   rms_norm: out = bf16(w * bf16(x * 1 / sqrt(sum(x^2) / H + eps)))   (x, the sum: fp32)
 //   add_rms_norm: sum = bf16(x + delta), out = rms_norm(sum)  (torch's bf16 add: fp32, rounded)
 //   rotary:   out = [bf16(bf16(x1 c) - bf16(x2 s)), bf16(bf16(x2 c) + bf16(x1 s))]
@@ -46,8 +47,9 @@ const uint16_t* bf16_data(const torch::Tensor& t) {
 }
 
 // torch's sum of a contiguous fp32 row (ATen's SumKernel.cpp, cascade_sum -> vectorized_inner_sum,
-// whose float vectors are 8 wide on x86: the sum has no AVX512 kernel; the test checks): the row as 8-float vectors, those in groups of ILP = 4
-// summed lane-wise into 4 accumulators, with chunks of 2^level_power groups carried up LEVELS
+// whose float vectors are 8 wide on x86: the sum has no AVX512 kernel; the test checks): the row
+// as 8-float vectors, those in groups of ILP = 4 summed lane-wise into 4 accumulators, with
+// chunks of 2^level_power groups carried up LEVELS
 // levels (pairwise-like accuracy); then the leftover vectors into accumulator 0, accumulators
 // 1..3 into it, the leftover scalars into a total, and the 8 lanes into the total, in order.
 float torch_row_sum(const float* x, int64_t n) {

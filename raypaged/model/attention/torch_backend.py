@@ -57,7 +57,8 @@ class _StepPlan:
 
 
 # Called as raypaged.kernels.cpu_paged_decode.paged_decode, .paged_prefill and .store_kv
-DecodeKernel = PrefillKernel = StoreKernel = Callable[..., torch.Tensor]
+DecodeKernel = PrefillKernel = Callable[..., torch.Tensor]
+StoreKernel = Callable[..., None]
 
 
 class TorchAttentionBackend:
