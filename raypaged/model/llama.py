@@ -8,11 +8,16 @@ Per layer:  x -> RMSNorm -> qkv_proj -> rope(q, k) -> backend.write_kv(k, v)
               -> backend.attend(q) -> o_proj -> +x -> RMSNorm -> gate_up -> silu(gate)*up -> down -> +
 Each residual add is done by the RMSNorm that follows it (`RMSNorm.add_norm`): the MLP's by the next
 layer's input norm (or the final norm), so a C++ kernel can do both in one call.
+
+The modules below hold the weights under Hugging Face's names; `LlamaModel.forward` runs every
+layer in one loop over plain references to their parts (`LayerParts`), not through nested module
+calls: on a CPU the frames and `nn.Module.__getattr__` lookups of ~200 module calls per step were
+~4% of a batch-1 decode step (`benchmarks/layer_loop.py`).
 """
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Callable, Iterable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +65,7 @@ class RotaryEmbedding:
 
     def __init__(self, head_dim: int, theta: float, scaling: RopeScaling | None) -> None:
         self.inv_freq = rope_inv_freq(head_dim, theta, scaling)  # [D/2] float32
+        self.rotate = apply_rotary  # or a kernel giving the same result (use_layer_kernels)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] int64 -> cos, sin each [T, 1, D/2] in `dtype` (broadcast over heads)."""
@@ -104,43 +110,33 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
+    """The attention's weights: q/k/v fused in one projection, and the output projection."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads
-        self.head_dim = config.head_dim
-        self.scale = config.head_dim ** -0.5
         qkv_out = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
         self.qkv_proj = nn.Linear(config.hidden_size, qkv_out, bias=config.attention_bias)
         self.o_proj = nn.Linear(config.num_heads * config.head_dim, config.hidden_size,
                                 bias=config.o_proj_bias)
-        self.rotate = apply_rotary  # or a kernel giving the same result (use_layer_kernels)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                backend: AttentionBackend, cache: LayerKVCache,
-                meta: AttentionMetadata) -> torch.Tensor:
-        T = x.shape[0]
-        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = self.qkv_proj(x)                                  # [T, (H + 2*Hkv) * D]
-        # q and k sit side by side in qkv: rotate them in one call.
-        qk = self.rotate(qkv[:, :(H + Hkv) * D].view(T, H + Hkv, D), cos, sin)  # [T, H+Hkv, D]
-        q, k = qk[:, :H], qk[:, H:]                             # [T, H, D], [T, Hkv, D]
-        v = qkv[:, (H + Hkv) * D:].view(T, Hkv, D)              # [T, Hkv, D]
-        backend.write_kv(k, v, cache, meta)
-        o = backend.attend(q, cache, meta, self.scale)          # [T, H, D]
-        return self.o_proj(o.reshape(T, H * D))                 # [T, hidden]
 
 
 class MLP(nn.Module):
+    """The MLP's weights: gate/up fused in one projection, and the down projection."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.intermediate_size = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [T, I] each
-        return self.down_proj(F.silu(gate) * up)                              # [T, hidden]
+
+class LayerParts(NamedTuple):
+    """A decoder layer's steps as bound methods, what LlamaModel.forward's loop calls."""
+    input_norm: Callable   # (x, delta) -> (x + delta, RMSNorm(x + delta)): RMSNorm.add_norm
+    qkv_proj: Callable
+    o_proj: Callable
+    post_attention_norm: Callable
+    gate_up_proj: Callable
+    down_proj: Callable
 
 
 class DecoderLayer(nn.Module):
@@ -151,15 +147,11 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor,
-                sin: torch.Tensor, backend: AttentionBackend, cache: LayerKVCache,
-                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer's input is x + delta (delta None: x) -> (residual, MLP output), whose sum is
-        the next layer's input: each add is left to the norm after it."""
-        x, h = self.input_layernorm.add_norm(x, delta)
-        attn = self.self_attn(h, cos, sin, backend, cache, meta)
-        x, h = self.post_attention_layernorm.add_norm(x, attn)
-        return x, self.mlp(h)
+    def parts(self) -> LayerParts:
+        a, m = self.self_attn, self.mlp
+        return LayerParts(self.input_layernorm.add_norm, a.qkv_proj.forward, a.o_proj.forward,
+                          self.post_attention_layernorm.add_norm, m.gate_up_proj.forward,
+                          m.down_proj.forward)
 
 
 class LlamaModel(nn.Module):
@@ -178,15 +170,31 @@ class LlamaModel(nn.Module):
         self.lm_head = (None if config.tie_word_embeddings
                         else nn.Linear(config.hidden_size, config.vocab_size, bias=False))
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.layer_parts: list[LayerParts] | None = None  # built on first use; pack_linears clears
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[LayerKVCache], meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions [T] int64 -> final-normed hidden states [T, hidden]."""
+        c, backend, rotate = self.config, self.backend, self.rotary.rotate
+        H, Hkv, D, inter = c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
+        scale = D ** -0.5
+        if self.layer_parts is None:
+            self.layer_parts = [layer.parts() for layer in self.layers]
         x, delta = self.embed_tokens(input_ids), None            # [T, hidden]
+        T = x.shape[0]
         cos, sin = self.rotary.cos_sin(positions, x.dtype)       # [T, 1, D/2] each
-        for layer, cache in zip(self.layers, kv_caches, strict=True):
-            x, delta = layer(x, delta, cos, sin, self.backend, cache, meta)
+        for (input_norm, qkv_proj, o_proj, post_attention_norm, gate_up_proj,
+             down_proj), cache in zip(self.layer_parts, kv_caches, strict=True):
+            x, h = input_norm(x, delta)   # the layer's input x (+ the last MLP's output), normed
+            qkv = qkv_proj(h)                                    # [T, (H + 2*Hkv) * D]
+            # q and k sit side by side in qkv: rotate them in one call
+            qk = rotate(qkv[:, :(H + Hkv) * D].view(T, H + Hkv, D), cos, sin)  # [T, H+Hkv, D]
+            backend.write_kv(qk[:, H:], qkv[:, (H + Hkv) * D:].view(T, Hkv, D), cache, meta)
+            o = backend.attend(qk[:, :H], cache, meta, scale)   # [T, H, D]
+            x, h = post_attention_norm(x, o_proj(o.reshape(T, H * D)))  # + attention, normed
+            gate, up = gate_up_proj(h).split(inter, dim=-1)     # [T, I] each
+            delta = down_proj(F.silu(gate) * up)  # [T, hidden], added by the next norm
         return self.norm.add_norm(x, delta)[1]
 
     @torch.inference_mode()
@@ -302,8 +310,7 @@ def use_layer_kernels(model: LlamaModel, rms_norm, add_rms_norm, rotary) -> None
     for module in model.modules():
         if isinstance(module, RMSNorm):
             module.kernel, module.add_kernel = rms_norm, add_rms_norm
-        elif isinstance(module, Attention):
-            module.rotate = rotary
+    model.rotary.rotate = rotary
 
 
 def pack_linears(model: nn.Module) -> int:
@@ -314,6 +321,8 @@ def pack_linears(model: nn.Module) -> int:
                for name, child in parent.named_children() if isinstance(child, nn.Linear)]
     for parent, name, child in targets:
         setattr(parent, name, PackedLinear(child.weight, child.bias))
+    if isinstance(model, LlamaModel):
+        model.layer_parts = None  # they call the linears just replaced
     if getattr(model, "lm_head", False) is None:  # tied: logits from embed_tokens.weight
         model.lm_head = PackedLinear(model.embed_tokens.weight)
         return len(targets) + 1

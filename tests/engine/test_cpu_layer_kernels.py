@@ -18,8 +18,7 @@ def greedy(model_dir, dtype: str, kernels: bool):
     norms = [m for m in model.modules() if hasattr(m, "add_kernel")]
     using = (sum(m.kernel is cpu_paged_decode.rms_norm_bf16 for m in norms),
              sum(m.add_kernel is cpu_paged_decode.add_rms_norm_bf16 for m in norms),
-             sum(getattr(m, "rotate", None) is cpu_paged_decode.rotary_bf16
-                 for m in model.modules()),
+             model.rotary.rotate is cpu_paged_decode.rotary_bf16,
              model.backend.store_kernel is cpu_paged_decode.store_kv)
     return [o.outputs[0].token_ids for o in outs], using
 
@@ -27,11 +26,11 @@ def greedy(model_dir, dtype: str, kernels: bool):
 def test_bf16_engine_uses_the_kernels_and_generates_the_same_tokens(default_model_dir):
     plain, none = greedy(default_model_dir, "bfloat16", kernels=False)
     fused, used = greedy(default_model_dir, "bfloat16", kernels=True)
-    assert none == (0, 0, 0, False)
-    assert used == (30 * 2 + 1, 30 * 2 + 1, 30, True)  # two norms a layer and the final one
+    assert none == (0, 0, False, False)
+    assert used == (30 * 2 + 1, 30 * 2 + 1, True, True)  # two norms a layer and the final one
     assert fused == plain
 
 
 def test_fp32_engine_keeps_torchs_ops(default_model_dir):
     _, used = greedy(default_model_dir, "float32", kernels=True)
-    assert used == (0, 0, 0, False)
+    assert used == (0, 0, False, False)
