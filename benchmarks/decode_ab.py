@@ -7,10 +7,13 @@ time for 1) / (output_len - 1). Also whether every mode gave the same tokens.
 """
 from __future__ import annotations
 
+import argparse
 import random
 import statistics
 import time
 from typing import Callable
+
+from benchmarks import report
 
 
 def interleaved(llm, modes: dict[str, Callable[[], None]], batches: list[int], repeats: int,
@@ -51,3 +54,40 @@ def interleaved(llm, modes: dict[str, Callable[[], None]], batches: list[int], r
         row["same_tokens"] = all(t == tokens[next(iter(modes))] for t in tokens.values())
         rows.append(row)
     return rows
+
+
+def main(doc: str, name: str, measure, bars: list[tuple[str, str]], title: str) -> None:
+    """The command line of an A/B benchmark: --batches, --num-threads, --repeats, --input-len,
+    --output-len, --name; measure(threads, batches, repeats, input_len, output_len) -> rows;
+    prints the table, writes the JSON and a bar plot of each (row key, label) in `bars`."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    ap.add_argument("--batches", type=ints, default=[1, 4, 16])
+    ap.add_argument("--num-threads", type=ints, default=[1, 2])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--input-len", type=int, default=256)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--name", default=name)
+    args = ap.parse_args()
+    rows = [row for threads in args.num_threads
+            for row in measure(threads, args.batches, args.repeats, args.input_len,
+                               args.output_len)]
+    print(report.table(rows, list(rows[0])))
+    print("wrote", report.write(args.name, {"input_len": args.input_len,
+                                            "output_len": args.output_len,
+                                            "repeats": args.repeats, "rows": rows}))
+    plt = report.pyplot()
+    if plt is not None:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        xs = range(len(rows))
+        width = 0.8 / len(bars)
+        for k, (key, label) in enumerate(bars):
+            ax.bar([x + (k - (len(bars) - 1) / 2) * width for x in xs], [r[key] for r in rows],
+                   width, label=label)
+        ax.set_xticks(list(xs), [f"{r['threads']}t b{r['batch']}" for r in rows])
+        ax.set_ylabel("ms per decode step")
+        ax.set_title(title)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(report.plot_path(args.name))
+        print("wrote", report.plot_path(args.name))

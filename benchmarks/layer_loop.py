@@ -8,7 +8,6 @@ between runs, interleaved --repeats times (benchmarks/decode_ab.py measures and 
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import decode_ab, report  # noqa: E402
+from benchmarks import decode_ab  # noqa: E402
 
 
 class NestedAttention(nn.Module):
@@ -104,40 +103,8 @@ def measure(threads: int, batches: list[int], repeats: int, input_len: int,
             for row in rows]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
-    ap.add_argument("--batches", type=ints, default=[1, 4, 16])
-    ap.add_argument("--num-threads", type=ints, default=[1, 2])
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--input-len", type=int, default=256)
-    ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--name", default="layer_loop")
-    args = ap.parse_args()
-    rows = [row for threads in args.num_threads
-            for row in measure(threads, args.batches, args.repeats, args.input_len,
-                               args.output_len)]
-    print(report.table(rows, list(rows[0])))
-    print("wrote", report.write(args.name, {"input_len": args.input_len,
-                                            "output_len": args.output_len,
-                                            "repeats": args.repeats, "rows": rows}))
-    plt = report.pyplot()
-    if plt is not None:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        labels = [f"{r['threads']}t b{r['batch']}" for r in rows]
-        xs = range(len(rows))
-        ax.bar([x - 0.2 for x in xs], [r["modules_ms_per_step"] for r in rows], 0.4,
-               label="nested module calls")
-        ax.bar([x + 0.2 for x in xs], [r["loop_ms_per_step"] for r in rows], 0.4,
-               label="one loop over layer parts")
-        ax.set_xticks(list(xs), labels)
-        ax.set_ylabel("ms per decode step")
-        ax.set_title("bf16 decode step: layer loop vs nested modules (lower is better)")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(report.plot_path(args.name))
-        print("wrote", report.plot_path(args.name))
-
-
 if __name__ == "__main__":
-    main()
+    decode_ab.main(__doc__, "layer_loop", measure,
+                   [("modules_ms_per_step", "nested module calls"),
+                    ("loop_ms_per_step", "one loop over layer parts")],
+                   "bf16 decode step: layer loop vs nested modules (lower is better)")

@@ -63,6 +63,17 @@ def test_packing_replaces_every_linear_and_gives_the_same_bits(tied):
         assert torch.equal(want, got)
 
 
+def test_a_model_that_ran_before_packing_runs_its_packed_linears_after():
+    model = random_model(CONFIG)
+    logits_of_a_prefill_then_a_decode(model)  # its layer parts: bound to the plain linears
+    pack_linears(model)
+    logits_of_a_prefill_then_a_decode(model)
+    linears = [step.__self__ for parts in model.layer_parts
+               for step in (parts.qkv_proj, parts.o_proj, parts.gate_up_proj, parts.down_proj)]
+    assert len(linears) == 2 * 4
+    assert all(isinstance(m, PackedLinear) for m in linears)
+
+
 def test_only_cpu_bf16_and_fp32_pack():
     assert can_pack(torch.float32, torch.device("cpu"))
     assert not can_pack(torch.float16, torch.device("cpu"))
