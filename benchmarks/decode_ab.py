@@ -1,5 +1,6 @@
 """Per-token decode time of one engine switched between modes, interleaved, for A/B benchmarks
-(layer_kernels.py, layer_loop.py): the machine's drift falls on every mode alike.
+(layer_kernels.py, layer_loop.py): the machine's drift falls on every mode alike; with one mode,
+the offline engine's own (offline_tpot.py).
 
 Per token at each batch size: `LLM.generate` of B random prompts of `input_len` tokens for 1 and
 for `output_len` tokens (greedy, ignore_eos), per token = (median time for output_len - median
@@ -18,8 +19,9 @@ from benchmarks import report
 
 def interleaved(llm, modes: dict[str, Callable[[], None]], batches: list[int], repeats: int,
                 input_len: int, output_len: int) -> list[dict]:
-    """modes: name -> a function that switches `llm` to it. One row per batch:
-    {batch, <mode>_ms_per_step for each mode, same_tokens}."""
+    """modes: name -> a function that switches `llm` to it. One row per batch: {batch,
+    <mode>_ms_per_step and <mode>_prefill_ms (median time for 1 token) for each mode,
+    same_tokens}."""
     from raypaged import SamplingParams
 
     vocab = llm.get_tokenizer().vocab_size
@@ -51,6 +53,7 @@ def interleaved(llm, modes: dict[str, Callable[[], None]], batches: list[int], r
         for mode, (one, full) in times.items():
             per_token = (statistics.median(full) - statistics.median(one)) / (output_len - 1)
             row[f"{mode}_ms_per_step"] = per_token * 1e3
+            row[f"{mode}_prefill_ms"] = statistics.median(one) * 1e3
         row["same_tokens"] = all(t == tokens[next(iter(modes))] for t in tokens.values())
         rows.append(row)
     return rows

@@ -2,9 +2,9 @@
 should come close to (issue 11: the serving path adds at most 10%). benchmarks/vs_vllm.py runs
 it after its servers and reports each raypaged server's TPOT at concurrency 1 against it.
 
-`LLM.generate` on one random prompt of --input-len tokens, run for 1 and for --output-len tokens
-(ignore_eos, greedy, prefix caching off so every run prefills), interleaved --repeats times;
-per-token time = (median time for output-len tokens - median time for 1) / (output-len - 1).
+One random prompt of --input-len tokens, timed as benchmarks/decode_ab.py times a decode (for 1
+and for --output-len tokens, interleaved --repeats times; prefix caching off so every run
+prefills): per-token time = (median time for output-len - median time for 1) / (output-len - 1).
 Engine settings are the offline defaults (all the machine's torch threads, unless --num-threads).
 
     python benchmarks/offline_tpot.py [--input-len 256] [--output-len 64] [--dtype auto]
@@ -14,39 +14,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import decode_ab  # noqa: E402
+
 
 def measure(input_len: int, output_len: int, dtype: str, repeats: int,
-            num_threads: int | None = None, seed: int = 0) -> dict:
+            num_threads: int | None = None) -> dict:
     import torch
 
-    from raypaged import LLM, SamplingParams
+    from raypaged import LLM
 
     llm = LLM(dtype=dtype, enable_prefix_caching=False, num_threads=num_threads)
-    vocab = llm.get_tokenizer().vocab_size
-    rng = random.Random(seed)
-    prompt = {"prompt_token_ids": [rng.randrange(100, vocab - 100) for _ in range(input_len)]}
-
-    def run(n: int) -> float:
-        params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-        start = time.perf_counter()
-        llm.generate([prompt], params, use_tqdm=False)
-        return time.perf_counter() - start
-
-    run(output_len)  # warm-up: oneDNN builds its kernels for each shape once
-    one, full = [], []
-    for _ in range(repeats):
-        one.append(run(1))
-        full.append(run(output_len))
-    per_token = (statistics.median(full) - statistics.median(one)) / (output_len - 1)
-    return {"per_token_ms": per_token * 1e3, "prefill_ms": statistics.median(one) * 1e3,
+    row, = decode_ab.interleaved(llm, {"engine": lambda: None}, [1], repeats, input_len,
+                                 output_len)
+    return {"per_token_ms": row["engine_ms_per_step"], "prefill_ms": row["engine_prefill_ms"],
             "threads": torch.get_num_threads(), "input_len": input_len,
             "output_len": output_len, "repeats": repeats}
 
