@@ -64,27 +64,33 @@ def cheapest(num_tokens: int, keys: Sequence[int], block_size: int, loads: Fleet
     requests = loads.requests
     cap = concurrency_cap(loads, concurrency_factor)
     eligible = requests <= cap - 1
-    held_back = ~eligible & (requests <= 2 * cap - 1)
+    held_back = (requests <= 2 * cap - 1) ^ eligible  # over the cap, under twice it (cap >= 1)
     if loads.count != len(requests):  # workers left out of this choice
         eligible &= loads.ready
         held_back &= loads.ready
     if not eligible.any():
         eligible = loads.ready
     hits = held_tokens(keys, loads, blocks_at, block_size)
+    longest = hits[eligible].max(initial=0)
     if held_back.any():  # the affinity exception (module docstring)
-        eligible = eligible | (held_back & (hits > hits[eligible].max(initial=0) + slack))
-    if not hits[eligible].any():
-        candidates = np.flatnonzero(eligible)
+        kept = held_back & (hits > longest + slack)
+        if kept.any():
+            eligible, longest = eligible | kept, hits[kept].max()
+    if not longest:
+        candidates = eligible.nonzero()[0]
         return int(candidates[np.argmax(priority[candidates])]), 0
     cost = recompute_weight * (num_tokens - hits) + loads.queued
-    candidates = np.flatnonzero(eligible & (cost <= cost[eligible].min() + slack))
+    candidates = (eligible & (cost <= cost[eligible].min() + slack)).nonzero()[0]
     # the longest hit, then the lowest cost, then the fewest requests in flight
-    for column in (-hits, cost, requests):
+    values = hits[candidates]
+    candidates = candidates[values == values.max()]
+    for column in (cost, requests):
+        if candidates.size == 1:
+            break
         values = column[candidates]
         candidates = candidates[values == values.min()]
-        if candidates.size == 1:
-            return int(candidates[0]), int(hits[candidates[0]])
-    best = int(candidates[np.argmax(priority[candidates])])
+    best = int(candidates[0] if candidates.size == 1 else
+               candidates[np.argmax(priority[candidates])])
     return best, int(hits[best])
 
 
@@ -102,15 +108,17 @@ def held_tokens(keys: Sequence[int], loads: FleetLoads, blocks_at: Sequence[int]
     held, as blocks (`blocks_at[j]` for j keys held; None: j), x block_size. The views of one
     CacheIndex by one bisection of its inverted index, any other view by its own walk."""
     blocks = range(len(keys) + 1) if blocks_at is None else blocks_at
-    held = np.zeros(len(loads.worker_ids), np.int64)
-    if loads.index is not None and keys:
+    if loads.index is None or not keys:
+        held = np.zeros(len(loads.worker_ids), np.int64)
+    else:
         index = loads.index
-        by_bit = np.zeros(len(index.worker_ids) + 1, np.int64)  # [-1]: views not indexed: 0
-        nbytes = (len(index.worker_ids) + 7) // 8
+        # one bit more than views: position -1 (a view not in the index) reads a bit never set
+        nbytes = (len(index.worker_ids) + 8) // 8
+        by_bit = np.zeros(nbytes * 8, np.int64)
         for depth, mask in index.hit_groups(keys):
             bits = np.unpackbits(np.frombuffer(mask.to_bytes(nbytes, "little"), np.uint8),
                                  bitorder="little")
-            by_bit[np.flatnonzero(bits)] = blocks[depth] * block_size
+            np.putmask(by_bit, bits, blocks[depth] * block_size)
         held = by_bit[loads.bits]
     for i in loads.walked:
         held[i] = blocks[_held(loads.caches[i], keys)] * block_size
