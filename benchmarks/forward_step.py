@@ -31,6 +31,8 @@ from raypaged.model.default_model import default_model_dir  # noqa: E402
 from raypaged.model.kv_cache import allocate_kv_caches  # noqa: E402
 from raypaged.model.loader import load_model  # noqa: E402
 from raypaged.model.llama import pack_linears  # noqa: E402
+from raypaged.model.setup import ModelSetup  # noqa: E402
+from raypaged.config import EngineArgs  # noqa: E402
 
 BLOCK = 16
 
@@ -43,13 +45,17 @@ class PerLayerPlan(TorchAttentionBackend):
         return super()._plan(meta, block_size)
 
 
-# variant -> the optimisations it turns on; "default" is what Engine.from_args gives on a CPU
+# variant -> the optimisations it turns on; "default" is the model as the engine builds it on
+# this CPU (ModelSetup: every switch at its default, the C++ layer glue and prefill attention too)
 VARIANTS = {"baseline": (), "packed_linears": ("packed_linears",), "step_plan": ("step_plan",),
             "packed+plan": ("packed_linears", "step_plan"),
-            "default": ("packed_linears", "step_plan", "decode_kernel")}
+            "default": ("packed_linears", "step_plan", "decode_kernel", "engine")}
 
 
 def build(variant: str, dtype: str):
+    if variant == "default":
+        setup = ModelSetup.decide(EngineArgs(dtype=dtype, device="cpu"))
+        return setup.load_model(), setup.config
     model, cfg = load_model(default_model_dir(), dtype, "cpu")
     on = VARIANTS[variant]
     if "packed_linears" in on:
