@@ -145,8 +145,7 @@ def main(argv=None) -> int:
     print(f"measured by the probe ({ns.probe}, load average {probe['load_average']}): "
           f"{1000 * served.per_step_serving:.2f} ms per step, "
           f"{1e6 * served.per_pair:.3f} us per attended pair, "
-          f"{1000 * served.path_s:.1f} ms per request, a step beside a busy worker "
-          f"{1 + served.contention:.2f}x")
+          f"{1000 * served.path_s:.1f} ms per request")
     if ns.fit_on:
         served = serving_fit(Path(ns.real), served, ns.fit_on, ns.route_cache_sample)
         print(f"per-step serving overhead fitted on {ns.fit_on} instead: "

@@ -17,16 +17,8 @@ fleet_sim_calibrate.py --probe reads this file and takes `serving` (per step) an
 request) from it; the table printed here is the raw measurement and a least-squares line
 TTFT = a + b x P over the lengths.
 
-Then the same prompts again, each with the other worker busy (`busy_requests`): before each
-probe request a background request (64 prompt tokens, --busy-output-len tokens) goes to the
-other worker (the fleet routes round robin, so the two alternate; each row records both
-workers), and several are in flight there at any time. On 2 cores the two workers' step
-threads then share them with the router, the proxy and Ray: `contention` = median TPOT with
-the neighbour busy / median TPOT idle - 1, what the simulator adds to a step that starts
-while another worker is in one (cost_model.LinearCost.contention).
-
     python benchmarks/fleet_sim_probe.py [--lengths 16,64,128,256,432] [--repeats 6]
-        [--output-len 16] [--busy-output-len 150] [--gap-s 0.4] [--name fleet_sim_probe]
+        [--output-len 16] [--gap-s 0.4] [--name fleet_sim_probe]
 """
 from __future__ import annotations
 
@@ -75,41 +67,6 @@ async def run(url: str, prompts: list[list[int]], output_len: int, gap_s: float)
         return rows
 
 
-async def run_busy(url: str, prompts: list[list[int]], output_len: int, gap_s: float,
-                   busy_output_len: int, seed: int) -> list[dict]:
-    """Each probe request sent gap_s after a background request to the other worker."""
-    rng = random.Random(seed + 1)
-    async with httpx.AsyncClient(timeout=120) as client:
-        model = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
-        rows, background = [], []
-        for prompt in prompts:
-            background.append(asyncio.create_task(
-                one_request(client, url, model, tokens(rng, 64), busy_output_len)))
-            await asyncio.sleep(gap_s)  # routed first, and running
-            r = await one_request(client, url, model, prompt, output_len)
-            if not r.ok:
-                raise SystemExit(f"probe request failed: {r.error}")
-            rows.append({"prompt_tokens": len(prompt), "ttft_ms": 1000 * r.ttft,
-                         "e2e_ms": 1000 * r.e2e, "output_tokens": r.output_tokens,
-                         "tpot_ms": 1000 * (r.e2e - r.ttft) / max(1, r.output_tokens - 1),
-                         "worker": r.worker})
-        for row, b in zip(rows, await asyncio.gather(*background)):
-            if not b.ok:
-                raise SystemExit(f"background request failed: {b.error}")
-            row["neighbour"] = b.worker
-            row["neighbour_busy"] = b.worker != row["worker"]
-        return rows
-
-
-def contention(idle: list[dict], busy: list[dict]) -> float:
-    """Median TPOT with the other worker busy / median TPOT idle - 1."""
-    busy_tpot = [r["tpot_ms"] for r in busy if r["neighbour_busy"]]
-    if not busy_tpot:
-        raise SystemExit("no probe request ran beside a busy neighbour (routing did not "
-                         "alternate): rerun")
-    return (statistics.median(busy_tpot) / statistics.median(r["tpot_ms"] for r in idle)) - 1
-
-
 def line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
@@ -121,8 +78,6 @@ def main(argv=None) -> int:
     p.add_argument("--lengths", default="16,64,128,256,432")
     p.add_argument("--repeats", type=int, default=6)
     p.add_argument("--output-len", type=int, default=16)
-    p.add_argument("--busy-output-len", type=int, default=150,
-                   help="tokens of each background request that keeps the other worker busy")
     p.add_argument("--gap-s", type=float, default=0.4)
     p.add_argument("--kv-tokens", type=int, default=4096)
     p.add_argument("--max-model-len", type=int, default=1024)
@@ -136,41 +91,30 @@ def main(argv=None) -> int:
                         str(ns.kv_tokens), "--max-model-len", str(ns.max_model_len)], log)
     try:
         t0 = time.perf_counter()
-        prompts = probe_requests(lengths, ns.repeats, ns.seed)
-        rows = asyncio.run(run(url, prompts, ns.output_len, ns.gap_s))
-        busy = asyncio.run(run_busy(url, prompts, ns.output_len, ns.gap_s, ns.busy_output_len,
-                                    ns.seed))
+        rows = asyncio.run(run(url, probe_requests(lengths, ns.repeats, ns.seed),
+                               ns.output_len, ns.gap_s))
         wall = time.perf_counter() - t0
     finally:
         stop(proc)
     by_len = []
     for n in lengths:
         mine = [r for r in rows if r["prompt_tokens"] == n]
-        beside = [r for r in busy if r["prompt_tokens"] == n and r["neighbour_busy"]]
         by_len.append({"prompt_tokens": n, "requests": len(mine),
                        "mean_ttft_ms": statistics.fmean(r["ttft_ms"] for r in mine),
                        "median_ttft_ms": statistics.median(r["ttft_ms"] for r in mine),
                        "mean_tpot_ms": statistics.fmean(r["tpot_ms"] for r in mine),
-                       "median_tpot_ms": statistics.median(r["tpot_ms"] for r in mine),
-                       "busy_requests": len(beside),
-                       "busy_median_ttft_ms": statistics.median(r["ttft_ms"] for r in beside)
-                       if beside else None,
-                       "busy_median_tpot_ms": statistics.median(r["tpot_ms"] for r in beside)
-                       if beside else None})
-    slowdown = contention(rows, busy)
+                       "median_tpot_ms": statistics.median(r["tpot_ms"] for r in mine)})
     a, b = line([r["prompt_tokens"] for r in rows], [r["ttft_ms"] for r in rows])
     print(table(by_len, list(by_len[0])))
     print(f"TTFT = {a:.1f} ms + {b:.3f} ms x prompt tokens (least squares over {len(rows)} "
-          f"requests); mean TPOT {statistics.fmean(r['tpot_ms'] for r in rows):.1f} ms; "
-          f"with the other worker busy ({sum(r['neighbour_busy'] for r in busy)} of "
-          f"{len(busy)} requests) the median TPOT is {1 + slowdown:.2f}x idle's")
+          f"requests); mean TPOT {statistics.fmean(r['tpot_ms'] for r in rows):.1f} ms")
     out = write(ns.name, {
         "workload": {k: v for k, v in vars(ns).items() if k != "name"},
         "load_average": {"before": load_before, "after": os.getloadavg()}, "wall_s": wall,
         "ttft_line_ms": {"intercept": a, "per_prompt_token": b},
         "mean_tpot_ms": statistics.fmean(r["tpot_ms"] for r in rows),
         "median_tpot_ms": statistics.median(r["tpot_ms"] for r in rows),
-        "by_length": by_len, "requests": rows, "busy_requests": busy, "contention": slowdown})
+        "by_length": by_len, "requests": rows})
     print(f"wrote {out}")
     return 0
 

@@ -115,8 +115,7 @@ def probe_terms(forward: LinearCost, probe: dict) -> LinearCost:
     solved together by least squares for path_s (per request), serving (per step,
     `per_step_serving`) and per_pair (per attended pair: what a longer chunk costs beyond the
     forward fit's per-token term). A negative solution is refused by name: the probe was too
-    noisy (a loaded machine) to tell the term, so rerun it quiet. `contention` is the probe's
-    own figure (median TPOT beside a busy worker / idle - 1; 0 for a probe without it)."""
+    noisy (a loaded machine) to tell the term, so rerun it quiet."""
     rows, ys = [], []
     for r in probe["requests"]:
         p, t = r["prompt_tokens"], r["output_tokens"]
@@ -127,7 +126,6 @@ def probe_terms(forward: LinearCost, probe: dict) -> LinearCost:
         ys.append(r["tpot_ms"] / 1000 - forward.per_step - forward.per_token - forward.per_seq
                   - forward.per_kv * (p + t / 2))
     coef = _least_squares(rows, ys, ("path_s", "per_step_serving", "per_pair"))
-    coef["contention"] = probe.get("contention", 0.0)
     negative = sorted(k for k, v in coef.items() if v < 0)
     if negative:
         raise ValueError(f"the probe gives negative {', '.join(negative)} ({coef}): too noisy "

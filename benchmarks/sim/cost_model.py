@@ -68,10 +68,6 @@ class LinearCost:
     # worker, the first SSE frame) outside any step.
     per_pair: float = 0.0     # per attended (query, key) pair of the step's new tokens
     path_s: float = 0.0       # per request, before its first token reaches the client
-    # A step that starts while another worker of the fleet is in one takes (1 + contention)x
-    # as long: CPU workers share the machine's cores with each other and with the router, the
-    # proxy and Ray (fleet_sim_probe.py measures it with the other worker kept busy).
-    contention: float = 0.0
 
     def seconds(self, s: StepShape) -> float:
         return (self.per_step + self.per_step_serving + self.per_token * s.new_tokens
@@ -103,7 +99,6 @@ class RooflineCost:
     overhead_s: float         # per step: launch, scheduling, sampling (an assumption, stated)
     kv_budget_bytes: float    # memory left for the KV cache
     path_s: float = 0.0       # per request outside any step (HTTP, routing): not modelled
-    contention: float = 0.0   # one accelerator per worker: its steps share nothing
 
     def seconds(self, s: StepShape) -> float:
         flops = (2 * self.body_params * s.new_tokens + 2 * self.head_params * s.sampled

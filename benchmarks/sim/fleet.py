@@ -161,11 +161,9 @@ class Fleet:
         push(0.0, SNAPSHOT)
         decisions: list[float] = []
         done, kicked = 0, set()
-        stepping = 0  # workers in a step now
         while events and done < len(requests):
             now, kind, _, what = heapq.heappop(events)
             if kind == STEP_END:
-                stepping -= 1
                 for d in self.workers[what].finish_step():
                     i = owner[d.request_id]
                     rec = records[i]
@@ -224,9 +222,8 @@ class Fleet:
                 for wid in sorted(kicked):
                     worker = self.workers.get(wid)  # (it may have left)
                     if worker is not None and not worker.stepping:
-                        seconds = worker.start_step(shared=stepping > 0)
+                        seconds = worker.start_step()
                         if seconds is not None:
-                            stepping += 1
                             push(now + seconds, STEP_END, wid)
                 kicked.clear()
         if done < len(requests):

@@ -86,17 +86,14 @@ class SimWorker:
     def stepping(self) -> bool:
         return self._batch is not None
 
-    def start_step(self, shared: bool = False) -> float | None:
-        """Schedule a step; its duration in seconds, or None when there is nothing to run.
-        `shared`: another worker of the fleet is in a step (the cost model's contention)."""
+    def start_step(self) -> float | None:
+        """Schedule a step; its duration in seconds, or None when there is nothing to run."""
         assert self._batch is None, "a step is already running"
         batch = self.scheduler.schedule()
         if not batch.requests:
             return None
         self._batch = batch
         seconds = self.cost.seconds(step_shape(batch)) / self.speedup
-        if shared:
-            seconds *= 1 + self.cost.contention
         self.busy_s += seconds
         return seconds
 
