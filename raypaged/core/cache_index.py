@@ -63,11 +63,7 @@ class CacheIndex:
                 continue
             mid = (lo + hi) // 2
             at_mid = get(keys[mid], 0) & at_lo
-            right = at_hi & at_mid  # a span whose ends agree would be skipped: not pushed
-            if right != at_mid:
-                spans.append((mid, hi, at_mid, right))
-            if at_mid != at_lo:
-                spans.append((lo, mid, at_lo, at_mid))
+            spans += ((mid, hi, at_mid, at_hi & at_mid), (lo, mid, at_lo, at_mid))
         # every view of `first` stopped in exactly one span, or holds every key
         if first & ~dropped:
             groups.append((len(keys), first & ~dropped))
