@@ -11,9 +11,11 @@
 //   key / value  [num_blocks, bs, Hkv, D] bf16
 //   block_table  [>= ceil(seq_len / bs)] int32
 // Work item: (query tile of TQ tokens, KV head h): its TQ * G rows (token x query head of h)
-// share each chunk of KC keys. The chunks are packed into the pair layouts vdpbf16ps reads once
-// per call, before the tiles run: every tile reads the chunks of its whole prefix, and packing
-// them per tile was a third of the kernel's time on a 1,024-token prompt.
+// share each chunk of KC keys, packed into the pair layouts vdpbf16ps reads. Every tile reads
+// the chunks of its whole prefix, so with more than one tile the chunks are packed once per call
+// before the tiles run (packing them per tile was a third of the kernel's time on a 1,024-token
+// prompt); a single tile packs each chunk where it reads it, in its own buffer (packing a long
+// prefix into memory to read it back once was 1.2x slower for 16 tokens over 16k cached).
 // Per row, an online softmax over chunks in fp32 (m, l, acc as in cpu_paged_decode.cpp); the
 // probabilities are rounded to bf16 for the P.V product (as GPU flash attention does), the
 // output once at the end. Scores are exact products of bf16 inputs summed in fp32.
@@ -40,39 +42,47 @@ constexpr int64_t MAX_ROWS = TQ * MAX_GROUP;
 template <int64_t D> constexpr int64_t k_chunk_words() { return D / 2 * KC; }
 template <int64_t D> constexpr int64_t v_chunk_words() { return KC / 2 * D; }
 
+// The paged cache a call reads: keys and values of KV head h at a position.
+struct Cache {
+  const uint16_t *k, *v;
+  const int32_t* table;
+  int64_t seq_len, bs, token_stride, block_stride;
+};
+
+// Chunk c0 / KC of KV head h into kp and vp (k_chunk_words / v_chunk_words words).
 template <int64_t D>
-void pack_chunks(const uint16_t* k, const uint16_t* v, const int32_t* table, uint32_t* kpack,
-                 uint32_t* vpack, int64_t seq_len, int64_t Hkv, int64_t bs, int64_t chunks) {
-  constexpr int64_t DP = D / 2;
-  const int64_t token_stride = Hkv * D, block_stride = bs * Hkv * D;
-  at::parallel_for(0, Hkv * chunks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {  // item = h * chunks + chunk
-      const int64_t h = item / chunks, c0 = (item % chunks) * KC;
-      uint32_t* kp = kpack + item * k_chunk_words<D>();
-      uint32_t* vp = vpack + item * v_chunk_words<D>();
-      for (int64_t t = 0; t < KC; ++t) {
-        const uint16_t *kr = nullptr, *vr = nullptr;
-        const int64_t pos = c0 + t;
-        if (pos < seq_len) {
-          const int64_t at = int64_t(table[pos / bs]) * block_stride + (pos % bs) * token_stride + h * D;
-          kr = k + at;
-          vr = v + at;
-        }
-        for (int64_t dp = 0; dp < DP; ++dp) kp[dp * KC + t] = kr ? reinterpret_cast<const uint32_t*>(kr)[dp] : 0u;
-        uint16_t* vt = reinterpret_cast<uint16_t*>(vp + t / 2 * D) + t % 2;
-        for (int64_t d = 0; d < D; ++d) vt[2 * d] = vr ? vr[d] : uint16_t(0);
-      }
+void pack_chunk(const Cache& c, int64_t h, int64_t c0, uint32_t* kp, uint32_t* vp) {
+  for (int64_t t = 0; t < KC; ++t) {
+    const uint16_t *kr = nullptr, *vr = nullptr;
+    const int64_t pos = c0 + t;
+    if (pos < c.seq_len) {
+      const int64_t at = int64_t(c.table[pos / c.bs]) * c.block_stride + (pos % c.bs) * c.token_stride + h * D;
+      kr = c.k + at;
+      vr = c.v + at;
     }
-  });
+    for (int64_t dp = 0; dp < D / 2; ++dp) kp[dp * KC + t] = kr ? reinterpret_cast<const uint32_t*>(kr)[dp] : 0u;
+    uint16_t* vt = reinterpret_cast<uint16_t*>(vp + t / 2 * D) + t % 2;
+    for (int64_t d = 0; d < D; ++d) vt[2 * d] = vr ? vr[d] : uint16_t(0);
+  }
 }
 
+// kpack / vpack: every chunk of every KV head, packed here (item = h * chunks + chunk), or
+// nullptr: each tile packs the chunk it reads.
 template <int64_t D>
-void prefill(const uint16_t* q, const uint32_t* kpack, const uint32_t* vpack, uint16_t* out,
-             int64_t n, int64_t seq_len, int64_t H, int64_t Hkv, int64_t chunks, float scale) {
+void prefill(const uint16_t* q, const Cache& cache, uint32_t* kpack, uint32_t* vpack,
+             uint16_t* out, int64_t n, int64_t H, int64_t Hkv, float scale) {
   constexpr int64_t DP = D / 2, DV = D / 16;
-  const int64_t G = H / Hkv;
+  const int64_t G = H / Hkv, seq_len = cache.seq_len, chunks = (seq_len + KC - 1) / KC;
   const int64_t ctx = seq_len - n, tiles = (n + TQ - 1) / TQ;
+  if (kpack)
+    at::parallel_for(0, Hkv * chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item)
+        pack_chunk<D>(cache, item / chunks, item % chunks * KC, kpack + item * k_chunk_words<D>(),
+                      vpack + item * v_chunk_words<D>());
+    });
   at::parallel_for(0, tiles * Hkv, 1, [&](int64_t begin, int64_t end) {
+    alignas(64) uint32_t kown[k_chunk_words<D>()];  // a chunk packed here (no kpack)
+    alignas(64) uint32_t vown[v_chunk_words<D>()];
     alignas(64) float acc[MAX_ROWS][D];
     alignas(64) uint16_t pb[R][KC];        // a pass's probabilities in bf16
     float m[MAX_ROWS], l[MAX_ROWS];
@@ -97,8 +107,13 @@ void prefill(const uint16_t* q, const uint32_t* kpack, const uint32_t* vpack, ui
         // keys past nk (this tile's last visible key) are masked out of the scores below, and
         // their zero weights leave the output as it is
         const int64_t nk = std::min(KC, key_end - c0);
-        const uint32_t* kp = kpack + (h * chunks + c0 / KC) * k_chunk_words<D>();
-        const uint32_t* vp = vpack + (h * chunks + c0 / KC) * v_chunk_words<D>();
+        const uint32_t *kp = kown, *vp = vown;
+        if (kpack) {
+          kp = kpack + (h * chunks + c0 / KC) * k_chunk_words<D>();
+          vp = vpack + (h * chunks + c0 / KC) * v_chunk_words<D>();
+        } else {
+          pack_chunk<D>(cache, h, c0, kown, vown);
+        }
         for (int64_t r0 = 0; r0 < rows; r0 += R) {
           // rows past the tile's end repeat its last row and are never stored
           int64_t visible[R];
@@ -199,16 +214,21 @@ torch::Tensor paged_prefill(torch::Tensor query, torch::Tensor key, torch::Tenso
   auto in = [](const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); };
   auto run = [&](auto dim) {
     constexpr int64_t DIM = decltype(dim)::value;
-    const int64_t chunks = (seq_len + KC - 1) / KC;
-    // the packed chunks (the CPU allocator aligns to 64 bytes, as the vector loads need)
-    auto kpack = torch::empty({Hkv * chunks * k_chunk_words<DIM>()}, query.options().dtype(at::kInt));
-    auto vpack = torch::empty({Hkv * chunks * v_chunk_words<DIM>()}, query.options().dtype(at::kInt));
-    auto words = [](torch::Tensor& t) { return reinterpret_cast<uint32_t*>(t.data_ptr<int32_t>()); };
-    pack_chunks<DIM>(in(key), in(value), block_table.data_ptr<int32_t>(), words(kpack),
-                     words(vpack), seq_len, Hkv, bs, chunks);
-    prefill<DIM>(in(query), words(kpack), words(vpack),
-                 reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()), n, seq_len, H, Hkv,
-                 chunks, float(scale));
+    const Cache cache{in(key), in(value), block_table.data_ptr<int32_t>(), seq_len, bs, Hkv * DIM,
+                      bs * Hkv * DIM};
+    // packed once per call for more than one tile (the CPU allocator aligns to 64 bytes, as the
+    // vector loads need)
+    torch::Tensor kpack, vpack;
+    uint32_t *kp = nullptr, *vp = nullptr;
+    if (n > TQ) {
+      const int64_t chunks = (seq_len + KC - 1) / KC;
+      kpack = torch::empty({Hkv * chunks * k_chunk_words<DIM>()}, query.options().dtype(at::kInt));
+      vpack = torch::empty({Hkv * chunks * v_chunk_words<DIM>()}, query.options().dtype(at::kInt));
+      kp = reinterpret_cast<uint32_t*>(kpack.data_ptr<int32_t>());
+      vp = reinterpret_cast<uint32_t*>(vpack.data_ptr<int32_t>());
+    }
+    prefill<DIM>(in(query), cache, kp, vp, reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()),
+                 n, H, Hkv, float(scale));
   };
   if (D == 64) run(std::integral_constant<int64_t, 64>());
   else run(std::integral_constant<int64_t, 128>());
