@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
-from raypaged.kernels import cpu_paged_decode  # noqa: E402
 from raypaged.model.attention.base import AttentionMetadata  # noqa: E402
 from raypaged.model.attention.torch_backend import TorchAttentionBackend  # noqa: E402
 from raypaged.model.default_model import default_model_dir  # noqa: E402
@@ -45,24 +44,21 @@ class PerLayerPlan(TorchAttentionBackend):
         return super()._plan(meta, block_size)
 
 
-# variant -> the optimisations it turns on; "default" is the model as the engine builds it on
-# this CPU (ModelSetup: every switch at its default, the C++ layer glue and prefill attention too)
+# variant -> the optimisations it turns on; None ("default"): the model as the engine builds it
+# on this CPU (ModelSetup: every switch at its default, the C++ layer glue and prefill attention too)
 VARIANTS = {"baseline": (), "packed_linears": ("packed_linears",), "step_plan": ("step_plan",),
-            "packed+plan": ("packed_linears", "step_plan"),
-            "default": ("packed_linears", "step_plan", "decode_kernel", "engine")}
+            "packed+plan": ("packed_linears", "step_plan"), "default": None}
 
 
 def build(variant: str, dtype: str):
-    if variant == "default":
+    on = VARIANTS[variant]
+    if on is None:
         setup = ModelSetup.decide(EngineArgs(dtype=dtype, device="cpu"))
         return setup.load_model(), setup.config
     model, cfg = load_model(default_model_dir(), dtype, "cpu")
-    on = VARIANTS[variant]
     if "packed_linears" in on:
         pack_linears(model)
-    if "decode_kernel" in on:  # the C++ decode attention, over the per-step plan
-        model.backend = TorchAttentionBackend(cpu_paged_decode.paged_decode)
-    elif "step_plan" not in on:
+    if "step_plan" not in on:
         model.backend = PerLayerPlan()
     return model, cfg
 
