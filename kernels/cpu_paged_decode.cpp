@@ -10,6 +10,8 @@
 // fp32 with an online softmax, one block at a time:
 //   m' = max(m, max_t s_t);  l = l * e^(m - m') + sum_t e^(s_t - m');  acc likewise, + e^(s_t - m') v_t
 // fp8 (e4m3) caches hold value / scale: k_scale folds into the query, v_scale into the output.
+// A bf16 query over a bf16 cache runs cpu_paged_decode_bf16.cpp instead where the build has
+// AVX512-BF16 (the same computation on vector units).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -85,6 +87,14 @@ void decode(const T* q, const C* k, const C* v, const int32_t* tables, const int
       for (int64_t blk = 0; blk * bs < len; ++blk) {
         const int64_t base = int64_t(tables[b * max_blocks + blk]) * block_stride + h * D;
         const int64_t ntok = std::min(bs, len - blk * bs);
+        if ((blk + 1) * bs < len) {  // the next block's rows, fetched while this one computes
+          const int64_t next = int64_t(tables[b * max_blocks + blk + 1]) * block_stride + h * D;
+          for (int64_t t = 0; t < std::min(bs, len - (blk + 1) * bs); ++t)
+            for (int64_t x = 0; x < D * int64_t(sizeof(C)); x += 64) {
+              __builtin_prefetch(reinterpret_cast<const char*>(k + next + t * token_stride) + x);
+              __builtin_prefetch(reinterpret_cast<const char*>(v + next + t * token_stride) + x);
+            }
+        }
         for (int64_t t = 0; t < ntok; ++t) {          // scores: one K row serves G query heads
           load_row(k + base + t * token_stride, row, D);
           for (int64_t g = 0; g < G; ++g) p[g][t] = dot(qf[g], row, D);
@@ -143,6 +153,11 @@ void dispatch_cache(const torch::Tensor& query, const torch::Tensor& key, const 
 
 }  // namespace
 
+// cpu_paged_decode_bf16.cpp: bf16 over a bf16 cache on AVX512-BF16 (false: not this build or shape)
+bool paged_decode_bf16(const torch::Tensor& query, const torch::Tensor& key,
+                       const torch::Tensor& value, const torch::Tensor& tables,
+                       const torch::Tensor& lens, torch::Tensor& out, float scale);
+
 // scale: the softmax scale; k_scale / v_scale: the cache's per-tensor scales (1 unless fp8).
 torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key, torch::Tensor value,
                            torch::Tensor block_tables, torch::Tensor seq_lens, double scale,
@@ -164,6 +179,9 @@ torch::Tensor paged_decode(torch::Tensor query, torch::Tensor key, torch::Tensor
               bs <= MAX_BLOCK, "unsupported head layout");
   TORCH_CHECK(block_tables.size(0) >= n && seq_lens.size(0) >= n, "one table row per sequence");
   auto out = torch::empty_like(query);
+  if (ct == at::kBFloat16 && k_scale == 1.0 && v_scale == 1.0 &&
+      paged_decode_bf16(query, key, value, block_tables, seq_lens, out, float(scale)))
+    return out;
   const float q_scale = float(scale * k_scale), out_scale = float(v_scale);
   if (qt == at::kFloat)
     dispatch_cache<float>(query, key, value, block_tables, seq_lens, out, q_scale, out_scale);

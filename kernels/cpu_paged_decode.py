@@ -1,5 +1,6 @@
 """Build and load the C++ kernels for CPUs, one extension: decode attention
-(`cpu_paged_decode.cpp`, any x86/ARM CPU), bf16 prefill attention (`cpu_paged_prefill.cpp`, CPUs
+(`cpu_paged_decode.cpp`, any x86/ARM CPU; bf16 over a bf16 cache on vector units where the CPU
+has AVX512-BF16, `cpu_paged_decode_bf16.cpp`), bf16 prefill attention (`cpu_paged_prefill.cpp`, CPUs
 with AVX512-BF16) and a decoder layer's bf16 glue (`cpu_layer_ops.cpp`): RMSNorm, alone or after
 the residual add, the rotary embedding and the KV cache write.
 
@@ -32,6 +33,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 SOURCES = [Path(__file__).with_name("cpu_paged_decode.cpp"),
+           Path(__file__).with_name("cpu_paged_decode_bf16.cpp"),
            Path(__file__).with_name("cpu_paged_prefill.cpp"),
            Path(__file__).with_name("cpu_layer_ops.cpp")]
 # Mirrors the limits at the top of cpu_paged_decode.cpp.
