@@ -66,7 +66,7 @@ void decode(const uint16_t* q, const uint16_t* k, const uint16_t* v, const int32
     alignas(64) float acc[MAX_HEADS][D], p[MAX_HEADS][GROUP], vf[GROUP][D];
     float m[MAX_HEADS], l[MAX_HEADS];
     __m512bh qv[MAX_HEADS][DW];
-    int64_t at[GROUP];  // offset of each key's row of head h (in K and V alike)
+    int64_t row_at[GROUP];  // offset of each key's row of head h (in K and V alike)
     const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / Hkv, h = item % Hkv, len = lens[b];
@@ -82,7 +82,7 @@ void decode(const uint16_t* q, const uint16_t* k, const uint16_t* v, const int32
         const int64_t nt = std::min(GROUP, len - t0);
         for (int64_t t = 0; t < nt; ++t) {
           const int64_t pos = t0 + t;
-          at[t] = int64_t(table[pos / bs]) * block_stride + pos % bs * token_stride + h * D;
+          row_at[t] = int64_t(table[pos / bs]) * block_stride + pos % bs * token_stride + h * D;
         }
         // the next group's rows, fetched while this one computes (its blocks may lie anywhere)
         for (int64_t pos = t0 + GROUP; pos < std::min(len, t0 + 2 * GROUP); ++pos) {
@@ -98,7 +98,7 @@ void decode(const uint16_t* q, const uint16_t* k, const uint16_t* v, const int32
           for (int64_t t = 0; t < GROUP; ++t) {
             part[t] = _mm512_setzero_ps();
             if (t < nt) {
-              const uint16_t* kr = k + at[t];
+              const uint16_t* kr = k + row_at[t];
               for (int64_t x = 0; x < DW; ++x)
                 part[t] = _mm512_dpbf16_ps(part[t], qv[g][x],
                                            (__m512bh)_mm512_loadu_si512(kr + 32 * x));
@@ -120,7 +120,7 @@ void decode(const uint16_t* q, const uint16_t* k, const uint16_t* v, const int32
                                                               _mm512_set1_ps(rescale)));
         }
         for (int64_t t = 0; t < nt; ++t) {  // V rows widened once for every head
-          const uint16_t* vr = v + at[t];
+          const uint16_t* vr = v + row_at[t];
           for (int64_t x = 0; x < DV; ++x) _mm512_store_ps(vf[t] + 16 * x, widen(vr + 16 * x));
         }
         for (int64_t t = nt; t < GROUP; ++t)  // the tail's weights are 0: any finite row will do
