@@ -67,7 +67,6 @@ void decode(const uint16_t* q, const uint16_t* k, const uint16_t* v, const int32
     float m[MAX_HEADS], l[MAX_HEADS];
     __m512bh qv[MAX_HEADS][DW];
     int64_t row_at[GROUP];  // offset of each key's row of head h (in K and V alike)
-    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / Hkv, h = item % Hkv, len = lens[b];
       const int32_t* table = tables + b * max_blocks;
@@ -123,23 +122,15 @@ void decode(const uint16_t* q, const uint16_t* k, const uint16_t* v, const int32
           const uint16_t* vr = v + row_at[t];
           for (int64_t x = 0; x < DV; ++x) _mm512_store_ps(vf[t] + 16 * x, widen(vr + 16 * x));
         }
-        for (int64_t t = nt; t < GROUP; ++t)  // the tail's weights are 0: any finite row will do
-          for (int64_t x = 0; x < DV; ++x) _mm512_store_ps(vf[t] + 16 * x, _mm512_setzero_ps());
         for (int64_t g = 0; g < G; ++g) {
-          // even and odd keys in separate sums: twice the independent FMA chains (latency 4)
-          __m512 o[2][DV];
-          for (int64_t x = 0; x < DV; ++x) {
-            o[0][x] = _mm512_load_ps(acc[g] + 16 * x);
-            o[1][x] = _mm512_setzero_ps();
+          __m512 o[DV];
+          for (int64_t x = 0; x < DV; ++x) o[x] = _mm512_load_ps(acc[g] + 16 * x);
+          for (int64_t t = 0; t < nt; ++t) {
+            const __m512 w = _mm512_set1_ps(p[g][t]);
+            for (int64_t x = 0; x < DV; ++x)
+              o[x] = _mm512_fmadd_ps(w, _mm512_load_ps(vf[t] + 16 * x), o[x]);
           }
-          for (int64_t t = 0; t < GROUP; t += 2)
-            for (int64_t e = 0; e < 2; ++e) {
-              const __m512 w = _mm512_set1_ps(p[g][t + e]);
-              for (int64_t x = 0; x < DV; ++x)
-                o[e][x] = _mm512_fmadd_ps(w, _mm512_load_ps(vf[t + e] + 16 * x), o[e][x]);
-            }
-          for (int64_t x = 0; x < DV; ++x)
-            _mm512_store_ps(acc[g] + 16 * x, _mm512_add_ps(o[0][x], o[1][x]));
+          for (int64_t x = 0; x < DV; ++x) _mm512_store_ps(acc[g] + 16 * x, o[x]);
         }
       }
       for (int64_t g = 0; g < G; ++g) {
