@@ -5,8 +5,9 @@ with AVX512-BF16) and a decoder layer's bf16 glue (`cpu_layer_ops.cpp`): RMSNorm
 the residual add, the rotary embedding and the KV cache write.
 
 Built once per machine with the local C++ compiler through torch's extension mechanism
-(`torch.utils.cpp_extension.load`: ninja, cached under TORCH_EXTENSIONS_DIR, default
-~/.cache/torch_extensions, rebuilt when the source or flags change). -march=native compiles for
+(`torch.utils.cpp_extension.load`: ninja, cached under torch's default build root,
+~/.cache/torch_extensions or $XDG_CACHE_HOME/torch_extensions, rebuilt when the source or flags
+change). -march=native compiles for
 this CPU, so the build's name carries a digest of it (_build_digest): machines of another kind
 sharing a home directory build their own copy instead of loading one that may hold instructions
 they lack. -ffast-math lets expf vectorize; the kernel keeps its maxima finite, which is what
