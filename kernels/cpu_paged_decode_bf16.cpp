@@ -66,10 +66,13 @@ void decode(const uint16_t* q, const uint16_t* k, const uint16_t* v, const int32
     alignas(64) float acc[MAX_HEADS][D], p[MAX_HEADS][GROUP], vf[GROUP][D];
     float m[MAX_HEADS], l[MAX_HEADS];
     __m512bh qv[MAX_HEADS][DW];
-    int64_t row_at[GROUP];  // offset of each key's row of head h (in K and V alike)
+    int64_t row_at[GROUP];  // row_of each key of the group
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / Hkv, h = item % Hkv, len = lens[b];
       const int32_t* table = tables + b * max_blocks;
+      auto row_of = [&](int64_t pos) {  // offset of key pos's row of head h, in K and V alike
+        return int64_t(table[pos / bs]) * block_stride + pos % bs * token_stride + h * D;
+      };
       for (int64_t g = 0; g < G; ++g) {
         for (int64_t x = 0; x < DW; ++x)
           qv[g][x] = (__m512bh)_mm512_loadu_si512(q + (b * H + h * G + g) * D + 32 * x);
@@ -79,13 +82,10 @@ void decode(const uint16_t* q, const uint16_t* k, const uint16_t* v, const int32
       }
       for (int64_t t0 = 0; t0 < len; t0 += GROUP) {
         const int64_t nt = std::min(GROUP, len - t0);
-        for (int64_t t = 0; t < nt; ++t) {
-          const int64_t pos = t0 + t;
-          row_at[t] = int64_t(table[pos / bs]) * block_stride + pos % bs * token_stride + h * D;
-        }
+        for (int64_t t = 0; t < nt; ++t) row_at[t] = row_of(t0 + t);
         // the next group's rows, fetched while this one computes (its blocks may lie anywhere)
         for (int64_t pos = t0 + GROUP; pos < std::min(len, t0 + 2 * GROUP); ++pos) {
-          const int64_t off = int64_t(table[pos / bs]) * block_stride + pos % bs * token_stride + h * D;
+          const int64_t off = row_of(pos);
           for (int64_t x = 0; x < D * 2; x += 64) {
             _mm_prefetch(reinterpret_cast<const char*>(k + off) + x, _MM_HINT_T0);
             _mm_prefetch(reinterpret_cast<const char*>(v + off) + x, _MM_HINT_T0);
