@@ -12,6 +12,7 @@ from raypaged.serve.fleet import FleetSnapshot, WorkerView
 from raypaged.serve.fleet_loads import FleetLoads
 from raypaged.serve.metrics import RequestMetrics
 from raypaged.serve.poison import PoisonMemory
+from raypaged.serve.quarantine import Quarantine
 from raypaged.serve.routing import Router
 from raypaged.serve.worker_link import WorkerLink
 
@@ -36,6 +37,7 @@ class Dispatcher:
         self._suspect_until: dict[str, tuple[float, str | None]] = {}
         self.suspect_s = suspect_s
         self.poison = PoisonMemory()  # requests refused as suspected poison (generation.py)
+        self.quarantine = Quarantine()  # workers serving a request retried after a death
         self._snapshot_version = -1  # none yet (versions count from 0)
         self._loads = FleetLoads((), ())
 

@@ -8,8 +8,9 @@ the client has). After MAX_FAILOVERS lost workers the request ends with a 503.
 A worker that dies (or freezes) once the request was sent to it may have been killed by it: it
 is retried once; a second worker lost that way refuses it as a suspected poison request (400,
 remembered: poison.py), never retried again. That retry waits for a second ready worker rather
-than risk the fleet's last one (wait_for_spare). A worker that left by draining counts for
-neither. Exclusions are per process: a worker lost serving the request takes it again as a new
+than risk the fleet's last one (wait_for_spare), and runs where no other such request runs
+(quarantine.py), so that a poison request's second victim takes no innocent request with it. A
+worker that left by draining counts for neither. Exclusions are per process: a worker lost serving the request takes it again as a new
 process, but only where no other is left.
 """
 from __future__ import annotations
@@ -46,6 +47,11 @@ class LostWorkers:
         # of those, the processes it had been sent to: (worker id, incarnation)
         self._died_serving: list[tuple[str, str | None]] = []
         self._count = 0
+
+    @property
+    def died_serving(self) -> bool:
+        """A worker died (or froze) with the request on it: its retry is quarantined."""
+        return bool(self._died_serving)
 
     def readmit_renewed(self, snap: FleetSnapshot) -> bool:
         """Where only workers it lost are left, those back as new processes take it again;
@@ -103,3 +109,4 @@ async def wait_for_spare(d: Dispatcher, lost: Leg, deadline: float | None) -> No
         if len(others) != 1 or not coming or time.monotonic() >= give_up:
             return
         await asyncio.sleep(WATCH_S)
+

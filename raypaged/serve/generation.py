@@ -14,7 +14,8 @@ as many workers as it takes; what its client sees.
                of it seen yet -> the same request again elsewhere; else each unfinished sample
                goes on elsewhere as a Continuation of the tokens the client already has, so
                the text goes on with no gap and no repeat. What a lost worker costs the
-               request (503, suspected poison, the wait for a spare) is failover.py's.
+               request (503, suspected poison, the wait for a spare) is failover.py's; where
+               it may go after a death, quarantine.py's.
     collect(): every output, for non-streaming responses.
 
 The dispatcher (dispatch.py) holds what generations share and ranks the workers; progress.py
@@ -43,6 +44,7 @@ from raypaged.serve.leg import Leg
 from raypaged.serve.messages import Lost, Rejected, WorkerUnavailable
 from raypaged.serve.poison import fingerprint
 from raypaged.serve.progress import Progress
+from raypaged.serve.quarantine import ALONE_WAIT_S
 from raypaged.serve.responses import WORKER_HEADER
 
 
@@ -100,17 +102,26 @@ class Generation:
             # the prompt and this one sample's output at its longest, not the whole request's
             blocks = self.d.gate.blocks(len(self.token_ids), self.params.max_tokens, 1)
         retry_after = None  # set once a worker said its queue is full
+        alone_until = time.monotonic() + ALONE_WAIT_S
         while True:
+            # a worker died serving it: to one serving no other such request (quarantine.py)
+            quarantined = self._lost.died_serving
             snap, order, hashes = self.d.rank(tokens, self.cache_salt, self._lost.excluded,
                                               blocks, count=self._opens == 0)
             if not order and self._lost.readmit_renewed(snap):
                 continue
             if not order:
                 break
+            if quarantined and time.monotonic() < alone_until:
+                alone = [w for w in order if self.d.quarantine.free_for(w, self.request_id)]
+                if not alone:
+                    await asyncio.sleep(WATCH_S)
+                    continue
+                order = alone
             for worker_id in order:
                 view = snap.worker(worker_id)
                 leg = Leg(worker_id, view.stats.incarnation if view.stats else None, indexes,
-                          continuation is not None, blocks=blocks)
+                          continuation is not None, blocks=blocks, quarantined=quarantined)
                 try:
                     rejected = await self._submit(leg, view, params, continuation, hashes)
                 except WorkerUnavailable as lost:  # a worker can die of it before it replies
@@ -137,6 +148,8 @@ class Generation:
                           else f"{self.request_id}-{self._opens - 1}")
         self.worker_id = leg.worker_id
         self.d.opened(leg.worker_id, leg.blocks)
+        if leg.quarantined:
+            self.d.quarantine.enter(leg.worker_id, self.request_id)
         self._legs.append(leg)
         try:
             leg.link = self.d.fleet.link(view)
@@ -202,6 +215,8 @@ class Generation:
         finished = all(self.progress.samples[i].finish_reason for i in leg.indexes)
         if leg.close(finished):
             self.d.opened(leg.worker_id, leg.blocks, -1)
+            if leg.quarantined:
+                self.d.quarantine.leave(leg.worker_id, self.request_id)
 
     async def close(self) -> None:
         """Leave every worker (cancelling unfinished requests) and the gate; idempotent."""

@@ -23,6 +23,7 @@ class Leg:
     first: asyncio.Future | None = None
     closed: bool = False
     blocks: int = 0                  # counted on its worker for routing (Dispatcher.opened)
+    quarantined: bool = False        # its request was on a worker that died (quarantine.py)
 
     def sink(self, queue: asyncio.Queue):
         """The link's sink for this leg: the first item to `first`, the rest to `queue`."""

@@ -39,6 +39,10 @@ class LocalFleet:
         self.dead: set[str] = set()
         self.restarting: set[str] = set()
         self.node_lost: set[str] = set()  # down workers whose node the controller saw die
+        # a request with this seed kills each worker it runs on at its 15th message (as
+        # fake_engine.CRASH_SEED does a Ray worker's process): every request there loses it
+        self.crash_seed: int | None = None
+        self.crash_sent_to: list[str] = []  # the workers a request with it was sent to
         self.restart_on_death = restart_on_death
         self._versions = itertools.count()
         self._links = LocalLinks()
@@ -91,9 +95,13 @@ class FaultyLink(LocalLink):
 
     def __init__(self, worker, worker_id, fleet: LocalFleet, mode: str | None):
         self.fleet, self.mode = fleet, mode
+        self.crashing: set[str] = set()  # request ids with the fleet's crash seed
         super().__init__(worker, worker_id)
 
-    async def _submit(self, *args):
+    async def _submit(self, *args):  # (router id, request id, prompt, params, ...)
+        if self.fleet.crash_seed is not None and args[3].seed == self.fleet.crash_seed:
+            self.crashing.add(args[1])
+            self.fleet.crash_sent_to.append(self.worker_id)
         if self.mode == BEFORE_FIRST:
             raise WorkerUnavailable(f"{self.worker_id} is gone", reached=False)
         if self.mode == FROZEN:
@@ -101,10 +109,14 @@ class FaultyLink(LocalLink):
         return await super()._submit(*args)
 
     async def _messages(self):
-        count = 0
+        count = crashes = 0
         async for message in super()._messages():
             yield message
             count += 1
+            crashed = sum(rid in self.crashing for rid in message)
+            if crashed and (crashes := crashes + crashed) >= 15:
+                self.fleet.died(self.worker_id)
+                raise WorkerUnavailable(f"{self.worker_id} crashed")
             if self.mode == MID_STREAM and count >= 2:
                 self.fleet.died(self.worker_id)
                 raise WorkerUnavailable(f"{self.worker_id} died mid-stream")
