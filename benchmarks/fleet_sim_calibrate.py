@@ -9,8 +9,9 @@
    beyond the forward (scheduling, sampling, streaming through Ray and HTTP); per attended
    pair, what a served prefill costs beyond the forward fit's per-token term; per request,
    the path outside any step (HTTP, routing, the submit, the first SSE frame). Solved from
-   the probe's TTFTs and TPOTs (calibration.probe_terms); nothing is fitted to the runs
-   checked below. With `--fit-on mode:load` the per-step term is instead fitted so that the
+   the probe's TTFTs and TPOTs (calibration.probe_terms); and, from its loaded phase, the
+   serving path's CPU per output token on the machine's shared cores, which at load takes a
+   share of the steps' (LinearCost.stretch). Nothing is fitted to the runs checked below. With `--fit-on mode:load` the per-step term is instead fitted so that the
    simulated mean time per output token equals the real fleet's in that ONE run (the earlier
    method), the probe's other terms kept.
 3. Check: the simulator, with that model, at 2 workers, replays the workload of a real routing
@@ -145,7 +146,9 @@ def main(argv=None) -> int:
     print(f"measured by the probe ({ns.probe}, load average {probe['load_average']}): "
           f"{1000 * served.per_step_serving:.2f} ms per step, "
           f"{1e6 * served.per_pair:.3f} us per attended pair, "
-          f"{1000 * served.path_s:.1f} ms per request")
+          f"{1000 * served.path_s:.1f} ms per request, "
+          f"{1000 * served.serving_cpu_per_token:.2f} ms of CPU per output token on "
+          f"{served.cores} shared cores")
     if ns.fit_on:
         served = serving_fit(Path(ns.real), served, ns.fit_on, ns.route_cache_sample)
         print(f"per-step serving overhead fitted on {ns.fit_on} instead: "
@@ -172,7 +175,8 @@ def main(argv=None) -> int:
     fs_time = json.loads(Path(ns.forward_step).read_text())["time"]
     out = write(ns.name, {
         "fit": {k: getattr(served, k) for k in ("per_step", "per_token", "per_seq", "per_kv",
-                                                 "per_step_serving", "per_pair", "path_s")},
+                                                 "per_step_serving", "per_pair", "path_s",
+                                                 "serving_cpu_per_token", "cores")},
         "fit_source": {"file": Path(ns.forward_step).name, "time": fs_time},
         "probe_source": {"file": Path(ns.probe).name, "time": probe["time"],
                          "load_average": probe["load_average"]},

@@ -17,8 +17,16 @@ fleet_sim_calibrate.py --probe reads this file and takes `serving` (per step) an
 request) from it; the table printed here is the raw measurement and a least-squares line
 TTFT = a + b x P over the lengths.
 
+Then, loaded (--loaded-s seconds, --loaded-clients clients each sending the same kind of
+requests back to back): the CPU the machine spends per output token outside the workers' step
+threads (threads named rp-step, engine_loop.py), i.e. the serving path (HAProxy, the router
+replica, each worker's event loop and Ray's threads, the controller, Ray's daemons) and the
+client. On an idle fleet it runs on a free core; once every core runs a step it takes its
+share from the steps: the simulator's `serving_cpu_per_token` on `cores` (cost_model.py).
+
     python benchmarks/fleet_sim_probe.py [--lengths 16,64,128,256,432] [--repeats 6]
-        [--output-len 16] [--gap-s 0.4] [--name fleet_sim_probe]
+        [--output-len 16] [--gap-s 0.4] [--loaded-s 20] [--loaded-clients 8]
+        [--name fleet_sim_probe]
 """
 from __future__ import annotations
 
@@ -38,6 +46,7 @@ import httpx  # noqa: E402
 
 from benchmarks.report import table, write  # noqa: E402
 from benchmarks.serve_bench import one_request  # noqa: E402
+from benchmarks.serve_cpu import HZ, thread_cpu  # noqa: E402
 from benchmarks.serve_datasets import tokens  # noqa: E402
 from benchmarks.serve_process import launch, stop  # noqa: E402
 
@@ -67,6 +76,48 @@ async def run(url: str, prompts: list[list[int]], output_len: int, gap_s: float)
         return rows
 
 
+def machine_busy_s() -> float:
+    """CPU seconds the machine has spent busy, over every core (/proc/stat: all but idle and
+    iowait)."""
+    with open("/proc/stat") as f:
+        jiffies = [int(x) for x in f.readline().split()[1:9]]
+    return (sum(jiffies) - jiffies[3] - jiffies[4]) / HZ
+
+
+def step_threads_s() -> float:
+    """CPU seconds of every thread on the machine named rp-step (the workers' step threads and
+    the OpenMP threads they start, which inherit the name)."""
+    total = 0.0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        total += sum(cpu for name, cpu in thread_cpu(int(pid)).values() if name == "rp-step")
+    return total
+
+
+async def loaded(url: str, lengths: list[int], output_len: int, clients: int, seconds: float,
+                 seed: int) -> dict:
+    """`clients` clients sending fresh prompts back to back for `seconds`: the CPU per output
+    token outside the step threads."""
+    rng = random.Random(seed + 1)
+    tokens_out, stop_at = [0], time.monotonic() + seconds
+
+    async def client_loop(client: httpx.AsyncClient, model: str) -> None:
+        while time.monotonic() < stop_at:
+            r = await one_request(client, url, model, tokens(rng, rng.choice(lengths)),
+                                  output_len)
+            if not r.ok:
+                raise SystemExit(f"loaded request failed: {r.error}")
+            tokens_out[0] += r.output_tokens
+    async with httpx.AsyncClient(timeout=120) as client:
+        model = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
+        busy, step, t = machine_busy_s(), step_threads_s(), time.monotonic()
+        await asyncio.gather(*(client_loop(client, model) for _ in range(clients)))
+        busy, step = machine_busy_s() - busy, step_threads_s() - step
+        wall = time.monotonic() - t
+    return {"clients": clients, "seconds": wall, "output_tokens": tokens_out[0],
+            "cores": os.cpu_count(), "machine_busy_s": busy, "step_threads_s": step,
+            "serving_cpu_ms_per_token": 1000 * (busy - step) / tokens_out[0]}
+
+
 def line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
@@ -81,6 +132,8 @@ def main(argv=None) -> int:
     p.add_argument("--gap-s", type=float, default=0.4)
     p.add_argument("--kv-tokens", type=int, default=4096)
     p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--loaded-s", type=float, default=20.0)
+    p.add_argument("--loaded-clients", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default="fleet_sim_probe")
     ns = p.parse_args(argv)
@@ -94,6 +147,8 @@ def main(argv=None) -> int:
         rows = asyncio.run(run(url, probe_requests(lengths, ns.repeats, ns.seed),
                                ns.output_len, ns.gap_s))
         wall = time.perf_counter() - t0
+        load = asyncio.run(loaded(url, lengths, ns.output_len, ns.loaded_clients, ns.loaded_s,
+                                  ns.seed))
     finally:
         stop(proc)
     by_len = []
@@ -108,13 +163,16 @@ def main(argv=None) -> int:
     print(table(by_len, list(by_len[0])))
     print(f"TTFT = {a:.1f} ms + {b:.3f} ms x prompt tokens (least squares over {len(rows)} "
           f"requests); mean TPOT {statistics.fmean(r['tpot_ms'] for r in rows):.1f} ms")
+    print(f"loaded ({load['clients']} clients, {load['seconds']:.0f} s, {load['output_tokens']} "
+          f"output tokens): {load['serving_cpu_ms_per_token']:.2f} ms of CPU per output token "
+          f"outside the step threads, on {load['cores']} cores")
     out = write(ns.name, {
         "workload": {k: v for k, v in vars(ns).items() if k != "name"},
         "load_average": {"before": load_before, "after": os.getloadavg()}, "wall_s": wall,
         "ttft_line_ms": {"intercept": a, "per_prompt_token": b},
         "mean_tpot_ms": statistics.fmean(r["tpot_ms"] for r in rows),
         "median_tpot_ms": statistics.median(r["tpot_ms"] for r in rows),
-        "by_length": by_len, "requests": rows})
+        "by_length": by_len, "requests": rows, "loaded": load})
     print(f"wrote {out}")
     return 0
 

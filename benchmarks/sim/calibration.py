@@ -115,7 +115,9 @@ def probe_terms(forward: LinearCost, probe: dict) -> LinearCost:
     solved together by least squares for path_s (per request), serving (per step,
     `per_step_serving`) and per_pair (per attended pair: what a longer chunk costs beyond the
     forward fit's per-token term). A negative solution is refused by name: the probe was too
-    noisy (a loaded machine) to tell the term, so rerun it quiet."""
+    noisy (a loaded machine) to tell the term, so rerun it quiet. The probe's loaded phase,
+    where it has one, gives the serving path's CPU per output token on the machine's cores
+    (`serving_cpu_per_token`, `cores`: LinearCost.stretch)."""
     rows, ys = [], []
     for r in probe["requests"]:
         p, t = r["prompt_tokens"], r["output_tokens"]
@@ -130,4 +132,7 @@ def probe_terms(forward: LinearCost, probe: dict) -> LinearCost:
     if negative:
         raise ValueError(f"the probe gives negative {', '.join(negative)} ({coef}): too noisy "
                          "to measure them; rerun benchmarks/fleet_sim_probe.py on a quiet machine")
+    if "loaded" in probe:
+        coef.update(serving_cpu_per_token=probe["loaded"]["serving_cpu_ms_per_token"] / 1000,
+                    cores=probe["loaded"]["cores"])
     return dataclasses.replace(forward, **coef)

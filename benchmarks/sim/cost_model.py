@@ -22,6 +22,10 @@ from dataclasses import dataclass
 
 from raypaged.core.contracts import ScheduledBatch
 
+# A step's slowest speed on shared cores: the serving path cannot take a step's whole core
+# (the kernel's fair share gives each runnable thread its turn).
+MIN_SPEED = 0.25
+
 
 @dataclass(frozen=True)
 class StepShape:
@@ -68,11 +72,33 @@ class LinearCost:
     # worker, the first SSE frame) outside any step.
     per_pair: float = 0.0     # per attended (query, key) pair of the step's new tokens
     path_s: float = 0.0       # per request, before its first token reaches the client
+    # The serving path's CPU per output token (HAProxy, the router replica, each worker's
+    # event loop and Ray's threads, the controller, the client), measured loaded by the probe,
+    # on a machine of `cores` cores that every simulated worker's step thread shares: beside
+    # the steps running it takes the cores they leave free, and beyond those a share of theirs
+    # (stretch, sim/shared_cores.py). 0: not modelled (a worker per machine, or a GPU's host).
+    serving_cpu_per_token: float = 0.0
+    cores: int = 0
 
     def seconds(self, s: StepShape) -> float:
         return (self.per_step + self.per_step_serving + self.per_token * s.new_tokens
                 + self.per_seq * s.sequences + self.per_kv * s.kv_read
                 + self.per_pair * s.attended_pairs)
+
+    @property
+    def shares_cores(self) -> bool:
+        return bool(self.serving_cpu_per_token and self.cores)
+
+    def stretch(self, steps: list[tuple[int, float]]) -> float:
+        """How much longer a step takes on the shared cores than alone. `steps`: (tokens
+        sampled, seconds alone) of every step running, the new one included, each on one
+        thread. The serving path needs serving_cpu_per_token x their rate of output tokens,
+        in cores; the steps share what it leaves: at most one core each."""
+        if not self.shares_cores or not steps:
+            return 1.0
+        serving = self.serving_cpu_per_token * sum(n / s for n, s in steps if s > 0)
+        speed = min(1.0, (self.cores - serving) / len(steps))
+        return 1.0 / max(speed, MIN_SPEED)
 
 
 @dataclass(frozen=True)
@@ -106,6 +132,8 @@ class RooflineCost:
         traffic = self.weight_bytes + self.kv_bytes_per_token * (s.kv_read + s.new_tokens)
         return max(flops / (self.peak_flops * self.mfu),
                    traffic / (self.bandwidth * self.mbu)) + self.overhead_s
+
+    shares_cores = False  # one accelerator per worker, whose host work is in overhead_s
 
     def kv_blocks(self, block_size: int) -> int:
         return int(self.kv_budget_bytes // (self.kv_bytes_per_token * block_size))

@@ -2,7 +2,9 @@
 
 Events, in simulated time, ordered (time, kind, sequence):
 
-    step_end   a worker's step ends: its tokens are applied (first tokens, finished requests)
+    step_end   a worker's step ends: its tokens are applied (first tokens, finished requests);
+               on cores shared with the serving path (shared_cores.py) a step's end moves
+               when others start or end, and the event of an end moved since is dropped
     arrival    a request reaches the router, which picks a worker from what it knows:
                  - requests in flight per worker: counted exactly (one router replica counts
                    its own requests, as raypaged.serve.dispatch.Dispatcher does)
@@ -37,6 +39,7 @@ from raypaged.core.cache_summary import sampled
 from raypaged.core.contracts import EngineStats
 from raypaged.serve.fleet_loads import FleetLoads
 from benchmarks.sim.policies import Policy
+from benchmarks.sim.shared_cores import SharedCores
 from benchmarks.sim.trace import SimRequest
 from benchmarks.sim.worker import SimWorker
 
@@ -100,6 +103,9 @@ class Fleet:
         self.snapshot_bytes = 0
         self._loads: FleetLoads | None = None             # the router's arrays (fleet_loads.py)
         self._events: list[tuple[float, int, int, object]] = []
+        # steps on cores shared with the serving path, where the cost model says so
+        cost = workers[0].cost
+        self.shared = SharedCores(cost) if cost.shares_cores else None
         self._seq = itertools.count()
         for w in workers:
             self._join(w)
@@ -164,6 +170,15 @@ class Fleet:
         while events and done < len(requests):
             now, kind, _, what = heapq.heappop(events)
             if kind == STEP_END:
+                what, token = what
+                if self.shared is not None:
+                    finished = self.shared.finish(what, token, now)
+                    if finished is None:  # rescheduled since: its new end event comes later
+                        continue
+                    extra, ends = finished
+                    self.workers[what].busy_s += extra
+                    for t, wid, tok in ends:
+                        push(t, STEP_END, (wid, tok))
                 for d in self.workers[what].finish_step():
                     i = owner[d.request_id]
                     rec = records[i]
@@ -223,8 +238,14 @@ class Fleet:
                     worker = self.workers.get(wid)  # (it may have left)
                     if worker is not None and not worker.stepping:
                         seconds = worker.start_step()
-                        if seconds is not None:
-                            push(now + seconds, STEP_END, wid)
+                        if seconds is None:
+                            continue
+                        if self.shared is None:
+                            push(now + seconds, STEP_END, (wid, 0))
+                            continue
+                        for t, w, token in self.shared.start(wid, worker.step_sampled, seconds,
+                                                             now):
+                            push(t, STEP_END, (w, token))
                 kicked.clear()
         if done < len(requests):
             raise RuntimeError(f"the fleet stopped with {len(requests) - done} requests unfinished")

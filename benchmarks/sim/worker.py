@@ -70,6 +70,7 @@ class SimWorker:
         self.cost, self.speedup = cost, speedup
         self._batch: ScheduledBatch | None = None
         self.busy_s = 0.0  # simulated time spent in steps
+        self.step_sampled = 0
 
     def add(self, request_id: str, prompt: list[int], output_len: int,
             block_hashes: Sequence[bytes] = ()) -> None:
@@ -93,7 +94,9 @@ class SimWorker:
         if not batch.requests:
             return None
         self._batch = batch
-        seconds = self.cost.seconds(step_shape(batch)) / self.speedup
+        shape = step_shape(batch)
+        self.step_sampled = shape.sampled  # output tokens this step gives (Fleet's stretch)
+        seconds = self.cost.seconds(shape) / self.speedup
         self.busy_s += seconds
         return seconds
 

@@ -100,3 +100,29 @@ def test_the_committed_probe_gives_positive_terms():
     probe = json.loads((ROOT / "benchmarks/results/fleet_sim_probe.json").read_text())
     got = probe_terms(CPU_SMOLLM2_135M, probe)
     assert got.per_step_serving > 0 and got.per_pair > 0 and got.path_s > 0
+
+
+def test_the_serving_path_takes_the_free_cores_first_then_a_share_of_the_steps():
+    from benchmarks.sim.cost_model import MIN_SPEED
+    shared = dataclasses.replace(CPU_SMOLLM2_135M, serving_cpu_per_token=0.01, cores=2)
+    # one step giving 10 tokens a second: the serving path needs 0.1 core, the free one has it
+    assert shared.stretch([(10, 1.0)]) == 1.0
+    # two steps: 0.2 core taken from the two step threads, 0.9 core each
+    assert shared.stretch([(10, 1.0), (10, 1.0)]) == pytest.approx(1 / 0.9)
+    # three steps on two cores: 2/3 each before the serving path takes anything
+    assert shared.stretch([(0, 1.0)] * 3) == pytest.approx(1.5)
+    # a serving path that would take every core leaves each step its kernel's turn
+    assert shared.stretch([(100, 1.0), (100, 1.0)]) == pytest.approx(1 / MIN_SPEED)
+    # without the terms, or on the GPU model, steps never share
+    assert CPU_SMOLLM2_135M.stretch([(100, 1.0)] * 4) == 1.0
+    assert not H100_LLAMA3_8B.shares_cores
+
+
+def test_the_probes_loaded_phase_gives_the_serving_cpu_per_token_on_its_cores():
+    from benchmarks.sim.calibration import probe_terms
+    probe = json.loads((ROOT / "benchmarks/results/fleet_sim_probe_2026_11_29c.json").read_text())
+    got = probe_terms(LinearCost("no forward", 0.0, 0.0, 0.0, 0.0), probe)
+    loaded = probe["loaded"]
+    assert got.serving_cpu_per_token == pytest.approx(
+        (loaded["machine_busy_s"] - loaded["step_threads_s"]) / loaded["output_tokens"])
+    assert got.cores == 2 and got.shares_cores

@@ -109,6 +109,24 @@ def test_the_serving_path_delays_a_requests_arrival_at_its_worker_by_path_s():
     assert [r.worker for r in run.records] == ["w0000", "w0001"]
 
 
+def test_steps_on_shared_cores_slow_each_other_while_they_overlap_and_only_then():
+    import dataclasses
+    # 0.55 s of serving CPU per output token: two 1.1 s prefills at once give 2 tokens per
+    # 1.1 s, 1 core of serving, which leaves the two steps half a core each
+    shared = dataclasses.replace(COST, serving_cpu_per_token=0.55, cores=2)
+    alone = build_fleet(2, SHAPE, shared, "round_robin").run([req(0.0, [7] * 100, out=1)])
+    assert alone.records[0].first_token_s == pytest.approx(1.1)  # the other core serves it
+    both = build_fleet(2, SHAPE, shared, "round_robin").run(
+        [req(0.0, [7] * 100, out=1), req(0.0, [8] * 100, out=1)])
+    assert [r.first_token_s for r in both.records] == pytest.approx([2.2, 2.2])
+    # the second starts halfway through the first: the first's remaining 0.55 s of work runs
+    # at half speed (ends at 1.65), then the second's last 0.55 s alone (ends at 2.2)
+    staggered = build_fleet(2, SHAPE, shared, "round_robin").run(
+        [req(0.0, [7] * 100, out=1), req(0.55, [8] * 100, out=1)])
+    assert [r.first_token_s for r in staggered.records] == pytest.approx([1.65, 2.2])
+    assert sum(staggered.busy_s.values()) == pytest.approx(1.65 + 1.65)
+
+
 def test_a_simulated_worker_takes_the_routers_hashes_and_hashes_only_the_rest(monkeypatch):
     import raypaged.core.request as request_module
     counted = []
