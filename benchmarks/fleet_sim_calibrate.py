@@ -18,10 +18,11 @@
    benchmark (`--real`, a serve_bench.py JSON: its seeded prefix_repetition dataset, its Poisson
    arrivals, its engine settings) for every routing mode and load measured there, and prints
    simulated vs measured mean TTFT and e2e (target: within +-25%), with the forward-only
-   model's errors beside them.
+   model's errors beside them. With several `--real` runs (the real fleet's means move by more
+   than 25% between runs of 96 requests), each is replayed and the means are compared.
 
     python benchmarks/fleet_sim_calibrate.py
-        [--real benchmarks/results/serve_bench_calibration_quiet.json]
+        [--real benchmarks/results/serve_bench_calibration_quiet.json [MORE.json ...]]
         [--probe benchmarks/results/fleet_sim_probe.json] [--route-cache-sample 1]
         [--fit-on round_robin:0.5] [--name fleet_sim_calibration]
 """
@@ -32,6 +33,7 @@ import dataclasses
 import json
 import os
 import random
+import statistics
 import sys
 from pathlib import Path
 
@@ -92,16 +94,38 @@ def check(real_path: Path, cost, cache_sample: int | None = None) -> list[dict]:
     rows = []
     for run in real_runs(real):
         sim = replay(real, run, cost, cache_sample)
-        row = {"mode": run["mode"], "load": run["load"], "request_rate": run["request_rate"],
-               "real_mean_ttft_ms": run["mean_ttft_ms"], "sim_mean_ttft_ms": 1000 * sim["mean_ttft_s"],
-               "real_mean_e2e_ms": run["mean_e2e_ms"], "sim_mean_e2e_ms": 1000 * sim["mean_e2e_s"],
-               "real_mean_tpot_ms": run["mean_tpot_ms"], "sim_mean_tpot_ms": 1000 * sim["mean_tpot_s"],
-               "real_hit_rate": run["prefix_hit_rate"], "sim_hit_rate": sim["hit_rate"]}
-        row["ttft_error"] = row["sim_mean_ttft_ms"] / row["real_mean_ttft_ms"] - 1
-        row["e2e_error"] = row["sim_mean_e2e_ms"] / row["real_mean_e2e_ms"] - 1
-        row["within_25pct"] = abs(row["ttft_error"]) <= TOLERANCE and abs(row["e2e_error"]) <= TOLERANCE
-        rows.append(row)
+        rows.append(_with_errors({
+            "mode": run["mode"], "load": run["load"], "request_rate": run["request_rate"],
+            "real_mean_ttft_ms": run["mean_ttft_ms"], "sim_mean_ttft_ms": 1000 * sim["mean_ttft_s"],
+            "real_mean_e2e_ms": run["mean_e2e_ms"], "sim_mean_e2e_ms": 1000 * sim["mean_e2e_s"],
+            "real_mean_tpot_ms": run["mean_tpot_ms"], "sim_mean_tpot_ms": 1000 * sim["mean_tpot_s"],
+            "real_hit_rate": run["prefix_hit_rate"], "sim_hit_rate": sim["hit_rate"]}))
     return rows
+
+
+def _with_errors(row: dict) -> dict:
+    row["ttft_error"] = row["sim_mean_ttft_ms"] / row["real_mean_ttft_ms"] - 1
+    row["e2e_error"] = row["sim_mean_e2e_ms"] / row["real_mean_e2e_ms"] - 1
+    row["within_25pct"] = abs(row["ttft_error"]) <= TOLERANCE and abs(row["e2e_error"]) <= TOLERANCE
+    return row
+
+
+def averaged(per_file: list[list[dict]]) -> list[dict]:
+    """Per mode and load, the mean of every real run's figures and of the simulator's replay of
+    each (each real run has its own arrival rate, from its own saturation), errors of the
+    means: one run of 96 requests moves by more than the tolerance between runs."""
+    groups: dict[tuple, list[dict]] = {}
+    for rows in per_file:
+        for row in rows:
+            groups.setdefault((row["mode"], row["load"]), []).append(row)
+    out = []
+    for (mode, load), rows in groups.items():
+        row = {"mode": mode, "load": load, "runs": len(rows)}
+        for key in rows[0]:
+            if key.startswith(("real_", "sim_")) or key == "request_rate":
+                row[key] = statistics.fmean(r[key] for r in rows)
+        out.append(_with_errors(row))
+    return out
 
 
 def serving_fit(real_path: Path, forward, fit_on: str, cache_sample: int | None = None):
@@ -123,7 +147,9 @@ def serving_fit(real_path: Path, forward, fit_on: str, cache_sample: int | None 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--forward-step", default=str(RESULTS / "forward_step.json"))
-    p.add_argument("--real", default=str(RESULTS / "serve_bench_calibration_quiet.json"))
+    p.add_argument("--real", nargs="+", default=[str(RESULTS / "serve_bench_calibration_quiet.json")],
+                   help="serve_bench.py runs of the real fleet; with several, each is replayed and "
+                        "the check compares their means")
     p.add_argument("--probe", default=str(RESULTS / "fleet_sim_probe.json"),
                    help="benchmarks/fleet_sim_probe.py's measurement of the serving path")
     p.add_argument("--fit-on", default="",
@@ -150,18 +176,24 @@ def main(argv=None) -> int:
           f"{1000 * served.serving_cpu_per_token:.2f} ms of CPU per output token on "
           f"{served.cores} shared cores")
     if ns.fit_on:
-        served = serving_fit(Path(ns.real), served, ns.fit_on, ns.route_cache_sample)
+        served = serving_fit(Path(ns.real[0]), served, ns.fit_on, ns.route_cache_sample)
         print(f"per-step serving overhead fitted on {ns.fit_on} instead: "
               f"{1000 * served.per_step_serving:.2f} ms per step")
-    forward_rows = check(Path(ns.real), fitted, ns.route_cache_sample)
-    rows = check(Path(ns.real), served, ns.route_cache_sample)
+    forward_rows = averaged([check(Path(f), fitted, ns.route_cache_sample) for f in ns.real])
+    per_run = [check(Path(f), served, ns.route_cache_sample) for f in ns.real]
+    rows = averaged(per_run)
     cols = ["mode", "load", "real_mean_ttft_ms", "sim_mean_ttft_ms", "ttft_error",
             "real_mean_e2e_ms", "sim_mean_e2e_ms", "e2e_error", "real_mean_tpot_ms",
             "sim_mean_tpot_ms", "real_hit_rate", "sim_hit_rate", "within_25pct"]
     print("forward only (no serving overhead):")
     print(table(forward_rows, cols))
     source = f"fitted on {ns.fit_on}" if ns.fit_on else "all measured by the probe"
-    print(f"with the serving path ({source}; every other row is held out):")
+    if len(per_run) > 1:
+        for f, run_rows in zip(ns.real, per_run):
+            print(f"with the serving path, against {Path(f).name} alone:")
+            print(table(run_rows, cols))
+    print(f"with the serving path ({source}; every other row is held out)"
+          f"{f', means of {len(per_run)} real runs and their replays' if len(per_run) > 1 else ''}:")
     print(table(rows, cols))
     held_out = [r for r in rows if f"{r['mode']}:{r['load']}" != ns.fit_on]
     met = all(r["within_25pct"] for r in rows)
@@ -171,7 +203,7 @@ def main(argv=None) -> int:
               "e2e": sum(abs(r["e2e_error"]) <= TOLERANCE for r in rows)}
     print(f"mean TTFT within +-25% in {within['ttft']} of {len(rows)} runs, mean e2e in "
           f"{within['e2e']} of {len(rows)}")
-    real = json.loads(Path(ns.real).read_text())
+    reals = [json.loads(Path(f).read_text()) for f in ns.real]
     fs_time = json.loads(Path(ns.forward_step).read_text())["time"]
     out = write(ns.name, {
         "fit": {k: getattr(served, k) for k in ("per_step", "per_token", "per_seq", "per_kv",
@@ -184,11 +216,13 @@ def main(argv=None) -> int:
         "route_cache_sample": ns.route_cache_sample,
         "held_out_within_25pct": sum(r["within_25pct"] for r in held_out),
         "held_out_runs": len(held_out), "runs_within_25pct": within,
-        "real_source": {"file": Path(ns.real).name, "time": real["time"],
-                        "load_average": real.get("load_average")},
+        "real_source": [{"file": Path(f).name, "time": real["time"],
+                         "load_average": real.get("load_average")}
+                        for f, real in zip(ns.real, reals)],
         "load_average_here": {"before": load_before, "after": os.getloadavg()},
         "tolerance": TOLERANCE, "target": "met" if met else "missed",
-        "rows_forward_only": forward_rows, "rows": rows})
+        "rows_forward_only": forward_rows, "rows": rows,
+        "rows_per_real_run": per_run if len(per_run) > 1 else None})
     print(f"wrote {out}")
     plt = pyplot()
     if plt is not None:
