@@ -9,9 +9,9 @@ A worker that dies (or freezes) once the request was sent to it may have been ki
 is retried once; a second worker lost that way refuses it as a suspected poison request (400,
 remembered: poison.py), never retried again. That retry waits for a second ready worker rather
 than risk the fleet's last one (wait_for_spare), and runs where no other such request runs
-(quarantine.py), so that a poison request's second victim takes no innocent request with it. A
-worker that left by draining counts for neither. Exclusions are per process: a worker lost serving the request takes it again as a new
-process, but only where no other is left.
+(quarantine.py), so that a poison request's second victim takes no innocent request with it.
+A worker that left by draining counts for neither. Exclusions are per process: a worker lost
+serving the request takes it again as a new process, but only where no other is left.
 """
 from __future__ import annotations
 
