@@ -11,9 +11,10 @@
    the path outside any step (HTTP, routing, the submit, the first SSE frame). Solved from
    the probe's TTFTs and TPOTs (calibration.probe_terms); and, from its loaded phase, the
    serving path's CPU per output token on the machine's shared cores, which at load takes a
-   share of the steps' (LinearCost.stretch). Nothing is fitted to the runs checked below. With `--fit-on mode:load` the per-step term is instead fitted so that the
-   simulated mean time per output token equals the real fleet's in that ONE run (the earlier
-   method), the probe's other terms kept.
+   share of the steps' (LinearCost.stretch). Nothing is fitted to the runs checked below.
+   With `--fit-on mode:load` the per-step term is instead fitted so that the simulated mean
+   time per output token equals the real fleet's in that ONE run (the earlier method), the
+   probe's other terms kept.
 3. Check: the simulator, with that model, at 2 workers, replays the workload of a real routing
    benchmark (`--real`, a serve_bench.py JSON: its seeded prefix_repetition dataset, its Poisson
    arrivals, its engine settings) for every routing mode and load measured there, and prints
@@ -89,8 +90,7 @@ def replay(real: dict, run: dict, cost, cache_sample: int | None = None) -> dict
                     route_load_factor=w["route_load_factor"], **sample)
 
 
-def check(real_path: Path, cost, cache_sample: int | None = None) -> list[dict]:
-    real = json.loads(real_path.read_text())
+def check(real: dict, cost, cache_sample: int | None = None) -> list[dict]:
     rows = []
     for run in real_runs(real):
         sim = replay(real, run, cost, cache_sample)
@@ -128,10 +128,10 @@ def averaged(per_file: list[list[dict]]) -> list[dict]:
     return out
 
 
-def serving_fit(real_path: Path, forward, fit_on: str, cache_sample: int | None = None):
+def serving_fit(real_path: Path, real: dict, forward, fit_on: str,
+                cache_sample: int | None = None):
     """The forward model plus the per-step serving overhead fitted on the one real run `fit_on`
     (mode:load) names."""
-    real = json.loads(real_path.read_text())
     mode, _, load = fit_on.partition(":")
     runs = [r for r in real_runs(real) if r["mode"] == mode and r["load"] == float(load)]
     if not runs:
@@ -167,6 +167,7 @@ def main(argv=None) -> int:
         print(f"note: benchmarks/sim/cost_model.py's CPU_SMOLLM2_135M is {CPU_SMOLLM2_135M}: "
               "paste the fit there to use it")
     probe = json.loads(Path(ns.probe).read_text())
+    reals = [json.loads(Path(f).read_text()) for f in ns.real]
     served = probe_terms(fitted, probe)
     served = dataclasses.replace(served, name=served.name.replace("(fitted)", "(fitted, probed)"))
     print(f"measured by the probe ({ns.probe}, load average {probe['load_average']}): "
@@ -176,11 +177,12 @@ def main(argv=None) -> int:
           f"{1000 * served.serving_cpu_per_token:.2f} ms of CPU per output token on "
           f"{served.cores} shared cores")
     if ns.fit_on:
-        served = serving_fit(Path(ns.real[0]), served, ns.fit_on, ns.route_cache_sample)
+        served = serving_fit(Path(ns.real[0]), reals[0], served, ns.fit_on,
+                             ns.route_cache_sample)
         print(f"per-step serving overhead fitted on {ns.fit_on} instead: "
               f"{1000 * served.per_step_serving:.2f} ms per step")
-    forward_rows = averaged([check(Path(f), fitted, ns.route_cache_sample) for f in ns.real])
-    per_run = [check(Path(f), served, ns.route_cache_sample) for f in ns.real]
+    forward_rows = averaged([check(real, fitted, ns.route_cache_sample) for real in reals])
+    per_run = [check(real, served, ns.route_cache_sample) for real in reals]
     rows = averaged(per_run)
     cols = ["mode", "load", "real_mean_ttft_ms", "sim_mean_ttft_ms", "ttft_error",
             "real_mean_e2e_ms", "sim_mean_e2e_ms", "e2e_error", "real_mean_tpot_ms",
@@ -203,7 +205,6 @@ def main(argv=None) -> int:
               "e2e": sum(abs(r["e2e_error"]) <= TOLERANCE for r in rows)}
     print(f"mean TTFT within +-25% in {within['ttft']} of {len(rows)} runs, mean e2e in "
           f"{within['e2e']} of {len(rows)}")
-    reals = [json.loads(Path(f).read_text()) for f in ns.real]
     fs_time = json.loads(Path(ns.forward_step).read_text())["time"]
     out = write(ns.name, {
         "fit": {k: getattr(served, k) for k in ("per_step", "per_token", "per_seq", "per_kv",

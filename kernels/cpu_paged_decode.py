@@ -1,16 +1,15 @@
 """Build and load the C++ kernels for CPUs, one extension: decode attention
 (`cpu_paged_decode.cpp`, any x86/ARM CPU; bf16 over a bf16 cache on vector units where the CPU
-has AVX512-BF16, `cpu_paged_decode_bf16.cpp`), bf16 prefill attention (`cpu_paged_prefill.cpp`, CPUs
-with AVX512-BF16) and a decoder layer's bf16 glue (`cpu_layer_ops.cpp`): RMSNorm, alone or after
-the residual add, the rotary embedding and the KV cache write.
+has AVX512-BF16, `cpu_paged_decode_bf16.cpp`), bf16 prefill attention (`cpu_paged_prefill.cpp`,
+CPUs with AVX512-BF16) and a decoder layer's bf16 glue (`cpu_layer_ops.cpp`): RMSNorm, alone or
+after the residual add, the rotary embedding and the KV cache write.
 
 Built once per machine with the local C++ compiler through torch's extension mechanism
 (`torch.utils.cpp_extension.load`: ninja, cached under torch's default build root,
 ~/.cache/torch_extensions or $XDG_CACHE_HOME/torch_extensions, rebuilt when the source or flags
-change). -march=native compiles for
-this CPU, so the build's name carries a digest of it (_build_digest): machines of another kind
-sharing a home directory build their own copy instead of loading one that may hold instructions
-they lack. -ffast-math lets expf vectorize; the kernel keeps its maxima finite, which is what
+change). -march=native compiles for this CPU, so the build's name carries a digest of it
+(_build_digest): machines of another kind sharing a home directory build their own copy instead
+of loading one that may hold instructions they lack. -ffast-math lets expf vectorize; the kernel keeps its maxima finite, which is what
 that flag assumes.
 
 torch guards each build folder with a `lock` file that only its holder removes, and it takes that

@@ -24,6 +24,7 @@ from raypaged.serve.worker import Worker
 BEFORE_FIRST, MID_STREAM = "before_first", "mid_stream"
 FROZEN, FROZEN_MID_STREAM = "frozen", "frozen_mid_stream"  # hang; the snapshot says unresponsive
 DRAINED_MID_STREAM = "drained_mid_stream"  # leaves the snapshot, as a drained worker does
+CRASH_AT = 15  # the message of a crashing request (LocalFleet.crash_seed) that kills its worker
 
 
 class LocalFleet:
@@ -39,7 +40,7 @@ class LocalFleet:
         self.dead: set[str] = set()
         self.restarting: set[str] = set()
         self.node_lost: set[str] = set()  # down workers whose node the controller saw die
-        # a request with this seed kills each worker it runs on at its 15th message (as
+        # a request with this seed kills each worker it runs on at its CRASH_AT-th message (as
         # fake_engine.CRASH_SEED does a Ray worker's process): every request there loses it
         self.crash_seed: int | None = None
         self.crash_sent_to: list[str] = []  # the workers a request with it was sent to
@@ -114,7 +115,7 @@ class FaultyLink(LocalLink):
             yield message
             count += 1
             crashed = sum(rid in self.crashing for rid in message)
-            if crashed and (crashes := crashes + crashed) >= 15:
+            if crashed and (crashes := crashes + crashed) >= CRASH_AT:
                 self.fleet.died(self.worker_id)
                 raise WorkerUnavailable(f"{self.worker_id} crashed")
             if self.mode == MID_STREAM and count >= 2:

@@ -37,7 +37,7 @@ def _beside_the_culprit(monkeypatch, quarantine: bool):
             while not sent:  # it runs on home
                 await asyncio.sleep(0.002)
             crashing = asyncio.create_task(client.post("/v1/completions", json=culprit))
-            while not fleet.crash_sent_to:  # sent to home; it kills it 15 steps later
+            while not fleet.crash_sent_to:  # sent to home; it kills it CRASH_AT steps later
                 await asyncio.sleep(0.002)
             fleet.drained.discard(other)
             while home not in fleet.restarting:
