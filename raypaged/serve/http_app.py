@@ -100,21 +100,22 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
     app.post("/tokenize")(answering(frontend.tokenize))
     app.post("/detokenize")(answering(frontend.detokenize, DetokenizeRequest))
 
-    def keyed_json(request: Request, view) -> Response:
-        """A read-only JSON route behind the API key."""
-        try:
-            authorize(request)
-            return JSONResponse(view())
-        except APIError as exc:
-            return exc.response()
+    def keyed_json(view):
+        """A read-only JSON route behind the API key: `view` called with the path's
+        parameters."""
+        async def answer(request: Request):
+            try:
+                authorize(request)
+                return JSONResponse(view(**request.path_params))
+            except APIError as exc:
+                return exc.response()
+        return answer
 
-    @app.get("/v1/models")
-    async def models(request: Request):
-        return keyed_json(request, frontend.models)
-
-    @app.get("/v1/models/{model_id:path}")  # :path: a model named org/name has a slash
-    async def model(request: Request, model_id: str):
-        return keyed_json(request, lambda: frontend.model(model_id))
+    app.get("/v1/models")(keyed_json(frontend.models))
+    # :path: a model named org/name has a slash
+    app.get("/v1/models/{model_id:path}")(keyed_json(frontend.model))
+    # the controller's fleet view as JSON: per worker and in total
+    app.get("/fleet")(keyed_json(lambda: snapshot().to_json()))
 
     @app.get("/health")
     async def health():
@@ -126,11 +127,6 @@ def build_http_app(frontend: OpenAIFrontend, snapshot: Callable[[], FleetSnapsho
     @app.get("/metrics")
     async def prometheus_metrics():
         return Response(render_metrics(), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/fleet")
-    async def fleet(request: Request):
-        """The controller's fleet view as JSON: per worker and in total."""
-        return keyed_json(request, lambda: snapshot().to_json())
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):

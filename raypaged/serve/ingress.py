@@ -111,10 +111,9 @@ def ingress_env(ingress: str, run_dir: str, body_timeout_s: float) -> dict[str, 
         "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": os.path.join(run_dir, "metrics.sock"),
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": run_dir,
         "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": os.path.join(run_dir, "server-state"),
-        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(_free_port()),
-        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(_free_port()),
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
+        **{name: str(_free_port()) for name in (
+            "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT",
+            "RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")},
     }
 
 
