@@ -32,10 +32,9 @@ from pathlib import Path
 import torch
 
 logger = logging.getLogger(__name__)
-SOURCES = [Path(__file__).with_name("cpu_paged_decode.cpp"),
-           Path(__file__).with_name("cpu_paged_decode_bf16.cpp"),
-           Path(__file__).with_name("cpu_paged_prefill.cpp"),
-           Path(__file__).with_name("cpu_layer_ops.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in (
+    "cpu_paged_decode.cpp", "cpu_paged_decode_bf16.cpp", "cpu_paged_prefill.cpp",
+    "cpu_layer_ops.cpp")]
 # Mirrors the limits at the top of cpu_paged_decode.cpp.
 MAX_GROUP, MAX_DIM, MAX_BLOCK = 16, 256, 64
 QUERY_DTYPES = (torch.float32, torch.bfloat16)

@@ -78,14 +78,12 @@ class ModelRunner:
                 for r in samplers for j in range(r.num_samples)]
         tokens, logprobs = self.sampler(logits, rows)
 
-        sampled, lps, i = {}, {}, 0
-        for r in samplers:
-            k = r.num_samples
-            sampled[r.request_id] = tuple(tokens[i:i + k])
-            if r.sampling.logprobs is not None:
-                lps[r.request_id] = tuple(logprobs[i:i + k])
-            i += k
-        return StepResult(sampled=sampled, logprobs=lps)
+        # each sampler's tokens (and logprobs) are its num_samples consecutive rows
+        starts = accumulate((r.num_samples for r in samplers), initial=0)
+        spans = [(r, slice(i, i + r.num_samples)) for r, i in zip(samplers, starts)]
+        return StepResult(sampled={r.request_id: tuple(tokens[s]) for r, s in spans},
+                          logprobs={r.request_id: tuple(logprobs[s]) for r, s in spans
+                                    if r.sampling.logprobs is not None})
 
     def _set_threads(self, n: int) -> None:
         # Called from the thread that runs the model: OpenMP's thread count is per calling thread.
