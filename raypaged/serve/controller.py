@@ -256,10 +256,8 @@ class Controller:
 
     def remove_worker(self, worker_id: str) -> None:
         del self._views[worker_id]
-        self._caches.pop(worker_id, None)
-        self._drain.pop(worker_id, None)
-        self._cache_from.pop(worker_id, None)
-        self._handle_at.pop(worker_id, None)
+        for per_worker in (self._caches, self._drain, self._cache_from, self._handle_at):
+            per_worker.pop(worker_id, None)
         self._version += 1
 
     def _ensure_polling(self) -> None:

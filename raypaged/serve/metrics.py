@@ -179,17 +179,13 @@ def fleet_families(fleet: FleetSnapshot, model_name: str):
         for state in ("used", "cached", "free"):
             blocks.add_metric(lv + [state], getattr(s.engine.memory, "blocks_" + state))
         times = s.engine.preemption.preempted_per_request
-        per_request.add_metric(lv, preemption_buckets(times),
+        # cumulative counts of sequences preempted at most b times, b in PREEMPTION_BUCKETS
+        buckets = [(repr(float(b)), sum(times[:b + 1])) for b in PREEMPTION_BUCKETS]
+        per_request.add_metric(lv, buckets + [("+Inf", sum(times))],
                                sum_value=sum(k * n for k, n in enumerate(times)))
         steps.add_metric(lv + ["cuda_graph"], s.graph_steps)
         steps.add_metric(lv + ["eager"], s.eager_steps)
     yield from (up, restarts, *(family for family, _ in series), blocks, per_request, steps)
-
-
-def preemption_buckets(per_request: tuple[int, ...]) -> list[tuple[str, int]]:
-    """Cumulative counts of sequences preempted at most k times, k in PREEMPTION_BUCKETS."""
-    out = [(repr(float(b)), sum(per_request[:b + 1])) for b in PREEMPTION_BUCKETS]
-    return out + [("+Inf", sum(per_request))]
 
 
 def scaling_families(scaling: dict, model_name: str):

@@ -135,17 +135,15 @@ class Router:
         holders = loads.index.holders
         hashes = hash_block_tokens(token_ids, bs, salt, max_blocks=self.config.route_prefix_blocks)
         depth = 1
-        while depth < usable:
+        while True:
+            depth = min(depth, usable)  # 1, 2, 4, ... and last every usable block
             if len(hashes) < depth:
+                parent = hashes[-1] if hashes else None
                 hashes += hash_block_tokens(token_ids, bs, salt, max_blocks=depth,
-                                            start=len(hashes), parent=hashes[-1])
-            if not holders.get(block_key(hashes[depth - 1])):
+                                            start=len(hashes), parent=parent)
+            if depth == usable or not holders.get(block_key(hashes[depth - 1])):
                 return hashes  # keys past the miss change no walk
             depth *= 2
-        if len(hashes) < usable:
-            hashes += hash_block_tokens(token_ids, bs, salt, max_blocks=usable,
-                                        start=len(hashes), parent=hashes[-1] if hashes else None)
-        return hashes
 
     def choose(self, prompt: PromptKeys, loads: FleetLoads) -> tuple[Sequence[str], str]:
         """`loads`: the ready workers as arrays kept across requests (what the Dispatcher and
