@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.report import plot_path, pyplot, table, write  # noqa: E402
 from benchmarks.serve_datasets import make_dataset  # noqa: E402
 from benchmarks.sim.calibration import (fit_linear, fit_serving_overhead,  # noqa: E402
-                                      forward_step_points, probe_terms)
+                                      forward_step_points, loaded_step_residual, probe_terms)
 from benchmarks.sim.cost_model import CPU_SMOLLM2_135M  # noqa: E402
 from benchmarks.sim.experiment import simulate  # noqa: E402
 from benchmarks.sim.trace import from_prompts  # noqa: E402
@@ -174,8 +174,15 @@ def main(argv=None) -> int:
           f"{1000 * served.per_step_serving:.2f} ms per step, "
           f"{1e6 * served.per_pair:.3f} us per attended pair, "
           f"{1000 * served.path_s:.1f} ms per request, "
+          f"{1000 * served.per_seq_serving:.2f} ms per sequence of a step, "
           f"{1000 * served.serving_cpu_per_token:.2f} ms of CPU per output token on "
           f"{served.cores} shared cores")
+    residual = None
+    if "engine_steps" in probe.get("loaded", {}):
+        residual = loaded_step_residual(served, probe["loaded"])
+        print(f"the probe's loaded phase: step threads {residual['step_threads_s']:.2f} s of CPU "
+              f"over {residual['steps']} steps, {residual['predicted_s']:.2f} s predicted "
+              f"without per_seq_serving: {1000 * residual['per_seq_s']:.2f} ms per sequence-step")
     if ns.fit_on:
         served = serving_fit(Path(ns.real[0]), reals[0], served, ns.fit_on,
                              ns.route_cache_sample)
@@ -208,11 +215,13 @@ def main(argv=None) -> int:
     fs_time = json.loads(Path(ns.forward_step).read_text())["time"]
     out = write(ns.name, {
         "fit": {k: getattr(served, k) for k in ("per_step", "per_token", "per_seq", "per_kv",
-                                                 "per_step_serving", "per_pair", "path_s",
+                                                 "per_step_serving", "per_seq_serving",
+                                                 "per_pair", "path_s",
                                                  "serving_cpu_per_token", "cores")},
         "fit_source": {"file": Path(ns.forward_step).name, "time": fs_time},
         "probe_source": {"file": Path(ns.probe).name, "time": probe["time"],
                          "load_average": probe["load_average"]},
+        "loaded_step_residual": residual,
         "serving_overhead_fit_on": ns.fit_on or None,
         "route_cache_sample": ns.route_cache_sample,
         "held_out_within_25pct": sum(r["within_25pct"] for r in held_out),

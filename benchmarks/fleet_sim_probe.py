@@ -93,29 +93,44 @@ def step_threads_s() -> float:
     return total
 
 
+async def engine_steps(client: httpx.AsyncClient, url: str) -> int:
+    """Model steps run so far by every worker (`raypaged:engine_steps_total` on /metrics), read
+    once the fleet is still: the controller's figures lag the workers by a poll."""
+    await asyncio.sleep(2.0)
+    text = (await client.get(f"{url}/metrics")).text
+    return round(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                     if line.startswith("raypaged:engine_steps_total{")))
+
+
 async def loaded(url: str, lengths: list[int], output_len: int, clients: int, seconds: float,
                  seed: int) -> dict:
     """`clients` clients sending fresh prompts back to back for `seconds`: the CPU per output
-    token outside the step threads."""
+    token outside the step threads; and the step threads' own CPU with what they computed
+    (steps, prompts), which fleet_sim_calibrate.py sets against the forward-step fit."""
     rng = random.Random(seed + 1)
     tokens_out, stop_at = [0], time.monotonic() + seconds
+    prompts: list[int] = []
 
     async def client_loop(client: httpx.AsyncClient, model: str) -> None:
         while time.monotonic() < stop_at:
-            r = await one_request(client, url, model, tokens(rng, rng.choice(lengths)),
-                                  output_len)
+            prompt = tokens(rng, rng.choice(lengths))
+            r = await one_request(client, url, model, prompt, output_len)
             if not r.ok:
                 raise SystemExit(f"loaded request failed: {r.error}")
             tokens_out[0] += r.output_tokens
+            prompts.append(len(prompt))
     async with httpx.AsyncClient(timeout=120) as client:
         model = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
+        steps = await engine_steps(client, url)
         busy, step, t = machine_busy_s(), step_threads_s(), time.monotonic()
         await asyncio.gather(*(client_loop(client, model) for _ in range(clients)))
         busy, step = machine_busy_s() - busy, step_threads_s() - step
         wall = time.monotonic() - t
+        steps = await engine_steps(client, url) - steps
     return {"clients": clients, "seconds": wall, "output_tokens": tokens_out[0],
             "cores": os.cpu_count(), "machine_busy_s": busy, "step_threads_s": step,
-            "serving_cpu_ms_per_token": 1000 * (busy - step) / tokens_out[0]}
+            "serving_cpu_ms_per_token": 1000 * (busy - step) / tokens_out[0],
+            "engine_steps": steps, "prompt_tokens": prompts}
 
 
 def line(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -165,7 +180,8 @@ def main(argv=None) -> int:
           f"requests); mean TPOT {statistics.fmean(r['tpot_ms'] for r in rows):.1f} ms")
     print(f"loaded ({load['clients']} clients, {load['seconds']:.0f} s, {load['output_tokens']} "
           f"output tokens): {load['serving_cpu_ms_per_token']:.2f} ms of CPU per output token "
-          f"outside the step threads, on {load['cores']} cores")
+          f"outside the step threads, on {load['cores']} cores; the step threads "
+          f"{load['step_threads_s']:.2f} s over {load['engine_steps']} steps")
     out = write(ns.name, {
         "workload": {k: v for k, v in vars(ns).items() if k != "name"},
         "load_average": {"before": load_before, "after": os.getloadavg()}, "wall_s": wall,

@@ -135,4 +135,34 @@ def probe_terms(forward: LinearCost, probe: dict) -> LinearCost:
     if "loaded" in probe:
         coef.update(serving_cpu_per_token=probe["loaded"]["serving_cpu_ms_per_token"] / 1000,
                     cores=probe["loaded"]["cores"])
-    return dataclasses.replace(forward, **coef)
+    served = dataclasses.replace(forward, **coef)
+    if "engine_steps" in probe.get("loaded", {}):
+        # the idle probe's per-step term holds one sequence's share; the loaded phase's
+        # steps of several sequences tell it apart (at most all of the per-step term)
+        extra = min(max(0.0, loaded_step_residual(served, probe["loaded"])["per_seq_s"]),
+                    served.per_step_serving)
+        served = dataclasses.replace(served, per_seq_serving=extra,
+                                     per_step_serving=served.per_step_serving - extra)
+    return served
+
+
+def loaded_step_residual(cost: LinearCost, loaded: dict) -> dict:
+    """The probe's loaded phase: what the step threads spent (their CPU) against what `cost`
+    (forward fit, per_step_serving, per_pair) predicts for the steps they ran, and the rest
+    per sequence beyond a step's first (`cost`'s per-step terms, from one sequence a step on
+    an idle fleet, already hold one sequence's share). Each request of P prompt tokens and T output tokens is one prefill
+    step of P tokens (the probe's prompts fit in one chunk) and T - 1 decode steps of one
+    token, the k-th reading P + k positions; the steps are the workers' count."""
+    steps = loaded["engine_steps"]
+    prompts = loaded["prompt_tokens"]
+    t = loaded["output_tokens"] / len(prompts)
+    seq_steps = t * len(prompts)
+    new = sum(prompts) + (t - 1) * len(prompts)
+    decode_reads = sum((t - 1) * p + t * (t - 1) / 2 for p in prompts)
+    kv = sum(prompts) + decode_reads
+    pairs = sum(p * (p + 1) / 2 for p in prompts) + decode_reads
+    predicted = ((cost.per_step + cost.per_step_serving) * steps + cost.per_token * new
+                 + cost.per_seq * seq_steps + cost.per_kv * kv + cost.per_pair * pairs)
+    rest = loaded["step_threads_s"] - predicted
+    return {"steps": steps, "seq_steps": seq_steps, "step_threads_s": loaded["step_threads_s"],
+            "predicted_s": predicted, "per_seq_s": rest / (seq_steps - steps)}

@@ -72,6 +72,11 @@ class LinearCost:
     # worker, the first SSE frame) outside any step.
     per_pair: float = 0.0     # per attended (query, key) pair of the step's new tokens
     path_s: float = 0.0       # per request, before its first token reaches the client
+    # Per sequence of a step, what the served step thread spends beyond the forward fit and
+    # per_step_serving (handing each sequence's token on, its stop checks): one sequence a
+    # step on an idle fleet cannot tell it from per_step_serving, so it is measured on the
+    # probe's loaded phase, the step threads' CPU against the forward fit (calibration.py).
+    per_seq_serving: float = 0.0
     # The serving path's CPU per output token (HAProxy, the router replica, each worker's
     # event loop and Ray's threads, the controller, the client), measured loaded by the probe,
     # on a machine of `cores` cores that every simulated worker's step thread shares: beside
@@ -82,7 +87,7 @@ class LinearCost:
 
     def seconds(self, s: StepShape) -> float:
         return (self.per_step + self.per_step_serving + self.per_token * s.new_tokens
-                + self.per_seq * s.sequences + self.per_kv * s.kv_read
+                + (self.per_seq + self.per_seq_serving) * s.sequences + self.per_kv * s.kv_read
                 + self.per_pair * s.attended_pairs)
 
     @property

@@ -126,3 +126,37 @@ def test_the_probes_loaded_phase_gives_the_serving_cpu_per_token_on_its_cores():
     assert got.serving_cpu_per_token == pytest.approx(
         (loaded["machine_busy_s"] - loaded["step_threads_s"]) / loaded["output_tokens"])
     assert got.cores == 2 and got.shares_cores
+
+
+def test_the_loaded_phase_gives_the_step_threads_cost_per_sequence_beyond_the_fit():
+    from benchmarks.sim.calibration import loaded_step_residual, probe_terms
+    from benchmarks.sim.cost_model import StepShape
+    forward = LinearCost("t", per_step=0.01, per_token=0.001, per_seq=0.0005, per_kv=0.0)
+    truth = dataclasses.replace(forward, per_step_serving=0.004, per_pair=2e-6, path_s=0.015)
+    extra = 0.0003  # per sequence of a step, on the step thread: what the idle probe cannot see
+    idle = []
+    for p in (16, 64, 256, 432):
+        ttft = truth.path_s + truth.seconds(StepShape(p, 1, p, p * (p + 1) // 2, 1)) + extra
+        tpot = truth.seconds(StepShape(1, 1, p + 8, p + 8, 1)) + extra
+        idle.append({"prompt_tokens": p, "output_tokens": 16, "ttft_ms": 1000 * ttft,
+                     "tpot_ms": 1000 * tpot})
+    # loaded: two requests of 16 and 100 prompt tokens, 4 output tokens each, run two at a time
+    # (a prefill step of both, then 3 decode steps of both reading p + 1, p + 2, p + 3)
+    shapes = [StepShape(116, 2, 116, 136 + 5050, 2)]
+    shapes += [StepShape(2, 2, 116 + 2 * k, 116 + 2 * k, 2) for k in (1, 2, 3)]
+    spent = sum(truth.seconds(s) + extra * s.sequences for s in shapes)
+    loaded = {"engine_steps": 4, "prompt_tokens": [16, 100], "output_tokens": 8,
+              "step_threads_s": spent, "serving_cpu_ms_per_token": 2.0, "cores": 2}
+    # the idle probe folds one sequence's extra into its per-step term; the loaded phase,
+    # two sequences a step, tells the rest apart
+    got = probe_terms(forward, {"requests": idle, "loaded": loaded})
+    assert got.per_seq_serving == pytest.approx(extra)
+    assert got.per_step_serving == pytest.approx(truth.per_step_serving)
+    assert got.per_pair == pytest.approx(truth.per_pair)
+    residual = loaded_step_residual(dataclasses.replace(
+        got, per_step_serving=got.per_step_serving + extra), loaded)
+    assert (residual["steps"], residual["seq_steps"]) == (4, 8)
+    assert residual["per_seq_s"] == pytest.approx(extra)
+    # a step of one sequence costs what the idle probe measured; each further one `extra`
+    one = StepShape(1, 1, 20, 20, 1)
+    assert got.seconds(one) == pytest.approx(truth.seconds(one) + extra)
