@@ -150,9 +150,10 @@ def loaded_step_residual(cost: LinearCost, loaded: dict) -> dict:
     """The probe's loaded phase: what the step threads spent (their CPU) against what `cost`
     (forward fit, per_step_serving, per_pair) predicts for the steps they ran, and the rest
     per sequence beyond a step's first (`cost`'s per-step terms, from one sequence a step on
-    an idle fleet, already hold one sequence's share). Each request of P prompt tokens and T output tokens is one prefill
-    step of P tokens (the probe's prompts fit in one chunk) and T - 1 decode steps of one
-    token, the k-th reading P + k positions; the steps are the workers' count."""
+    an idle fleet, already hold one sequence's share). Each request of P prompt tokens and T
+    output tokens is one prefill step of P tokens (the probe's prompts fit in one chunk) and
+    T - 1 decode steps of one token, the k-th reading P + k positions; the steps are the
+    workers' count."""
     steps = loaded["engine_steps"]
     prompts = loaded["prompt_tokens"]
     t = loaded["output_tokens"] / len(prompts)
