@@ -51,15 +51,17 @@ class PoisonMemory:
         """Remember what another memory shared (`shared()`'s entries); a key already known
         keeps the later of the two deadlines."""
         now = time.monotonic() if now is None else now
+        changed = False
         for key, reason, left in entries:
             until = now + left
             if left > 0 and self._until.get(key, (float("-inf"),))[0] < until:
                 self._until[key] = (until, reason)
-        # keep insertion order = expiry order (refused() relies on it)
-        self._until = collections.OrderedDict(sorted(self._until.items(),
-                                                     key=lambda item: item[1][0]))
-        while len(self._until) > self.most:
-            self._until.popitem(last=False)
+                changed = True
+        if changed:  # keep insertion order = expiry order (refused() relies on it)
+            self._until = collections.OrderedDict(sorted(self._until.items(),
+                                                         key=lambda item: item[1][0]))
+            while len(self._until) > self.most:
+                self._until.popitem(last=False)
 
     def refused(self, key: bytes, now: float | None = None) -> str | None:
         """Why the request is refused, or None."""
