@@ -234,12 +234,11 @@ class PrefixKeys:
                            salt if isinstance(salt, str) else None)
 
     def _tokens(self, row: Row) -> list[int]:
-        body = row.body
         if row.url == CHAT_URL:
-            req = ChatCompletionRequest.model_validate(body)
+            req = ChatCompletionRequest.model_validate(row.body)
             return chat_token_ids(self.tokenizer, req.conversation(), req.add_generation_prompt,
                                   req.tool_dicts())
-        prompt = body["prompt"]
+        prompt = row.body["prompt"]
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
             prompt = prompt[0]  # several prompts: the first one's prefix
         return list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
@@ -247,8 +246,5 @@ class PrefixKeys:
 
 def group_by_prefix(rows: list[Row], keys: list[BlockHash | None]) -> list[Row]:
     """`rows` reordered group by group, groups in order of first appearance (stable)."""
-    first: dict[BlockHash | None, int] = {}
-    for k in keys:
-        first.setdefault(k, len(first))
-    order = sorted(range(len(rows)), key=lambda i: (first[keys[i]], i))
-    return [rows[i] for i in order]
+    first = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+    return [rows[i] for i in sorted(range(len(rows)), key=lambda i: first[keys[i]])]  # stable

@@ -89,10 +89,8 @@ class ModelConfig:
         rope_theta, rope_scaling = _rope(cfg)
         qwen2 = arch == "Qwen2ForCausalLM"
         llama_bias = bool(cfg.get("attention_bias", False)) and arch == "LlamaForCausalLM"
-        window = cfg.get("sliding_window")
         # Qwen2 configs carry a sliding_window value but only use it when use_sliding_window is set.
-        if qwen2 and not cfg.get("use_sliding_window", False):
-            window = None
+        window = None if qwen2 and not cfg.get("use_sliding_window") else cfg.get("sliding_window")
         eos = _token_ids(cfg.get("eos_token_id"))
         if generation_config:
             eos += tuple(t for t in _token_ids(generation_config.get("eos_token_id")) if t not in eos)

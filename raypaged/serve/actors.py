@@ -212,8 +212,7 @@ class ControllerActor(Controller):
                          kill=functools.partial(ray.kill, no_restart=False),
                          unresponsive_timeout_s=options.worker_unresponsive_timeout_s,
                          live_nodes=live_nodes)
-        if factory is not None and factory.fleet.autoscaling:  # a drained worker goes for good
-            self.autoscaler = Autoscaler(policy_of(factory.fleet), factory.start,
+        if factory is not None and options.autoscaling:  # a drained worker goes for good
+            self.autoscaler = Autoscaler(policy_of(options), factory.start,
                                          functools.partial(ray.kill, no_restart=True),
-                                         factory.fleet.drain_timeout_s, time.time(),
-                                         desired=len(workers))
+                                         options.drain_timeout_s, time.time(), len(workers))

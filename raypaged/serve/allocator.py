@@ -39,5 +39,4 @@ def worker_env_vars(allocator: str, dirs: tuple[str, ...] = LIBRARY_DIRS) -> dic
                     "(or `make tcmalloc`), or pass --worker-allocator system to silence this.",
                     TCMALLOC_SONAME, ", ".join(dirs))
         return {}
-    preload = " ".join(p for p in (path, os.environ.get("LD_PRELOAD", "")) if p)
-    return {"LD_PRELOAD": preload}
+    return {"LD_PRELOAD": " ".join(filter(None, (path, os.environ.get("LD_PRELOAD"))))}

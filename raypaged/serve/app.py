@@ -64,8 +64,7 @@ class OpenAIRouter:
         snapshot = await self.fleet.start()
         worker = snapshot.ready()[0]
         tokenizer = await worker.handle.get_tokenizer.remote()
-        stats = worker.stats
-        self.info = ModelInfo.of(stats, tokenizer, self.config.served_model_name)
+        self.info = ModelInfo.of(worker.stats, tokenizer, self.config.served_model_name)
         # behind an HAProxy that does not forward the client's address every request comes
         # from its address: one client for all, whose cap would be everyone's (client_gate.py)
         clients = not behind_haproxy() or haproxy_forwards_client()
@@ -75,7 +74,7 @@ class OpenAIRouter:
         gate = ClientGate(self.config.max_requests_per_client if clients else 0,
                           self.config.fair_admission and clients, self.fleet.snapshot,
                           self.metrics)
-        dispatcher = Dispatcher(self.fleet, Router(self.config, stats.block_size),
+        dispatcher = Dispatcher(self.fleet, Router(self.config, worker.stats.block_size),
                                 self.metrics, gate=gate)
         self.fleet.poison = dispatcher.poison  # shared with the other replicas (poison.py)
         self.fleet.held_tokens = lambda: gate.held_tokens  # demand for the autoscaler

@@ -32,8 +32,7 @@ DECISIONS_KEPT = 20
 
 
 def policy_of(options: ServeOptions) -> ScalePolicy:
-    low, high = options.worker_bounds
-    return ScalePolicy(low, high, options.scale_target_wait_s, options.scale_in_load,
+    return ScalePolicy(*options.worker_bounds, options.scale_target_wait_s, options.scale_in_load,
                        options.scale_window_s, options.scale_out_cooldown_s,
                        options.scale_in_cooldown_s)
 

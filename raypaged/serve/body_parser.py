@@ -116,8 +116,7 @@ def _serve(stdin, stdout) -> None:
             out = ("refused", (exc.status, exc.message, exc.param, exc.code))
         data = pickle.dumps(out, protocol=5)
         del body, out  # before the next body is read: one parsed body held at a time
-        stdout.write(HEADER.pack(len(data)))
-        stdout.write(data)
+        stdout.writelines((HEADER.pack(len(data)), data))
         stdout.flush()
 
 

@@ -123,8 +123,7 @@ def run_serve(ns: argparse.Namespace) -> int:
         if ns.address:
             refuse_when_joining(ns.ingress)
         else:
-            taken = port_taken(ns.host, ns.port)
-            if taken:
+            if taken := port_taken(ns.host, ns.port):
                 print(f"raypaged: cannot listen on {ns.host}:{ns.port}: {taken} (another server "
                       "there? stop it, or pick a free port with --port)", file=sys.stderr)
                 return 2

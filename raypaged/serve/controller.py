@@ -143,9 +143,7 @@ class Controller:
         return sum(tokens for tokens, at in self._router_held.values() if at >= since)
 
     async def poll_once(self) -> None:
-        views = list(self._views.values())
-        results = await asyncio.gather(*(self._poll(v) for v in views))
-        for new in results:
+        for new in await asyncio.gather(*(self._poll(v) for v in self.views())):
             old = self._views.get(new.worker_id)
             if old is None:
                 continue  # removed (drained) while the poll was out
@@ -232,13 +230,12 @@ class Controller:
 
     def _mirror_cache(self, worker_id: str, incarnation: str, stats: WorkerStats) -> None:
         delta = stats.cache
-        if stats.incarnation != incarnation and not delta.full:
-            # A restarted process counts versions afresh: a delta against our old version
-            # would apply to the wrong base. Ask for everything next time.
-            self._cache_from[worker_id] = (stats.incarnation, -1)
-            return
-        self._caches[worker_id].mirror(sampled(delta, self.cache_sample))
-        self._cache_from[worker_id] = (stats.incarnation, delta.version)
+        # A restarted process counts versions afresh: a delta against our old version would
+        # apply to the wrong base. Ask for everything next time.
+        usable = stats.incarnation == incarnation or delta.full
+        if usable:
+            self._caches[worker_id].mirror(sampled(delta, self.cache_sample))
+        self._cache_from[worker_id] = (stats.incarnation, delta.version if usable else -1)
 
     # -- membership changes (the autoscaler's) ------------------------------------------------
     def views(self) -> list[WorkerView]:

@@ -188,8 +188,7 @@ class OpenAIFrontend:
                        logprobs: int | None, chunk: Callable, arrival: float,
                        deadline: float | None = None, constraint=None
                        ) -> JSONResponse | StreamingResponse:
-        if req.truncate_prompt_tokens is not None:  # each prompt's last k tokens (vLLM's)
-            k = req.truncate_prompt_tokens
+        if (k := req.truncate_prompt_tokens) is not None:  # each prompt's last k tokens (vLLM's)
             if k > self.info.max_model_len:
                 raise bad_request(f"truncate_prompt_tokens {k} is more than max_model_len "
                                   f"({self.info.max_model_len}): keep at most that many (-1)",
@@ -267,8 +266,7 @@ class OpenAIFrontend:
         return list(tokens)
 
     def _check_ids(self, tokens: list[int], param: str) -> None:
-        bad = [t for t in tokens if not 0 <= t < self.info.vocab_size]
-        if bad:
+        if bad := [t for t in tokens if not 0 <= t < self.info.vocab_size]:
             raise bad_request(f"{param} token id {bad[0]} is out of range: token ids must be "
                               f"in [0, {self.info.vocab_size})", param)
 

@@ -212,8 +212,7 @@ class Generation:
         return APIError(status, message, headers=headers, **kw)
 
     def _close_leg(self, leg: Leg) -> None:
-        finished = all(self.progress.samples[i].finish_reason for i in leg.indexes)
-        if leg.close(finished):
+        if leg.close(finished=all(self.progress.samples[i].finish_reason for i in leg.indexes)):
             self.d.opened(leg.worker_id, leg.blocks, -1)
             if leg.quarantined:
                 self.d.quarantine.leave(leg.worker_id, self.request_id)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from pathlib import Path
 
 # `bind *:8404` (stats), `bind :9101` (exporter): every interface
 _ANY_INTERFACE = re.compile(r"^(\s*bind\s+)(?:\*)?:(\d+)(.*)$", re.MULTILINE)
@@ -58,12 +59,8 @@ def main(argv: list[str]) -> None:
     real, body_timeout_s, args = argv[0], float(argv[1]), list(argv[2:])
     if "-f" in args:
         i = args.index("-f") + 1
-        source = args[i]
-        with open(source) as f:
-            text = local_config(f.read(), body_timeout_s)
-        target = source + ".local"
-        with open(target + ".tmp", "w") as f:
-            f.write(text)
+        target = args[i] + ".local"
+        Path(target + ".tmp").write_text(local_config(Path(args[i]).read_text(), body_timeout_s))
         os.replace(target + ".tmp", target)
         args[i] = target
     os.execv(real, [real, *args])

@@ -118,12 +118,10 @@ class RequestLimits(ServeOptions):
                     f"a stop string of {len(s)} characters is longer than the "
                     f"{self.max_stop_string_chars} this server accepts "
                     f"{_limit('max_stop_string_chars')}", "stop")
-        ids = body.get("stop_token_ids")
-        if isinstance(ids, list):
-            self._at_most(len(ids), "stop_token_ids", "stop_token_ids", "max_stop_token_ids")
-        bias = body.get("logit_bias")
-        if isinstance(bias, dict):
-            self._at_most(len(bias), "logit_bias", "logit_bias entries", "max_logit_bias")
+        for param, kind, what in (("stop_token_ids", list, "stop_token_ids"),
+                                  ("logit_bias", dict, "logit_bias entries")):
+            if isinstance(entries := body.get(param), kind):
+                self._at_most(len(entries), param, what, f"max_{param}")
 
     def _check_logprobs(self, value, param: str) -> None:
         if is_int(value) and not 0 <= value <= self.max_logprobs:

@@ -105,9 +105,8 @@ class RequestMetrics:
         series[label] = series.get(label, 0.0) + value
 
     def observe(self, name: str, value: float) -> None:
-        bounds = HISTOGRAMS[name][1]
         hist = self.histograms[name]
-        hist[0][bisect.bisect_left(bounds, value)] += 1
+        hist[0][bisect.bisect_left(HISTOGRAMS[name][1], value)] += 1
         hist[1] += value
 
     def snapshot(self) -> dict:
@@ -137,12 +136,11 @@ def render(fleet: FleetSnapshot, requests: dict, model_name: str) -> bytes:
 
 def request_families(snap: dict, model_name: str):
     for name, (doc, label) in COUNTERS.items():
-        labels = ["model_name"] + ([label] if label else [])
-        fam = CounterMetricFamily(P + name, doc, labels=labels)
-        for key, value in sorted(snap["counters"][name].items()):
+        fam = CounterMetricFamily(P + name, doc, labels=["model_name"] + ([label] if label else []))
+        # an unlabelled counter has its one series, 0 before its first count
+        series = snap["counters"][name] or ({} if label else {"": 0.0})
+        for key, value in sorted(series.items()):
             fam.add_metric([model_name] + ([key] if label else []), value)
-        if not label and not snap["counters"][name]:
-            fam.add_metric([model_name], 0.0)
         yield fam
     for name, (doc, bounds) in HISTOGRAMS.items():
         counts, total = snap["histograms"][name]

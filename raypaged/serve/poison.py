@@ -23,8 +23,7 @@ REMEMBER_MAX = 1024   # how many are kept (the oldest go first)
 def fingerprint(token_ids, params, cache_salt: str | None) -> bytes:
     """The request as a worker would run it (SamplingParams is a frozen dataclass: its repr
     names every field)."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(repr((params, cache_salt)).encode())
+    h = hashlib.blake2b(repr((params, cache_salt)).encode(), digest_size=16)
     h.update(",".join(map(str, token_ids)).encode())
     return h.digest()
 

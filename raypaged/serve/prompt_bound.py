@@ -34,8 +34,7 @@ def byte_level_alphabet() -> dict[str, int]:
 def max_token_bytes(tokenizer) -> int | None:
     """The most bytes of input one token can cover, or None where the tokenizer gives no such
     bound (not a Hugging Face fast tokenizer, or a step that can drop text)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
+    if (backend := getattr(tokenizer, "backend_tokenizer", None)) is None:
         return None
     model = backend.model
     if type(model).__name__ != "BPE" or (model.unk_token and not model.byte_fallback):
@@ -49,7 +48,7 @@ def max_token_bytes(tokenizer) -> int | None:
         return None  # such a token absorbs any run of whitespace beside it
     # A byte-level vocabulary spells bytes in its own alphabet: count the bytes they stand for.
     # Other vocabularies are counted in UTF-8, which can only overstate (▁ for a space, <0x0A>).
-    byte_level = _uses(normalizer, "ByteLevel") or _uses(pre_tokenizer, "ByteLevel")
+    byte_level = "ByteLevel" in {s.get("type") for s in _steps(normalizer) + _steps(pre_tokenizer)}
     alphabet = byte_level_alphabet() if byte_level else {}
     longest = max((sum(1 if ch in alphabet else len(ch.encode()) for ch in piece)
                    for piece in backend.get_vocab(with_added_tokens=False)), default=0)
@@ -69,10 +68,6 @@ def _steps(node: dict | None) -> list[dict]:
         children = node.get("normalizers") or node.get("pretokenizers") or []
         return [step for child in children for step in _steps(child)]
     return [node]
-
-
-def _uses(node: dict | None, kind: str) -> bool:
-    return any(step.get("type") == kind for step in _steps(node))
 
 
 def _keeps_text(node: dict | None, keeping: set[str]) -> bool:

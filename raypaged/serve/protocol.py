@@ -110,14 +110,11 @@ class _Sampling(_Request):
             if data.get(name) not in (None, neutral):
                 raise bad_request(f"{name} is not supported by this server: leave it out "
                                   f"(or set it to {json.dumps(neutral)})", name)
-        if any(data.get(k, 0) is None for k in cls.NULL_IS_DEFAULT):
-            return {k: v for k, v in data.items() if not (v is None and k in cls.NULL_IS_DEFAULT)}
-        return data
+        return {k: v for k, v in data.items() if not (v is None and k in cls.NULL_IS_DEFAULT)}
 
     def check(self) -> None:
         """What RequestLimits, run on the body before, leaves (it bounds n and logprobs)."""
-        k = self.truncate_prompt_tokens
-        if k is not None and k < 1 and k != -1:
+        if (k := self.truncate_prompt_tokens) is not None and k < 1 and k != -1:
             raise bad_request(f"truncate_prompt_tokens must be -1 (keep max_model_len tokens) "
                               f"or at least 1, got {k}", "truncate_prompt_tokens")
         if self.stream_options is not None and not self.stream:

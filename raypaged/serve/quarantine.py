@@ -11,8 +11,6 @@ replica (each knows its own requests).
 """
 from __future__ import annotations
 
-import collections
-
 ALONE_WAIT_S = 30.0  # a retried request's wait for a worker to itself; then it goes beside one
 
 
@@ -20,20 +18,19 @@ class Quarantine:
     """The workers serving retried requests, and which."""
 
     def __init__(self) -> None:
-        # worker -> {request id: its legs there}: several when its samples continue there
-        self._held: dict[str, collections.Counter[str]] = {}
+        # worker -> the retried requests on it, once per leg there (several when its samples
+        # continue there)
+        self._held: dict[str, list[str]] = {}
 
     def free_for(self, worker_id: str, request_id: str) -> bool:
         """No other retried request is on the worker."""
-        return not (self._held.get(worker_id, {}).keys() - {request_id})
+        return not set(self._held.get(worker_id, ())) - {request_id}
 
     def enter(self, worker_id: str, request_id: str) -> None:
-        self._held.setdefault(worker_id, collections.Counter())[request_id] += 1
+        self._held.setdefault(worker_id, []).append(request_id)
 
     def leave(self, worker_id: str, request_id: str) -> None:
         held = self._held[worker_id]
-        held[request_id] -= 1
-        if not held[request_id]:
-            del held[request_id]
+        held.remove(request_id)
         if not held:
             del self._held[worker_id]

@@ -61,8 +61,7 @@ def token_bytes(tokenizer) -> Callable[[int], bytes]:
         piece = piece_of(token_id)
         if byte_level and token_id not in added and all(c in table for c in piece):
             return bytes(table[c] for c in piece)
-        fallback = _BYTE_FALLBACK.fullmatch(piece or "")
-        if fallback:
+        if fallback := _BYTE_FALLBACK.fullmatch(piece or ""):
             return bytes([int(fallback[1], 16)])
         return tokenizer.decode([token_id]).encode()
     return of

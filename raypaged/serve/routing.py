@@ -111,8 +111,7 @@ class Router:
         hashes = self._cache_hashes(token_ids, cache_salt, usable, loads)
         key = key_of_chain(hashes, self.config.route_prefix_blocks, token_ids, cache_salt)
         walked = hashes[:usable]
-        every = self.config.route_cache_sample
-        if every == 1:
+        if (every := self.config.route_cache_sample) == 1:
             return PromptKeys(len(token_ids), key, list(map(block_key, walked)), hashes=hashes)
         # the views hold sampled keys only (cache_summary.sampled): only those are looked up
         positions = sampled_positions(walked, every)

@@ -55,20 +55,13 @@ async def sse_events(gens: list[Generation], n: int, chunk: Callable, head: dict
     the role chunk, a completion's in the choice."""
     stream = gens[0].stream(deadline) if len(gens) == 1 else merged(gens, n, deadline)
     try:
-        due = set(range(len(gens) * n)) if prompt_ids is not None else set()
-
-        def ids(i: int) -> dict:
-            """Choice i's prompt ids the first time it is sent, else nothing."""
-            if i not in due:
-                return {}
-            due.discard(i)
-            return {"prompt_token_ids": prompt_ids[i // n]}
-
+        # choice -> its prompt ids, popped by the first chunk that sends the choice
+        due = ({i: {"prompt_token_ids": prompt_ids[i // n]} for i in range(len(gens) * n)}
+               if prompt_ids is not None else {})
         if first_delta is not None:
             for i in range(len(gens) * n):
-                yield sse_data({**head, **ids(i), "choices": [{"index": i, "delta": first_delta,
-                                                               "logprobs": None,
-                                                               "finish_reason": None}]})
+                choice = {"index": i, "delta": first_delta, "logprobs": None, "finish_reason": None}
+                yield sse_data({**head, **due.pop(i, {}), "choices": [choice]})
         one = plain and len(gens) * n == 1 and not continuous_usage
         frame = Frame(head, chunk) if one else None
         sent: dict[int, int] = {}  # choice -> characters of its text sent (logprobs' offsets)
@@ -78,13 +71,10 @@ async def sse_events(gens: list[Generation], n: int, chunk: Callable, head: dict
                 continue
             by_choice: dict[int, Choice] = {}
             for out in batch:
-                if out.index not in by_choice:
-                    by_choice[out.index] = Choice(offset=sent.get(out.index, 0))
-                by_choice[out.index].add(out)
+                by_choice.setdefault(out.index, Choice(offset=sent.get(out.index, 0))).add(out)
             if not plain:  # only logprobs' text_offset reads it
-                for i, c in by_choice.items():
-                    sent[i] = c.offset + sum(map(len, c.text))
-            choices = [{**chunk(i, c), **ids(i)} for i, c in sorted(by_choice.items())]
+                sent.update({i: c.offset + sum(map(len, c.text)) for i, c in by_choice.items()})
+            choices = [{**chunk(i, c), **due.pop(i, {})} for i, c in sorted(by_choice.items())]
             # vLLM's continuous_usage_stats: the running usage on every chunk
             extra = {"usage": usage(gens)} if continuous_usage else {}
             yield sse_data({**head, "choices": choices, **extra})

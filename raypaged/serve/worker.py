@@ -64,8 +64,7 @@ class QueueBound:
         return self.count - min(self.count, self.count * self.num_blocks // max(self.blocks, 1))
 
     def full(self) -> bool:
-        queued = self.queued()
-        return queued > 0 and queued >= self.max_queued
+        return self.queued() >= max(self.max_queued, 1)
 
     def add(self, blocks: int) -> None:
         self.count += 1
@@ -119,8 +118,7 @@ class Worker:
         self.worker_id = worker_id
         self.node_id = node_id
         self.incarnation = uuid.uuid4().hex[:12]
-        plan = engine.plan
-        self.bound = QueueBound(max_queued, plan.num_blocks)
+        self.bound = QueueBound(max_queued, engine.plan.num_blocks)
         self._loop: EngineLoop | None = None  # started on first use: it needs the event loop
         self._requests: dict[str, _Accepted] = {}
         self._outboxes: dict[str, _Outbox] = {}  # router id -> its outbox

@@ -67,10 +67,8 @@ class JsonCallsStream(CallsStream):
             self._after += ch
             if self.scanner.at_top:  # between two objects
                 kind = self.between(ch)
-                if kind == END:
-                    self._done = True
-                    continue
-                if kind == SKIP:
+                self._done = kind == END
+                if kind != OBJECT:
                     continue
                 self._object = ""
             self.scanner.step(ch, deltas)
