@@ -17,7 +17,8 @@ compared at equal load, not at saturation), and prints one table:
 Datasets: benchmarks/serve_datasets.py (seeded, token ids; outputs use ignore_eos).
 
 Per request: TTFT (send -> first token chunk), ITL (gaps between chunks), TPOT ((e2e - TTFT) /
-(output tokens - 1)), E2E. Per run: mean/p50/p90/p99 of each, request and output-token
+(output tokens - 1)), E2E; each request's send time, TTFT, e2e, cached tokens and worker are kept
+in the JSON (`per_request`). Per run: mean/p50/p90/p99 of each, request and output-token
 throughput, the fleet prefix-cache hit rate (prefix_cache_hits / prefix_cache_queries over the
 run, from /metrics) and requests per worker (from the x-raypaged-worker header).
 """
@@ -53,6 +54,8 @@ class Result:
     e2e: float = 0.0
     itl: list[float] = field(default_factory=list)
     output_tokens: int = 0
+    cached_tokens: int = 0  # usage.prompt_tokens_details: the prefix cache's hit for it
+    sent: float = 0.0       # seconds from the run's start to the send
     worker: str = ""
     error: str = ""
     retry_after: float | None = None  # a refusal's Retry-After header, seconds
@@ -84,8 +87,10 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: l
                     else:
                         res.itl.append(now - last)
                     last = now
-                if event.get("usage"):
-                    res.output_tokens = event["usage"]["completion_tokens"]
+                if usage := event.get("usage"):
+                    res.output_tokens = usage["completion_tokens"]
+                    res.cached_tokens = (usage.get("prompt_tokens_details") or {}).get(
+                        "cached_tokens", 0)
     except httpx.HTTPError as exc:
         return Result(ok=False, error=repr(exc))
     res.e2e = time.perf_counter() - start
@@ -105,7 +110,10 @@ async def run_load(url: str, model: str, reqs, max_concurrency: int | None,
             if after is not None:  # the next turn of a conversation waits for the last one
                 await tasks[after]
             async with sem:
-                return await one_request(client, url, model, prompt, out)
+                sent = time.perf_counter() - start
+                res = await one_request(client, url, model, prompt, out)
+                res.sent = sent
+                return res
 
         start = time.perf_counter()
         tasks = []
@@ -151,6 +159,10 @@ def summarize(results: list[Result], duration: float, hits: float, queries: floa
     mean = statistics.fmean(per_worker.values()) if per_worker else 0
     out["max_worker_share_over_mean"] = max(per_worker.values()) / mean if mean else 0.0
     out["errors"] = sorted({r.error for r in results if not r.ok})[:5]
+    # in the dataset's order: [sent s, TTFT s, e2e s, cached prompt tokens, worker] (None
+    # for a failed one), so a replay can be set beside the run request by request
+    out["per_request"] = [[round(r.sent, 4), round(r.ttft, 4), round(r.e2e, 4), r.cached_tokens,
+                           r.worker] if r.ok else None for r in results]
     return out
 
 
