@@ -46,12 +46,16 @@ from benchmarks.serve_datasets import make_dataset  # noqa: E402
 from benchmarks.sim.calibration import (fit_linear, fit_serving_overhead,  # noqa: E402
                                       forward_step_points, loaded_step_residual, probe_terms)
 from benchmarks.sim.cost_model import CPU_SMOLLM2_135M  # noqa: E402
-from benchmarks.sim.experiment import simulate  # noqa: E402
+from benchmarks.sim.experiment import build_fleet, summarize  # noqa: E402
 from benchmarks.sim.trace import from_prompts  # noqa: E402
 from benchmarks.sim.worker import EngineShape  # noqa: E402
+from raypaged.serve.autoscaler import worker_id_of  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 TOLERANCE = 0.25
+# The real 2-worker fleet's worker names: the rendezvous order that places cold prefixes hashes
+# them, so a replay named otherwise splits the prefixes differently from the run it replays.
+REAL_WORKER_IDS = [worker_id_of(0), worker_id_of(1)]
 
 
 def fit(path: Path):
@@ -85,9 +89,16 @@ def replay(real: dict, run: dict, cost, cache_sample: int | None = None) -> dict
     # the real run's routing settings (serve_bench passes them; route_cache_sample is the
     # server's default of its day, which the JSON does not record: --route-cache-sample)
     sample = {} if cache_sample is None else {"route_cache_sample": cache_sample}
-    return simulate(reqs, 2, engine, cost, run["mode"], seed=w["seed"],
-                    route_prefix_blocks=w["route_prefix_blocks"],
-                    route_load_factor=w["route_load_factor"], **sample)
+    fleet = build_fleet(2, engine, cost, run["mode"], seed=w["seed"], worker_ids=REAL_WORKER_IDS,
+                        route_prefix_blocks=w["route_prefix_blocks"],
+                        route_load_factor=w["route_load_factor"], **sample)
+    sim = fleet.run(reqs)
+    out = summarize(sim, 2)
+    if run.get("per_request"):  # serve_bench keeps each request's worker since 2026-11-30
+        pairs = [(real[4], mine.worker) for real, mine in zip(run["per_request"], sim.records)
+                 if real is not None]
+        out["same_worker"] = sum(a == b for a, b in pairs) / len(pairs)
+    return out
 
 
 def check(real: dict, cost, cache_sample: int | None = None) -> list[dict]:
@@ -99,7 +110,8 @@ def check(real: dict, cost, cache_sample: int | None = None) -> list[dict]:
             "real_mean_ttft_ms": run["mean_ttft_ms"], "sim_mean_ttft_ms": 1000 * sim["mean_ttft_s"],
             "real_mean_e2e_ms": run["mean_e2e_ms"], "sim_mean_e2e_ms": 1000 * sim["mean_e2e_s"],
             "real_mean_tpot_ms": run["mean_tpot_ms"], "sim_mean_tpot_ms": 1000 * sim["mean_tpot_s"],
-            "real_hit_rate": run["prefix_hit_rate"], "sim_hit_rate": sim["hit_rate"]}))
+            "real_hit_rate": run["prefix_hit_rate"], "sim_hit_rate": sim["hit_rate"],
+            "same_worker": sim.get("same_worker")}))
     return rows
 
 
@@ -193,7 +205,7 @@ def main(argv=None) -> int:
     rows = averaged(per_run)
     cols = ["mode", "load", "real_mean_ttft_ms", "sim_mean_ttft_ms", "ttft_error",
             "real_mean_e2e_ms", "sim_mean_e2e_ms", "e2e_error", "real_mean_tpot_ms",
-            "sim_mean_tpot_ms", "real_hit_rate", "sim_hit_rate", "within_25pct"]
+            "sim_mean_tpot_ms", "real_hit_rate", "sim_hit_rate", "same_worker", "within_25pct"]
     print("forward only (no serving overhead):")
     print(table(forward_rows, cols))
     source = f"fitted on {ns.fit_on}" if ns.fit_on else "all measured by the probe"

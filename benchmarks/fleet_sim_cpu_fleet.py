@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.fleet_sim_calibrate import arrivals, fit  # noqa: E402
+from benchmarks.fleet_sim_calibrate import REAL_WORKER_IDS, arrivals, fit  # noqa: E402
 from benchmarks.report import table, write  # noqa: E402
 from benchmarks.serve_bench import parse_args as serve_bench_args  # noqa: E402
 from benchmarks.serve_datasets import make_dataset  # noqa: E402
@@ -66,10 +66,12 @@ def main(argv=None) -> int:
                                                        "num_prompts": ns.num_prompts,
                                                        "seed": seed}))
             sat = simulate(from_prompts(items, [0.0] * len(items)), 2, engine, cost,
-                           "round_robin", seed=seed)["throughput_first_90pct"]
+                           "round_robin", seed=seed,
+                           worker_ids=REAL_WORKER_IDS)["throughput_first_90pct"]
             for load in [float(x) for x in ns.loads.split(",") if x]:
                 reqs = from_prompts(items, arrivals(len(items), load * sat, seed))
                 runs = {pol: simulate(reqs, 2, engine, cost, name, seed=seed,
+                                      worker_ids=REAL_WORKER_IDS,
                                       **{"route_prefix_blocks": bench.route_prefix_blocks,
                                          "route_load_factor": bench.route_load_factor,
                                          **options})

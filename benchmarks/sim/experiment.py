@@ -20,8 +20,12 @@ ORACLE = "oracle"
 
 
 def build_fleet(num_workers: int, engine: EngineShape, cost, policy: str,
-                snapshot_interval_s: float = 0.75, seed: int = 0, **router_options) -> Fleet:
-    """router_options: the serving Router's settings (ServeOptions), e.g. route_load_factor."""
+                snapshot_interval_s: float = 0.75, seed: int = 0,
+                worker_ids: Sequence[str] | None = None, **router_options) -> Fleet:
+    """router_options: the serving Router's settings (ServeOptions), e.g. route_load_factor.
+    worker_ids: the workers' names (default w0000, w0001, ...). Routing's rendezvous order hashes
+    them, so which worker a cold prefix goes to depends on them: a replay of a real fleet's run
+    names its workers as that fleet did."""
     if policy == ORACLE:
         big = dataclasses.replace(
             engine, num_blocks=engine.num_blocks * num_workers,
@@ -29,7 +33,8 @@ def build_fleet(num_workers: int, engine: EngineShape, cost, policy: str,
             max_num_batched_tokens=engine.max_num_batched_tokens * num_workers)
         workers = [SimWorker("oracle", big, cost, speedup=num_workers)]
         return Fleet(workers, make_policy("round_robin", engine.block_size), snapshot_interval_s)
-    workers = [SimWorker(f"w{i:04d}", engine, cost) for i in range(num_workers)]
+    ids = worker_ids or [f"w{i:04d}" for i in range(num_workers)]
+    workers = [SimWorker(ids[i], engine, cost) for i in range(num_workers)]
     sample = router_options.get("route_cache_sample", ServeOptions().route_cache_sample)
     return Fleet(workers, make_policy(policy, engine.block_size, seed, **router_options),
                  snapshot_interval_s, sample)
@@ -37,9 +42,9 @@ def build_fleet(num_workers: int, engine: EngineShape, cost, policy: str,
 
 def simulate(requests: Sequence[SimRequest], num_workers: int, engine: EngineShape, cost,
              policy: str, snapshot_interval_s: float = 0.75, seed: int = 0,
-             **router_options) -> dict:
+             worker_ids: Sequence[str] | None = None, **router_options) -> dict:
     fleet = build_fleet(num_workers, engine, cost, policy, snapshot_interval_s, seed,
-                        **router_options)
+                        worker_ids, **router_options)
     return summarize(fleet.run(requests), num_workers)
 
 

@@ -20,7 +20,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 from raypaged.config import EngineArgs
 from raypaged.serve.allocator import worker_env_vars
-from raypaged.serve.autoscaler import Autoscaler, policy_of, worker_index
+from raypaged.serve.autoscaler import Autoscaler, policy_of, worker_id_of, worker_index
 from raypaged.serve.config import POLL_INTERVAL_S, POLL_TIMEOUT_S, STEP_STALL_S, ServeOptions
 from raypaged.serve.controller import Controller, WorkerDown, next_start
 from raypaged.serve.detached_workers import (WORKER_NAMESPACE, fingerprint, kill_workers,
@@ -182,9 +182,9 @@ class WorkerFactory:
                      namespace=WORKER_NAMESPACE, lifetime="detached",
                      get_if_exists=True) if self.detached else {}
         handle = WorkerActor.options(**self.options, **named).remote(
-            self.engine, f"worker-{index}", self.fleet.max_queued_requests,
+            self.engine, worker_id_of(index), self.fleet.max_queued_requests,
             self.fleet.app_name if self.detached else None)
-        return f"worker-{index}", handle
+        return worker_id_of(index), handle
 
 
 def create_workers(fleet: ServeOptions, engine: EngineArgs,

@@ -152,6 +152,12 @@ def _tally(times: dict, seconds: float) -> None:
     times["last_s"] = seconds
 
 
+def worker_id_of(index: int) -> str:
+    """The name `raypaged serve` gives its worker i. Routing's rendezvous order hashes it, so a
+    replay of a real fleet (benchmarks/fleet_sim_calibrate.py) names its workers alike."""
+    return f"worker-{index}"
+
+
 def worker_index(worker_id: str) -> int:
     """`worker-<i>` -> i"""
     return int(worker_id.rsplit("-", 1)[1])

@@ -151,3 +151,22 @@ def test_a_policy_spec_names_serving_settings_and_keeps_the_defaults_it_leaves_e
     assert policy_spec("cache_aware:2:16") == ("cache_aware", {"route_load_factor": 2.0,
                                                                "route_cache_sample": 16})
     assert policy_spec("cache_aware::::1") == ("cache_aware", {"route_recompute_weight": 1.0})
+
+
+def test_a_replay_of_the_real_fleet_names_its_workers_as_raypaged_serve_does():
+    """Which worker a cold prefix goes to is the first of its rendezvous order, which hashes
+    the worker names: a replay named w0000/w0001 splits a real run's prefixes otherwise."""
+    from benchmarks.fleet_sim_calibrate import REAL_WORKER_IDS
+    from raypaged.serve.autoscaler import worker_id_of, worker_index
+    assert REAL_WORKER_IDS == ["worker-0", "worker-1"] == [worker_id_of(0), worker_id_of(1)]
+    assert worker_index(worker_id_of(7)) == 7
+    ours, real = ["w0000", "w0001"], REAL_WORKER_IDS
+    prompts = [[s] * 100 for s in range(1, 40)]
+    # a prompt whose home worker (by position) differs between the two namings
+    p = next(p for p in prompts if ours.index(rendezvous_order(routing_key(p, 16, 4), ours)[0])
+             != real.index(rendezvous_order(routing_key(p, 16, 4), real)[0]))
+    home = rendezvous_order(routing_key(p, 16, 4), real)[0]
+    run = build_fleet(2, SHAPE, COST, "hash", worker_ids=real).run([req(0.0, p)])
+    assert run.records[0].worker == home
+    default = build_fleet(2, SHAPE, COST, "hash").run([req(0.0, p)])
+    assert ours.index(default.records[0].worker) != real.index(home)
