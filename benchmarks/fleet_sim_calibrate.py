@@ -187,8 +187,8 @@ def main(argv=None) -> int:
           f"{1e6 * served.per_pair:.3f} us per attended pair, "
           f"{1000 * served.path_s:.1f} ms per request, "
           f"{1000 * served.per_seq_serving:.2f} ms per sequence of a step, "
-          f"{1000 * served.serving_cpu_per_token:.2f} ms of CPU per output token on "
-          f"{served.cores} shared cores")
+          f"{1000 * served.serving_cpu_per_token:.2f} ms of CPU per output token and "
+          f"{1000 * served.serving_cpu_per_step:.2f} ms per step on {served.cores} shared cores")
     residual = None
     if "engine_steps" in probe.get("loaded", {}):
         residual = loaded_step_residual(served, probe["loaded"])
@@ -229,7 +229,8 @@ def main(argv=None) -> int:
         "fit": {k: getattr(served, k) for k in ("per_step", "per_token", "per_seq", "per_kv",
                                                  "per_step_serving", "per_seq_serving",
                                                  "per_pair", "path_s",
-                                                 "serving_cpu_per_token", "cores")},
+                                                 "serving_cpu_per_token",
+                                                 "serving_cpu_per_step", "cores")},
         "fit_source": {"file": Path(ns.forward_step).name, "time": fs_time},
         "probe_source": {"file": Path(ns.probe).name, "time": probe["time"],
                          "load_average": probe["load_average"]},

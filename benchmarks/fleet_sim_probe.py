@@ -23,10 +23,13 @@ threads (threads named rp-step, engine_loop.py), i.e. the serving path (HAProxy,
 replica, each worker's event loop and Ray's threads, the controller, Ray's daemons) and the
 client. On an idle fleet it runs on a free core; once every core runs a step it takes its
 share from the steps: the simulator's `serving_cpu_per_token` on `cores` (cost_model.py).
+Then the same with --light-clients clients (a sequence or two a step): set beside the loaded
+phase's several a step, it tells the serving path's CPU per step from its CPU per token
+(`serving_cpu_per_step`, calibration.serving_cpu_terms).
 
     python benchmarks/fleet_sim_probe.py [--lengths 16,64,128,256,432] [--repeats 6]
         [--output-len 16] [--gap-s 0.4] [--loaded-s 20] [--loaded-clients 8]
-        [--name fleet_sim_probe]
+        [--light-clients 2] [--name fleet_sim_probe]
 """
 from __future__ import annotations
 
@@ -149,6 +152,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--loaded-s", type=float, default=20.0)
     p.add_argument("--loaded-clients", type=int, default=8)
+    p.add_argument("--light-clients", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default="fleet_sim_probe")
     ns = p.parse_args(argv)
@@ -164,6 +168,9 @@ def main(argv=None) -> int:
         wall = time.perf_counter() - t0
         load = asyncio.run(loaded(url, lengths, ns.output_len, ns.loaded_clients, ns.loaded_s,
                                   ns.seed))
+        # other prompts than the loaded phase's: none of them may hit the prefix cache
+        light = asyncio.run(loaded(url, lengths, ns.output_len, ns.light_clients, ns.loaded_s,
+                                   ns.seed + 1000))
     finally:
         stop(proc)
     by_len = []
@@ -178,17 +185,19 @@ def main(argv=None) -> int:
     print(table(by_len, list(by_len[0])))
     print(f"TTFT = {a:.1f} ms + {b:.3f} ms x prompt tokens (least squares over {len(rows)} "
           f"requests); mean TPOT {statistics.fmean(r['tpot_ms'] for r in rows):.1f} ms")
-    print(f"loaded ({load['clients']} clients, {load['seconds']:.0f} s, {load['output_tokens']} "
-          f"output tokens): {load['serving_cpu_ms_per_token']:.2f} ms of CPU per output token "
-          f"outside the step threads, on {load['cores']} cores; the step threads "
-          f"{load['step_threads_s']:.2f} s over {load['engine_steps']} steps")
+    for phase in (load, light):
+        print(f"loaded ({phase['clients']} clients, {phase['seconds']:.0f} s, "
+              f"{phase['output_tokens']} output tokens): {phase['serving_cpu_ms_per_token']:.2f} "
+              f"ms of CPU per output token outside the step threads, on {phase['cores']} cores; "
+              f"the step threads {phase['step_threads_s']:.2f} s over {phase['engine_steps']} "
+              "steps")
     out = write(ns.name, {
         "workload": {k: v for k, v in vars(ns).items() if k != "name"},
         "load_average": {"before": load_before, "after": os.getloadavg()}, "wall_s": wall,
         "ttft_line_ms": {"intercept": a, "per_prompt_token": b},
         "mean_tpot_ms": statistics.fmean(r["tpot_ms"] for r in rows),
         "median_tpot_ms": statistics.median(r["tpot_ms"] for r in rows),
-        "by_length": by_len, "requests": rows, "loaded": load})
+        "by_length": by_len, "requests": rows, "loaded": load, "loaded_light": light})
     print(f"wrote {out}")
     return 0
 

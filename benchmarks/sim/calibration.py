@@ -133,8 +133,7 @@ def probe_terms(forward: LinearCost, probe: dict) -> LinearCost:
         raise ValueError(f"the probe gives negative {', '.join(negative)} ({coef}): too noisy "
                          "to measure them; rerun benchmarks/fleet_sim_probe.py on a quiet machine")
     if "loaded" in probe:
-        coef.update(serving_cpu_per_token=probe["loaded"]["serving_cpu_ms_per_token"] / 1000,
-                    cores=probe["loaded"]["cores"])
+        coef.update(serving_cpu_terms(probe), cores=probe["loaded"]["cores"])
     served = dataclasses.replace(forward, **coef)
     if "engine_steps" in probe.get("loaded", {}):
         # the idle probe's per-step term holds one sequence's share; the loaded phase's
@@ -144,6 +143,24 @@ def probe_terms(forward: LinearCost, probe: dict) -> LinearCost:
         served = dataclasses.replace(served, per_seq_serving=extra,
                                      per_step_serving=served.per_step_serving - extra)
     return served
+
+
+def serving_cpu_terms(probe: dict) -> dict:
+    """The serving path's CPU outside the step threads, from the probe's loaded phases: per
+    output token only, from the one phase of an older probe; with its light phase too (fewer
+    clients, fewer sequences a step), per step and per token, the two phases' CPU solved
+    together. A negative term is refused by name, as probe_terms does: too noisy to tell."""
+    phases = [probe[k] for k in ("loaded", "loaded_light") if k in probe]
+    if len(phases) < 2 or any("engine_steps" not in p for p in phases):
+        return {"serving_cpu_per_token": phases[0]["serving_cpu_ms_per_token"] / 1000}
+    coef = _least_squares([[p["engine_steps"], p["output_tokens"]] for p in phases],
+                          [p["machine_busy_s"] - p["step_threads_s"] for p in phases],
+                          ("serving_cpu_per_step", "serving_cpu_per_token"))
+    negative = sorted(k for k, v in coef.items() if v < 0)
+    if negative:
+        raise ValueError(f"the probe's loaded phases give negative {', '.join(negative)} "
+                         f"({coef}): rerun benchmarks/fleet_sim_probe.py on a quiet machine")
+    return coef
 
 
 def loaded_step_residual(cost: LinearCost, loaded: dict) -> dict:

@@ -83,6 +83,10 @@ class LinearCost:
     # the steps running it takes the cores they leave free, and beyond those a share of theirs
     # (stretch, sim/shared_cores.py). 0: not modelled (a worker per machine, or a GPU's host).
     serving_cpu_per_token: float = 0.0
+    # Its CPU per engine step, whatever the step's size (each worker's loop waking, one Ray
+    # message per step to the router): steps of one sequence carry it alone. Told apart from
+    # the per-token part by a second, lighter loaded phase of the probe (calibration.py).
+    serving_cpu_per_step: float = 0.0
     cores: int = 0
 
     def seconds(self, s: StepShape) -> float:
@@ -92,16 +96,18 @@ class LinearCost:
 
     @property
     def shares_cores(self) -> bool:
-        return bool(self.serving_cpu_per_token and self.cores)
+        return bool((self.serving_cpu_per_token or self.serving_cpu_per_step) and self.cores)
 
     def stretch(self, steps: list[tuple[int, float]]) -> float:
         """How much longer a step takes on the shared cores than alone. `steps`: (tokens
         sampled, seconds alone) of every step running, the new one included, each on one
-        thread. The serving path needs serving_cpu_per_token x their rate of output tokens,
-        in cores; the steps share what it leaves: at most one core each."""
+        thread. The serving path needs serving_cpu_per_token x their rate of output tokens
+        + serving_cpu_per_step x their rate of steps, in cores; the steps share what it
+        leaves: at most one core each."""
         if not self.shares_cores or not steps:
             return 1.0
-        serving = self.serving_cpu_per_token * sum(n / s for n, s in steps if s > 0)
+        serving = sum((self.serving_cpu_per_token * n + self.serving_cpu_per_step) / s
+                      for n, s in steps if s > 0)
         speed = min(1.0, (self.cores - serving) / len(steps))
         return 1.0 / max(speed, MIN_SPEED)
 

@@ -160,3 +160,36 @@ def test_the_loaded_phase_gives_the_step_threads_cost_per_sequence_beyond_the_fi
     # a step of one sequence costs what the idle probe measured; each further one `extra`
     one = StepShape(1, 1, 20, 20, 1)
     assert got.seconds(one) == pytest.approx(truth.seconds(one) + extra)
+
+
+def test_the_probes_two_loaded_phases_tell_the_serving_cpu_per_step_from_per_token():
+    from benchmarks.sim.calibration import serving_cpu_terms
+    per_step, per_token = 0.004, 0.0015  # seconds of CPU outside the step threads
+
+    def phase(steps, tokens):
+        busy = 30.0 + per_step * steps + per_token * tokens
+        return {"engine_steps": steps, "output_tokens": tokens, "machine_busy_s": busy,
+                "step_threads_s": 30.0, "cores": 2,
+                "serving_cpu_ms_per_token": 1000 * (busy - 30.0) / tokens}
+    # 8 clients: 3.5 sequences a step; 2 clients: 1.2
+    probe = {"loaded": phase(720, 2520), "loaded_light": phase(1000, 1200)}
+    assert serving_cpu_terms(probe) == pytest.approx(
+        {"serving_cpu_per_step": per_step, "serving_cpu_per_token": per_token})
+    # an older probe, one loaded phase: all of it per output token, as before
+    older = {"loaded": probe["loaded"]}
+    assert serving_cpu_terms(older) == {
+        "serving_cpu_per_token": probe["loaded"]["serving_cpu_ms_per_token"] / 1000}
+    # phases that would need a negative term are refused by name
+    light = {**phase(1000, 1200), "machine_busy_s": 30.1}
+    bad = {"loaded": phase(720, 2520), "loaded_light": light}
+    with pytest.raises(ValueError, match="serving_cpu_per_step"):
+        serving_cpu_terms(bad)
+
+
+def test_the_serving_path_per_step_cpu_counts_each_running_steps_rate():
+    # 0.05 s of CPU per step, no per-token part: two steps of 0.1 s each need 1 core between
+    # them, which leaves the two step threads one core: half a core each
+    shared = dataclasses.replace(CPU_SMOLLM2_135M, serving_cpu_per_step=0.05, cores=2)
+    assert shared.shares_cores
+    assert shared.stretch([(1, 0.1)]) == 1.0  # alone: the free core serves it
+    assert shared.stretch([(1, 0.1), (1, 0.1)]) == pytest.approx(2.0)
