@@ -95,8 +95,8 @@ def replay(real: dict, run: dict, cost, cache_sample: int | None = None) -> dict
     sim = fleet.run(reqs)
     out = summarize(sim, 2)
     if run.get("per_request"):  # serve_bench keeps each request's worker since 2026-11-30
-        pairs = [(real[4], mine.worker) for real, mine in zip(run["per_request"], sim.records)
-                 if real is not None]
+        pairs = [(theirs[4], mine.worker) for theirs, mine in zip(run["per_request"], sim.records)
+                 if theirs is not None]
         out["same_worker"] = sum(a == b for a, b in pairs) / len(pairs)
     return out
 
