@@ -110,7 +110,9 @@ class _Sampling(_Request):
             if data.get(name) not in (None, neutral):
                 raise bad_request(f"{name} is not supported by this server: leave it out "
                                   f"(or set it to {json.dumps(neutral)})", name)
-        return {k: v for k, v in data.items() if not (v is None and k in cls.NULL_IS_DEFAULT)}
+        if any(data.get(k, 0) is None for k in cls.NULL_IS_DEFAULT):
+            return {k: v for k, v in data.items() if not (v is None and k in cls.NULL_IS_DEFAULT)}
+        return data
 
     def check(self) -> None:
         """What RequestLimits, run on the body before, leaves (it bounds n and logprobs)."""

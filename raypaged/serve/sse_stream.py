@@ -71,9 +71,12 @@ async def sse_events(gens: list[Generation], n: int, chunk: Callable, head: dict
                 continue
             by_choice: dict[int, Choice] = {}
             for out in batch:
-                by_choice.setdefault(out.index, Choice(offset=sent.get(out.index, 0))).add(out)
+                if out.index not in by_choice:
+                    by_choice[out.index] = Choice(offset=sent.get(out.index, 0))
+                by_choice[out.index].add(out)
             if not plain:  # only logprobs' text_offset reads it
-                sent.update({i: c.offset + sum(map(len, c.text)) for i, c in by_choice.items()})
+                for i, c in by_choice.items():
+                    sent[i] = c.offset + sum(map(len, c.text))
             choices = [{**chunk(i, c), **due.pop(i, {})} for i, c in sorted(by_choice.items())]
             # vLLM's continuous_usage_stats: the running usage on every chunk
             extra = {"usage": usage(gens)} if continuous_usage else {}
