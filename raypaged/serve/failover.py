@@ -44,14 +44,10 @@ class LostWorkers:
         self.d, self._fingerprint, self._error = d, fingerprint, error
         self.excluded: set[str] = set()  # not sent there again: lost, or its queue was full
         self._lost: dict[str, str | None] = {}  # worker -> the incarnation lost serving it
-        # of those, the processes it had been sent to: (worker id, incarnation)
-        self._died_serving: list[tuple[str, str | None]] = []
+        # of those, the processes it had been sent to, (worker id, incarnation): a worker died
+        # (or froze) with the request on it, so its retry is quarantined (quarantine.py)
+        self.died_serving: list[tuple[str, str | None]] = []
         self._count = 0
-
-    @property
-    def died_serving(self) -> bool:
-        """A worker died (or froze) with the request on it: its retry is quarantined."""
-        return bool(self._died_serving)
 
     def readmit_renewed(self, snap: FleetSnapshot) -> bool:
         """Where only workers it lost are left, those back as new processes take it again;
@@ -60,17 +56,20 @@ class LostWorkers:
         self.excluded -= renewed
         return bool(renewed)
 
-    def add(self, leg: Leg, died_serving: bool) -> None:
+    async def add(self, leg: Leg, reached: bool, deadline: float | None) -> None:
         """Count the loss of `leg`'s worker; raises the 400 (suspected poison) or 503 (too many
-        lost) when it is one too many."""
+        lost) when it is one too many. `reached`: the request may have got to the worker; it
+        died serving it unless it was lost by draining (a drained worker leaves the snapshot),
+        and then the retry waits for a spare first (wait_for_spare, until `deadline`)."""
         worker_id = leg.worker_id
+        died = reached and self.d.fleet.snapshot().worker(worker_id) is not None
         self.excluded.add(worker_id)
         self._lost[worker_id] = leg.incarnation
         self.d.mark_suspect(worker_id, leg.incarnation)
-        if died_serving and (worker_id, leg.incarnation) not in self._died_serving:
-            self._died_serving.append((worker_id, leg.incarnation))
-            if len(self._died_serving) > RETRIES_AFTER_DEATH:  # refused as suspected poison
-                workers = " and ".join(w for w, _ in self._died_serving)
+        if died and (worker_id, leg.incarnation) not in self.died_serving:
+            self.died_serving.append((worker_id, leg.incarnation))
+            if len(self.died_serving) > RETRIES_AFTER_DEATH:  # refused as suspected poison
+                workers = " and ".join(w for w, _ in self.died_serving)
                 reason = (f"workers {workers} each died or stopped answering while serving this"
                           " request: refused as a suspected poison request and not retried "
                           f"again (the same request is refused for {REMEMBER_S:.0f} s)")
@@ -82,6 +81,8 @@ class LostWorkers:
             raise self._error(503, f"{self._count} workers failed while serving this "
                               "request", code="worker_unavailable", retry_after=1)
         self.d.metrics.inc("request_retries")
+        if died:
+            await wait_for_spare(self.d, leg, deadline)
 
 
 async def wait_for_spare(d: Dispatcher, lost: Leg, deadline: float | None) -> None:

@@ -38,7 +38,7 @@ from raypaged.outputs import SequenceOutput
 from raypaged.serve.client_gate import CLIENT
 from raypaged.serve.dispatch import Dispatcher
 from raypaged.serve.errors import APIError
-from raypaged.serve.failover import WATCH_S, DeadlinePassed, LostWorkers, wait_for_spare
+from raypaged.serve.failover import WATCH_S, DeadlinePassed, LostWorkers
 from raypaged.serve.fleet import WorkerView
 from raypaged.serve.leg import Leg
 from raypaged.serve.messages import Lost, Rejected, WorkerUnavailable
@@ -105,7 +105,7 @@ class Generation:
         alone_until = time.monotonic() + ALONE_WAIT_S
         while True:
             # a worker died serving it: to one serving no other such request (quarantine.py)
-            quarantined = self._lost.died_serving
+            quarantined = bool(self._lost.died_serving)
             snap, order, hashes = self.d.rank(tokens, self.cache_salt, self._lost.excluded,
                                               blocks, count=self._opens == 0)
             if not order and self._lost.readmit_renewed(snap):
@@ -125,7 +125,7 @@ class Generation:
                 try:
                     rejected = await self._submit(leg, view, params, continuation, hashes)
                 except WorkerUnavailable as lost:  # a worker can die of it before it replies
-                    await self._worker_lost(leg, lost.reached)
+                    await self._lost.add(leg, lost.reached, self._deadline)
                     break  # rank again without it
                 if rejected is None:
                     return
@@ -228,14 +228,6 @@ class Generation:
             _leave_gate(self.d.gate, self._unclosed, self._ticket)
 
     # -- failover (failover.py) ---------------------------------------------------------------
-    async def _worker_lost(self, leg: Leg, reached: bool = True) -> None:
-        """`reached`: the request may have got to the worker; it died serving it unless it was
-        lost by draining (a drained worker leaves the snapshot)."""
-        died_serving = reached and self.d.fleet.snapshot().worker(leg.worker_id) is not None
-        self._lost.add(leg, died_serving)
-        if died_serving:
-            await wait_for_spare(self.d, leg, self._deadline)
-
     async def _fail_over(self, leg: Leg) -> None:
         """Carry the leg's unfinished samples on elsewhere from what the client already has;
         a stream's deadline ends the wait for their first outputs there (DeadlinePassed)."""
@@ -243,7 +235,7 @@ class Generation:
         timeout = asyncio.timeout_at(self._deadline)  # None: a whole request's cancels this
         try:
             async with timeout:
-                await self._worker_lost(leg)
+                await self._lost.add(leg, True, self._deadline)
                 samples = self.progress.samples
                 if not leg.resumed and not any(samples[i].token_ids for i in leg.indexes):
                     await self._open(leg.indexes, None)  # nothing of it seen: the same again
