@@ -45,11 +45,10 @@ def tool_call_format(tokenizer) -> str:
     """The tool-call parser for the model family, read from its chat template (and vocabulary):
     the template shows the model how to write calls, so it names the format. Hermes when
     nothing tells (a template without tools, such as SmolLM2's)."""
-    template = getattr(tokenizer, "chat_template", None) or ""
-    if isinstance(template, dict):  # named templates ("default", "tool_use")
-        template = "\n".join(str(t) for t in template.values())
-    elif not isinstance(template, str):  # a list of {"name", "template"}
-        template = "\n".join(str(t.get("template", "")) for t in template)
+    # named templates ({"default": ..., "tool_use": ...}, or a list of {"name", "template"}):
+    # searched in their repr, names and all, which keeps the markers below as they are (none
+    # has a quote or a backslash to escape)
+    template = str(getattr(tokenizer, "chat_template", None) or "")
     if "<tool_call>" in template:  # Qwen2.5, Hermes 2/3, SmolLM3
         return "hermes"
     try:

@@ -24,6 +24,9 @@ OBJECT, SKIP, END = "object", "skip", "end"  # what a character between two obje
 
 
 class JsonCallsStream(CallsStream):
+    """A subclass defines start(buf): (where the calls start in `buf`, how long their marker
+    is) or (None, how much of `buf` can go out as content now)."""
+
     need_args = True
     separator = ","
 
@@ -31,11 +34,6 @@ class JsonCallsStream(CallsStream):
         super().__init__(tool_names)
         self._object = ""               # the current object's text
         self._done = False              # the calls ended: the rest is dropped
-
-    def start(self, buf: str) -> tuple[int | None, int]:
-        """(where the calls start in `buf`, how long their marker is) or (None, how much of
-        `buf` can go out as content now)."""
-        raise NotImplementedError
 
     def between(self, ch: str) -> str:
         """What a character outside any call object is, once the calls started."""
