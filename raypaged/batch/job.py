@@ -160,24 +160,24 @@ class BatchJob:
 
     async def _row(self, row: Row, progress: Progress, slots: asyncio.Semaphore) -> None:
         try:
-            answer = await self._answer(row)
-            if answer is None:  # not its own failure, past retry_timeout_s: for a re-run
+            line = await self._answer(row)
+            if line is None:  # not its own failure, past retry_timeout_s: for a re-run
                 progress.unanswered += 1
                 return
-            line, usage = answer
             self.out.write(line)
-            progress.row_done(line["error"] is None, usage)
+            # an error line's body is {"error": ...}: no usage
+            progress.row_done(line["error"] is None, line["response"]["body"].get("usage"))
         finally:
             slots.release()
 
-    async def _answer(self, row: Row) -> tuple[dict, dict | None] | None:
-        """(output line, usage), or None: no final answer within retry_timeout_s."""
+    async def _answer(self, row: Row) -> dict | None:
+        """The output line, or None: no final answer within retry_timeout_s."""
         if row.error is not None:
-            return error_line(row, row.error), None
+            return error_line(row, row.error)
         if row.body.get("stream") is True:
             return error_line(row, bad_request(
                 f"line {row.line_no}: stream is not supported in a batch: remove it or set it "
-                "to false", "stream")), None
+                "to false", "stream"))
         frontend = self.pool.frontend
         endpoint = frontend.completions if row.url == COMPLETIONS_URL else frontend.chat_completions
         deadline = time.monotonic() + self.options.retry_timeout_s
@@ -188,14 +188,13 @@ class BatchJob:
             except APIError as exc:
                 if (400 <= exc.status < 500 and exc.status not in (408, 429)  # the row's fault
                         and exc.code != "suspected_poison_request"):  # two engines lost
-                    return error_line(row, exc), None
+                    return error_line(row, exc)
                 reason = f"{exc.status} {exc.message}"
             except Exception as exc:  # noqa: BLE001 - a bug on one row must not end the job
                 logger.exception("row at line %d failed", row.line_no)
                 reason = f"internal error: {type(exc).__name__}: {exc}"
             else:
-                body = json.loads(response.body)
-                return success_line(row, response.status_code, body), body["usage"]
+                return success_line(row, response.status_code, json.loads(response.body))
             self.pool.check_alive()  # FleetFailed ends the job: no engine will come back
             if time.monotonic() + delay > deadline:
                 logger.warning("line %d: no answer after %.0f s of retries (%s): not written, "

@@ -156,8 +156,7 @@ def parse_line(line_no: int, raw: bytes) -> Row:
         obj = parse_json_body(raw)
     except APIError as exc:
         message = exc.message.replace("the request body", "the line", 1)
-        return Row(line_no, None, error=APIError(exc.status, f"line {line_no}: {message}",
-                                                 param=exc.param, code=exc.code))
+        return _refused(line_no, None, message, exc.param, exc.status, exc.code)
     if not isinstance(obj, dict):
         return _refused(line_no, None, f"a line must be a JSON object, got {type(obj).__name__}")
     custom_id = obj.get("custom_id")
