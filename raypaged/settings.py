@@ -46,11 +46,16 @@ def settings_of(cls) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
 
 
-def _base_type(cls, f: dataclasses.Field) -> tuple[type, bool]:
-    """(int | float | bool | str, whether None is allowed) from the field's annotation."""
-    hint = typing.get_type_hints(cls)[f.name]
-    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
-    return args[0], type(None) in typing.get_args(hint)
+def _walk(cls, front_end: str | None = None):
+    """(field, its metadata, int | float | bool | str, whether None is allowed) for each setting
+    of `cls`, the type from its annotation; with `front_end` ("cli", "serve"), only the settings
+    that front end has."""
+    hints = typing.get_type_hints(cls)
+    for f in settings_of(cls):
+        if front_end is None or f.metadata[front_end]:
+            hint = hints[f.name]
+            args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+            yield f, f.metadata, args[0], type(None) in typing.get_args(hint)
 
 
 def _bounds_text(m: dict, kind: type) -> str:
@@ -78,10 +83,8 @@ def is_finite(value) -> bool:
 
 def validate(obj) -> None:
     """Check every setting of a settings dataclass instance; the error names it and the fix."""
-    cls = type(obj)
-    for f in settings_of(cls):
-        value, m = getattr(obj, f.name), f.metadata
-        kind, optional = _base_type(cls, f)
+    for f, m, kind, optional in _walk(type(obj)):
+        value = getattr(obj, f.name)
         if value is None:
             if optional:
                 continue
@@ -107,13 +110,9 @@ def flag(name: str) -> str:
 def add_cli_args(parser: argparse.ArgumentParser, cls) -> None:
     """One flag per setting of `cls` (grouped as declared); defaults shown from the field."""
     groups = {g.title: g for g in parser._action_groups}  # join groups the caller opened
-    for f in settings_of(cls):
-        m = f.metadata
-        if not m["cli"]:
-            continue
+    for f, m, kind, _ in _walk(cls, "cli"):
         if m["group"] not in groups:
             groups[m["group"]] = parser.add_argument_group(m["group"])
-        kind, _ = _base_type(cls, f)
         help_text = m["help"] + ("" if f.default is None else " (default: %(default)s)")
         how = (dict(action=argparse.BooleanOptionalAction) if kind is bool
                else dict(type=kind, choices=m["choices"]))
@@ -134,11 +133,7 @@ def pydantic_fields(cls) -> dict[str, tuple]:
 
     strict = {bool: StrictBool, int: StrictInt, str: StrictStr, float: float}
     out = {}
-    for f in settings_of(cls):
-        m = f.metadata
-        if not m["serve"]:
-            continue
-        kind, optional = _base_type(cls, f)
+    for f, m, kind, optional in _walk(cls, "serve"):
         ann = Literal[m["choices"]] if m["choices"] is not None else strict[kind]
         if optional:
             ann = Optional[ann]

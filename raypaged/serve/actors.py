@@ -26,7 +26,7 @@ from raypaged.serve.controller import Controller, WorkerDown, next_start
 from raypaged.serve.detached_workers import (WORKER_NAMESPACE, fingerprint, kill_workers,
                                              named_workers, watch_application, worker_name)
 from raypaged.serve.fleet import DEAD, RESTARTING, UNRESPONSIVE
-from raypaged.serve.messages import Health, WorkerStats
+from raypaged.serve.messages import WorkerStats
 from raypaged.serve.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -57,13 +57,9 @@ class WorkerActor(Worker):
         super().__init__(Engine.from_args(engine), worker_id, max_queued,
                          ray.get_runtime_context().get_node_id())
 
-    @ray.method(concurrency_group=CONTROL)
-    def stats(self, cache_since: int | None = None) -> WorkerStats:
-        return super().stats(cache_since)
-
-    @ray.method(concurrency_group=CONTROL)
-    def health(self) -> Health:
-        return super().health()
+    # Worker's own methods, marked for Ray (a plain Worker ignores the mark)
+    stats = ray.method(concurrency_group=CONTROL)(Worker.stats)
+    health = ray.method(concurrency_group=CONTROL)(Worker.health)
 
 
 def back_off_restart() -> None:

