@@ -45,8 +45,7 @@ class SummaryDelta:
 
 
 def _unpack(typecode: str, data: bytes) -> tuple[int, ...]:
-    packed = array(typecode)
-    packed.frombytes(data)
+    packed = array(typecode, data)  # bytes: read as the machine's ints (frombytes)
     if sys.byteorder == "big":  # pragma: no cover - little-endian on the wire
         packed.byteswap()
     return tuple(packed)
@@ -100,8 +99,8 @@ class CacheSummary:
     one who fell further behind gets the whole set."""
 
     def __init__(self, log_size: int = 65536) -> None:
-        self.keys: set[int] = set()
         self.depth: dict[int, int] = {}  # key -> its block's index in the prompt
+        self.keys = self.depth.keys()  # a live view: the keys held, kept by `depth` alone
         self.version = 0
         self._log: collections.deque[tuple[int, bool, int]] = collections.deque(maxlen=log_size)
         self._lock = threading.Lock()
@@ -129,10 +128,8 @@ class CacheSummary:
         if (key in self.keys) == present:
             return
         if present:
-            self.keys.add(key)
             self.depth[key] = depth
         else:
-            self.keys.discard(key)
             depth = self.depth.pop(key)
         self.version += 1
         self._log.append((key, present, depth))
