@@ -103,7 +103,7 @@ class ServeOptions:
         "cost (prefill added + queued) is within this many tokens of the cheapest worker's",
         group=ROUTING, ge=0)
     route_recompute_weight: float = setting(
-        1.5, "cache_aware: what a prompt token a worker would compute again costs against a "
+        1.75, "cache_aware: what a prompt token a worker would compute again costs against a "
         "queued one (the recomputed prefill is work added to the fleet, not only to this "
         "request's wait)", group=ROUTING, ge=1)
     route_cache_sample: int = setting(

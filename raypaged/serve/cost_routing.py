@@ -9,7 +9,7 @@ For each ready worker, from the fleet snapshot (each worker's cache summary and 
              + queued_tokens(w)                  prefill waiting on w (it runs first): the
                                                  snapshot's, plus what this router sent since
 
-The weight (--route-recompute-weight, 1.5) prices a token computed again above one waiting in
+The weight (--route-recompute-weight, 1.75) prices a token computed again above one waiting in
 a queue: the queue is work the fleet does anyway, a recomputed prefix is work added to it (the
 requests behind this one on w wait for it too) and a second copy of the prefix that splits its
 later hits. Priced alike, the rule gives each request its first token soonest and, at high

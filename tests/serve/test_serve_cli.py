@@ -23,7 +23,7 @@ def test_defaults_bind_localhost_and_route_by_prefix():
     assert (ns.host, ns.port, ns.workers, ns.routing) == ("127.0.0.1", 8000, 1, "cache_aware")
     options, _ = serve_args_from(ns).split()
     assert (options.route_load_factor, options.route_cache_slack, options.route_recompute_weight,
-            options.workers) == (1.25, 2048, 1.5, 1)
+            options.workers) == (1.25, 2048, 1.75, 1)
 
 
 def test_flags_map_onto_the_application_arguments():
