@@ -49,6 +49,18 @@ def _least_squares(rows: Sequence[Sequence[float]], ys: Sequence[float],
     return _solve(a, b, terms)
 
 
+def _measured_terms(rows: Sequence[Sequence[float]], ys: Sequence[float],
+                    terms: Sequence[str], source: str) -> dict[str, float]:
+    """_least_squares over a probe's figures, a negative term refused by name: `source` was too
+    noisy (a loaded machine) to tell it."""
+    coef = _least_squares(rows, ys, terms)
+    negative = sorted(k for k, v in coef.items() if v < 0)
+    if negative:
+        raise ValueError(f"{source} negative {', '.join(negative)} ({coef}): too noisy to "
+                         "measure them; rerun benchmarks/fleet_sim_probe.py on a quiet machine")
+    return coef
+
+
 def _solve(a: list[list[float]], b: list[float], terms: Sequence[str]) -> dict[str, float]:
     """Gaussian elimination with partial pivoting; refuses a singular system by name."""
     k = len(b)
@@ -127,11 +139,8 @@ def probe_terms(forward: LinearCost, probe: dict) -> LinearCost:
         rows.append([0.0, 1.0, p + t / 2])
         ys.append(r["tpot_ms"] / 1000 - forward.per_step - forward.per_token - forward.per_seq
                   - forward.per_kv * (p + t / 2))
-    coef = _least_squares(rows, ys, ("path_s", "per_step_serving", "per_pair"))
-    negative = sorted(k for k, v in coef.items() if v < 0)
-    if negative:
-        raise ValueError(f"the probe gives negative {', '.join(negative)} ({coef}): too noisy "
-                         "to measure them; rerun benchmarks/fleet_sim_probe.py on a quiet machine")
+    coef = _measured_terms(rows, ys, ("path_s", "per_step_serving", "per_pair"),
+                           "the probe gives")
     if "loaded" in probe:
         coef.update(serving_cpu_terms(probe), cores=probe["loaded"]["cores"])
     served = dataclasses.replace(forward, **coef)
@@ -153,14 +162,10 @@ def serving_cpu_terms(probe: dict) -> dict:
     phases = [probe[k] for k in ("loaded", "loaded_light") if k in probe]
     if len(phases) < 2 or any("engine_steps" not in p for p in phases):
         return {"serving_cpu_per_token": phases[0]["serving_cpu_ms_per_token"] / 1000}
-    coef = _least_squares([[p["engine_steps"], p["output_tokens"]] for p in phases],
-                          [p["machine_busy_s"] - p["step_threads_s"] for p in phases],
-                          ("serving_cpu_per_step", "serving_cpu_per_token"))
-    negative = sorted(k for k, v in coef.items() if v < 0)
-    if negative:
-        raise ValueError(f"the probe's loaded phases give negative {', '.join(negative)} "
-                         f"({coef}): rerun benchmarks/fleet_sim_probe.py on a quiet machine")
-    return coef
+    return _measured_terms([[p["engine_steps"], p["output_tokens"]] for p in phases],
+                           [p["machine_busy_s"] - p["step_threads_s"] for p in phases],
+                           ("serving_cpu_per_step", "serving_cpu_per_token"),
+                           "the probe's loaded phases give")
 
 
 def loaded_step_residual(cost: LinearCost, loaded: dict) -> dict:
